@@ -1,0 +1,144 @@
+"""The ``batchsched`` command: run the scheduler, the local sandbox, and the demo.
+
+Every error a person can cause (a bad flag, a bad value, a busy port, a bad config file)
+ends as one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="batchsched", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the scheduler")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    run.add_argument("--config", help="batchsched configuration file (YAML)")
+
+    sandbox = sub.add_parser("sandbox", help="a local control plane with fake GPU nodes")
+    sb = sandbox.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    up = sb.add_parser("up", help="start it and print the kubeconfig path")
+    up.add_argument("--name", default="default", help="sandbox name (default: default)")
+    up.add_argument("--nodes", type=_positive, default=8, help="number of fake GPU nodes")
+    up.add_argument("--gpus-per-node", type=_non_negative, default=8)
+    up.add_argument("--cpu", default="96", help="CPU per node (a quantity)")
+    up.add_argument("--memory", default="1024Gi", help="memory per node (a quantity)")
+    up.add_argument("--gpu-model", default="A100", help="value of the nvidia.com/gpu.product label")
+    up.add_argument("--max-pods", type=_positive, default=110)
+    up.add_argument("--nodes-per-rack", type=_positive, default=8)
+    up.add_argument("--racks-per-block", type=_positive, default=4)
+    up.add_argument("--port", type=_port, help="apiserver port on 127.0.0.1 (default: a free one)")
+    sb.add_parser("build", help="build (or find in the cache) the control-plane binaries")
+    for name in ("status", "down"):
+        p = sb.add_parser(name, help=f"{name} of the sandbox")
+        p.add_argument("--name", default="default")
+
+    demo = sub.add_parser("demo", help="bring up a sandbox, schedule a workload mix, print placements")
+    demo.add_argument("--nodes", type=_positive, default=24)
+    demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
+    return parser
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    from batchsched.core.quantity import QuantityError, parse_quantity
+    from batchsched.sandbox.cluster import Sandbox, SandboxError
+    from batchsched.sandbox.nodes import NodeShape
+
+    if args.action == "build":
+        from batchsched.sandbox.build import BuildError, ensure_binaries
+
+        try:
+            bins = ensure_binaries()
+        except BuildError as exc:
+            print(f"batchsched: error: {exc}", file=sys.stderr)
+            return 1
+        for field in dataclasses.fields(bins):
+            print(f"{field.name}: {getattr(bins, field.name)}")
+        return 0
+    try:
+        box = Sandbox(args.name)
+        if args.action == "up":
+            for flag, value in (("--cpu", args.cpu), ("--memory", args.memory)):
+                try:
+                    if parse_quantity(value) <= 0:
+                        raise QuantityError(value)
+                except QuantityError:
+                    raise SandboxError(f"{flag} {value!r} is not a positive quantity") from None
+            shape = NodeShape(
+                count=args.nodes, cpu=args.cpu, memory=args.memory, gpus=args.gpus_per_node,
+                gpu_model=args.gpu_model, max_pods=args.max_pods,
+                nodes_per_rack=args.nodes_per_rack, racks_per_block=args.racks_per_block,
+            )
+            state = box.up([shape], apiserver_port=args.port)
+            print(state.kubeconfig)
+        elif args.action == "status":
+            status = box.status()
+            print(json.dumps(status, indent=2))
+            return 0 if status.get("running") else 3
+        else:
+            if not box.down():
+                print(f"sandbox {args.name!r} was not running", file=sys.stderr)
+    except (SandboxError, ValueError, TimeoutError) as exc:
+        print(f"batchsched: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "sandbox":
+        return _sandbox(args)
+    if args.command == "run":
+        from batchsched.app import run_from_cli
+
+        return run_from_cli(kubeconfig=args.kubeconfig, config_path=args.config)
+    if args.command == "demo":
+        from batchsched.demo import main as demo_main
+
+        return demo_main(nodes=args.nodes, keep=args.keep)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

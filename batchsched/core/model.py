@@ -1,0 +1,288 @@
+"""The scheduler's view of Kubernetes objects: small immutable values parsed from JSON.
+
+Only what scheduling needs is kept. Parsing never raises on a field it does not understand
+in an object the apiserver accepted; a quantity that cannot be parsed makes the pod
+:attr:`Pod.invalid` (it is reported, never placed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NewType
+
+from batchsched.core.quantity import QuantityError, to_units
+
+PodUID = NewType("PodUID", str)
+NodeName = NewType("NodeName", str)
+
+GPU = "nvidia.com/gpu"
+PODS = "pods"
+
+
+@dataclass(slots=True, frozen=True)
+class Requirement:
+    """One ``key operator values`` of a node selector term."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class Term:
+    """A node selector term: every expression and every field requirement must hold."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclass(slots=True, frozen=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class Pod:
+    uid: PodUID
+    namespace: str
+    name: str
+    scheduler_name: str = "batchsched"
+    node_name: str = ""
+    phase: str = "Pending"
+    priority: int = 0
+    created: float = 0.0
+    deleting: bool = False
+    gated: bool = False
+    requests: Mapping[str, int] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    required_terms: tuple[Term, ...] | None = None
+    preferred_terms: tuple[tuple[int, Term], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    pod_affinity: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
+    invalid: str = ""
+    nominated_node: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def holds_resources(self) -> bool:
+        """Bound and not finished: its requests count against its node."""
+        return bool(self.node_name) and not self.terminal
+
+    def constraint_key(self) -> tuple[Any, ...]:
+        """Everything that decides which nodes a pod may use, apart from free capacity."""
+        return (
+            tuple(sorted(self.node_selector.items())),
+            self.required_terms,
+            self.preferred_terms,
+            self.tolerations,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class Node:
+    name: NodeName
+    uid: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    unschedulable: bool = False
+    ready: bool = True
+    deleting: bool = False
+    resource_version: str = ""
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def parse_time(value: str | None) -> float:
+    if not value:
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _units(resources: Mapping[str, Any] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, value in (resources or {}).items():
+        out[name] = to_units(name, value)
+    return out
+
+
+def _add(into: dict[str, int], other: Mapping[str, int]) -> None:
+    for k, v in other.items():
+        into[k] = into.get(k, 0) + v
+
+
+def _max(into: dict[str, int], other: Mapping[str, int]) -> None:
+    for k, v in other.items():
+        if v > into.get(k, 0):
+            into[k] = v
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """What a pod needs on a node, by the rules kube-scheduler uses.
+
+    The sum of its containers, then the init containers: a regular init container needs
+    its own request plus the restartable (sidecar) init containers started before it; a
+    sidecar keeps running, so it adds to the steady-state sum. The larger of the two wins
+    per resource. Pod-level ``spec.resources.requests`` replace the container sum for the
+    resources they name. ``spec.overhead`` is added, and one ``pods`` slot.
+    """
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        _add(total, _units((c.get("resources") or {}).get("requests")))
+    sidecars: dict[str, int] = {}
+    init_need: dict[str, int] = {}
+    for c in spec.get("initContainers") or []:
+        req = _units((c.get("resources") or {}).get("requests"))
+        if c.get("restartPolicy") == "Always":
+            _add(sidecars, req)
+            _max(init_need, sidecars)
+        else:
+            need = dict(sidecars)
+            _add(need, req)
+            _max(init_need, need)
+    _add(total, sidecars)
+    _max(total, init_need)
+    pod_level = _units((spec.get("resources") or {}).get("requests"))
+    total.update(pod_level)
+    _add(total, _units(spec.get("overhead")))
+    total = {k: v for k, v in total.items() if v > 0}
+    total[PODS] = 1
+    return total
+
+
+def _requirements(items: Any) -> tuple[Requirement, ...]:
+    return tuple(
+        Requirement(
+            key=str(r.get("key", "")),
+            operator=str(r.get("operator", "")),
+            values=tuple(str(v) for v in (r.get("values") or [])),
+        )
+        for r in (items or [])
+    )
+
+
+def _term(t: Mapping[str, Any]) -> Term:
+    return Term(
+        expressions=_requirements(t.get("matchExpressions")),
+        fields=_requirements(t.get("matchFields")),
+    )
+
+
+def parse_pod(obj: Mapping[str, Any]) -> Pod:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    invalid = ""
+    try:
+        requests = pod_requests(spec)
+    except QuantityError as exc:
+        requests, invalid = {PODS: 1}, f"unreadable resource request: {exc}"
+    affinity = spec.get("affinity") or {}
+    node_aff = affinity.get("nodeAffinity") or {}
+    required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
+    required_terms = (
+        tuple(_term(t) for t in (required.get("nodeSelectorTerms") or []))
+        if required is not None
+        else None
+    )
+    preferred = tuple(
+        (int(p.get("weight", 0)), _term(p.get("preference") or {}))
+        for p in (node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    )
+    pod_affinity = ""
+    if (affinity.get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
+        pod_affinity = "required pod affinity"
+    if (affinity.get("podAntiAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
+        pod_affinity = (pod_affinity + " and " if pod_affinity else "") + "required pod anti-affinity"
+    tolerations = tuple(
+        Toleration(
+            key=str(t.get("key") or ""),
+            operator=str(t.get("operator") or "Equal"),
+            value=str(t.get("value") or ""),
+            effect=str(t.get("effect") or ""),
+        )
+        for t in (spec.get("tolerations") or [])
+    )
+    return Pod(
+        uid=PodUID(str(meta.get("uid", ""))),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+        node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        priority=int(spec.get("priority") or 0),
+        created=parse_time(meta.get("creationTimestamp")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        gated=bool(spec.get("schedulingGates")),
+        requests=requests,
+        node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+        required_terms=required_terms,
+        preferred_terms=preferred,
+        tolerations=tolerations,
+        pod_affinity=pod_affinity,
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        resource_version=str(meta.get("resourceVersion", "")),
+        invalid=invalid,
+        nominated_node=str(status.get("nominatedNodeName") or ""),
+    )
+
+
+def parse_node(obj: Mapping[str, Any]) -> Node:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    allocatable: dict[str, int] = {}
+    for name, value in (status.get("allocatable") or {}).items():
+        try:
+            allocatable[name] = to_units(name, value)
+        except QuantityError:
+            continue
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (status.get("conditions") or [])
+    )
+    taints = tuple(
+        Taint(key=str(t.get("key", "")), value=str(t.get("value") or ""), effect=str(t.get("effect", "")))
+        for t in (spec.get("taints") or [])
+    )
+    return Node(
+        name=NodeName(str(meta.get("name", ""))),
+        uid=str(meta.get("uid", "")),
+        labels=dict(meta.get("labels") or {}),
+        taints=taints,
+        allocatable=allocatable,
+        unschedulable=bool(spec.get("unschedulable")),
+        ready=ready,
+        deleting=bool(meta.get("deletionTimestamp")),
+        resource_version=str(meta.get("resourceVersion", "")),
+    )

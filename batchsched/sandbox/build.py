@@ -1,0 +1,184 @@
+"""Build the control-plane binaries from their Go modules, once, and cache them.
+
+Nothing is downloaded but Go modules (through the module proxy) and Python packages:
+
+* kube-apiserver, kube-controller-manager, kube-scheduler and kubectl come from
+  ``k8s.io/kubernetes`` pinned in ``gomod/kubernetes/go.mod`` (with a replace line per
+  staging module, since the upstream module's own local replaces do not apply to a
+  dependency);
+* kwok comes from ``sigs.k8s.io/kwok`` at :data:`KWOK_VERSION`;
+* etcd comes from ``go.etcd.io/etcd/server/v3`` pinned in ``gomod/etcd/go.mod`` (the same
+  replace treatment for its sibling modules).
+
+Builds land in ``$BATCHSCHED_CACHE`` (default ``~/.cache/batchsched``) under a key made
+from the pinned versions and the Go toolchain, so a second start finds them at once. A
+file lock keeps two processes from building the same thing at the same time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+KWOK_VERSION = "v0.8.0"
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+GOMOD = Path(__file__).parent / "gomod"
+
+
+class BuildError(RuntimeError):
+    """A binary could not be built or found."""
+
+
+@dataclass(slots=True, frozen=True)
+class Binaries:
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kwok: Path
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("BATCHSCHED_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "batchsched"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def _locked(name: str) -> Iterator[None]:
+    lock_path = cache_dir() / f"{name}.lock"
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _go() -> str:
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+    if not go:
+        raise BuildError("the Go toolchain is not on PATH; it is needed to build the control plane")
+    return go
+
+
+def _go_version(go: str) -> str:
+    return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _key(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _run_build(cmd: list[str], *, cwd: Path | None, env: dict[str, str], what: str, log: Path) -> None:
+    print(f"batchsched: building {what} from Go modules (first time only; a few minutes)...",
+          file=sys.stderr, flush=True)
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        raise BuildError(f"building {what} failed (log {log}):\n" + "\n".join(tail))
+    print(f"batchsched: built {what} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOFLAGS", "-buildvcs=false")
+    env["CGO_ENABLED"] = "0"
+    return env
+
+
+def _module_binaries(module: str, packages: dict[str, str], what: str) -> dict[str, Path]:
+    """Build ``packages`` (binary name -> Go package) in the wrapper module ``gomod/<module>``."""
+    go = _go()
+    mod = GOMOD / module
+    key = _key((mod / "go.mod").read_bytes(), (mod / "go.sum").read_bytes(), _go_version(go))
+    out = cache_dir() / "bin" / f"{module}-{key}"
+    paths = {name: out / name for name in packages}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    with _locked(module):
+        if all(p.exists() for p in paths.values()):
+            return paths
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if len(packages) == 1:
+            [(name, pkg)] = packages.items()
+            cmd = [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp / name), pkg]
+        else:
+            cmd = [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp) + "/", *packages.values()]
+        _run_build(cmd, cwd=mod, env=_go_env(), what=what, log=cache_dir() / f"build-{module}.log")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return paths
+
+
+def kube_binaries() -> dict[str, Path]:
+    """kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, built if missing."""
+    return _module_binaries(
+        "kubernetes",
+        {name: f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS},
+        "Kubernetes " + ", ".join(KUBE_COMMANDS),
+    )
+
+
+def kwok_binary() -> Path:
+    """kwok at :data:`KWOK_VERSION`, built if missing."""
+    go = _go()
+    out = cache_dir() / "bin" / f"kwok-{KWOK_VERSION}-{_key(_go_version(go))}"
+    path = out / "kwok"
+    if path.exists():
+        return path
+    with _locked("kwok"):
+        if path.exists():
+            return path
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        env = _go_env()
+        env["GOBIN"] = str(tmp)
+        env.pop("GOFLAGS", None)
+        _run_build(
+            [go, "install", "-trimpath", "-ldflags=-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+            cwd=None, env=env, what=f"kwok {KWOK_VERSION}", log=cache_dir() / "build-kwok.log",
+        )
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return path
+
+
+def etcd_binary() -> Path:
+    """etcd, built from the pinned etcd server module if missing."""
+    return _module_binaries("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}, "etcd")["etcd"]
+
+
+def ensure_binaries() -> Binaries:
+    """Every binary the sandbox runs, building what is not cached yet."""
+    kube = kube_binaries()
+    return Binaries(
+        etcd=etcd_binary(),
+        kube_apiserver=kube["kube-apiserver"],
+        kube_controller_manager=kube["kube-controller-manager"],
+        kube_scheduler=kube["kube-scheduler"],
+        kubectl=kube["kubectl"],
+        kwok=kwok_binary(),
+    )
