@@ -45,7 +45,9 @@ _DIRECT_LIMIT = np.iinfo(np.int64).max // MAX_NODE_SCORE
 """Above this, ``part * 100`` would overflow int64."""
 
 
-@njit(cache=True, nogil=True)
+# The helpers of the per-node score are inlined into their callers (numba IR): as calls,
+# passing the arrays (reference counts included) cost more than the score itself.
+@njit(cache=True, nogil=True, inline="always")
 def _percent(part: int, whole: int) -> int:
     """``part * 100 // whole`` clamped to 0..100, exact even where the product overflows int64.
 
@@ -88,7 +90,7 @@ def _shape_score(p: int, shape_u: IntArray, shape_s: IntArray) -> int:
     return int(shape_s[k - 1])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _utilization(requested: int, alloc: int) -> int:
     """RequestedToCapacityRatio's utilization: 100 for an over-committed resource."""
     if requested > alloc:
@@ -97,22 +99,62 @@ def _utilization(requested: int, alloc: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _fixed_score(requested: int, alloc: int, strategy: int) -> int:
-    """A LeastAllocated or MostAllocated resource score in 0..100 (``alloc`` > 0)."""
-    if strategy == LEAST_ALLOCATED:
-        if requested > alloc:
-            return 0
-        return _percent(alloc - requested, alloc)
-    # MostAllocated: kube-scheduler caps requested at the capacity.
-    return _percent(requested, alloc)
+def _shape_table(shape_u: IntArray, shape_s: IntArray) -> IntArray:
+    """The shape at every utilization 0..100 (RTCR utilizations are whole percentages)."""
+    table = np.empty(_MAX_UTILIZATION + 1, dtype=np.int64)
+    for p in range(_MAX_UTILIZATION + 1):
+        table[p] = _shape_score(p, shape_u, shape_s)
+    return table
 
 
 @njit(cache=True, nogil=True)
-def _combine(total: int, weight_sum: int, strategy: int) -> int:
-    """The node score from the weighted sum: RTCR rounds half away from zero, others floor."""
+def _scored_columns(req: IntArray, weights: IntArray, scalar: BoolArray, into: IntArray) -> int:
+    """Write the columns a pod asking ``req`` is scored on into ``into``; returns how many.
+
+    Weighted columns, less the scalar resources the pod does not ask for.
+    """
+    count = 0
+    for r in range(req.shape[0]):
+        if weights[r] > 0 and not (scalar[r] and req[r] == 0):
+            into[count] = r
+            count += 1
+    return count
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _weighted_score(
+    alloc_row: IntArray,
+    used_row: IntArray,
+    req: IntArray,
+    scored: IntArray,
+    n_scored: int,
+    weights: IntArray,
+    strategy: int,
+    table: IntArray,
+) -> int:
+    """The node score over the columns ``scored[:n_scored]``; see :func:`node_score`."""
+    total = 0
+    weight_sum = 0
+    for i in range(n_scored):
+        r = scored[i]
+        cap = alloc_row[r]
+        if cap <= 0:
+            continue
+        requested = used_row[r] + req[r]
+        if strategy == RTCR:
+            score = table[_utilization(requested, cap)]
+            if score <= 0:
+                continue  # RTCR leaves resources scoring 0 out of the mean
+        elif strategy == LEAST_ALLOCATED:
+            score = 0 if requested > cap else _percent(cap - requested, cap)
+        else:
+            score = _percent(requested, cap)  # MostAllocated caps requested at capacity
+        total += score * weights[r]
+        weight_sum += weights[r]
     if weight_sum == 0:
         return 0
     if strategy == RTCR:
+        # Go's math.Round(total / weight_sum): half away from zero, total >= 0.
         return (2 * total + weight_sum) // (2 * weight_sum)
     return total // weight_sum
 
@@ -149,23 +191,10 @@ def node_score(
     Raises ValueError for another strategy code. Does not check that the pod fits.
     """
     _check_strategy(strategy)
-    total = 0
-    weight_sum = 0
-    for r in range(req.shape[0]):
-        weight = weights[r]
-        alloc = alloc_row[r]
-        if weight <= 0 or alloc <= 0 or (scalar[r] and req[r] == 0):
-            continue
-        requested = used_row[r] + req[r]
-        if strategy == RTCR:
-            score = _shape_score(_utilization(requested, alloc), shape_u, shape_s)
-            if score <= 0:
-                continue
-        else:
-            score = _fixed_score(requested, alloc, strategy)
-        total += score * weight
-        weight_sum += weight
-    return _combine(total, weight_sum, strategy)
+    scored = np.empty(req.shape[0], dtype=np.int64)
+    n_scored = _scored_columns(req, weights, scalar, scored)
+    table = _shape_table(shape_u, shape_s)
+    return _weighted_score(alloc_row, used_row, req, scored, n_scored, weights, strategy, table)
 
 
 @njit(cache=True, nogil=True)
@@ -253,11 +282,7 @@ def place_members(
     if min_count > n_members:
         return 0
 
-    # RequestedToCapacityRatio's utilization is an integer 0..100: tabulate the shape once.
-    table = np.empty(_MAX_UTILIZATION + 1, dtype=np.int64)
-    if strategy == RTCR:
-        for p in range(_MAX_UTILIZATION + 1):
-            table[p] = _shape_score(p, shape_u, shape_s)
+    table = _shape_table(shape_u, shape_s)
     asked = np.empty(n_res, dtype=np.int64)  # columns the member requests (checked by fit)
     scored = np.empty(n_res, dtype=np.int64)  # columns its score reads
     total = np.empty(n_nodes, dtype=np.int64)  # score + static score per node ...
@@ -282,15 +307,11 @@ def place_members(
             last = first + 1 if first >= 0 else first
         else:
             n_asked = 0
-            n_scored = 0
             for r in range(n_res):
-                q = reqs[m, r]
-                if q > 0:
+                if reqs[m, r] > 0:
                     asked[n_asked] = r
                     n_asked += 1
-                if weights[r] > 0 and not (scalar[r] and q == 0):
-                    scored[n_scored] = r
-                    n_scored += 1
+            n_scored = _scored_columns(reqs[m], weights, scalar, scored)
             first = 0
             last = n_nodes
         prev = m
@@ -308,23 +329,10 @@ def place_members(
             ok[n] = fit
             if not fit:
                 continue
-            score_sum = 0
-            weight_sum = 0
-            for i in range(n_scored):
-                r = scored[i]
-                cap = alloc[n, r]
-                if cap <= 0:
-                    continue
-                requested = used[n, r] + reqs[m, r]
-                if strategy == RTCR:
-                    score = table[_utilization(requested, cap)]
-                    if score <= 0:
-                        continue
-                else:
-                    score = _fixed_score(requested, cap, strategy)
-                score_sum += score * weights[r]
-                weight_sum += weights[r]
-            total[n] = _combine(score_sum, weight_sum, strategy) + static_score[s, n]
+            fit_score = _weighted_score(
+                alloc[n], used[n], reqs[m], scored, n_scored, weights, strategy, table
+            )
+            total[n] = fit_score + static_score[s, n]
 
         best = -1
         best_total = 0

@@ -385,15 +385,16 @@ def test_valid_scoring_configs() -> None:
 
 @st.composite
 def scoring_arrays(draw: st.DrawFn, n_res: int) -> ScoringArrays:
-    """Any strategy, weights 0..3 (0: unscored), random scalar flags, random shapes."""
+    """Any strategy, weights 0..3 (0: unscored), random scalar flags, random shapes whose
+    scores are often 0 (RTCR leaves such resources out) or round."""
     points = draw(st.lists(st.integers(0, 100), min_size=1, max_size=4, unique=True))
     points.sort()
-    scores = draw(st.lists(st.integers(0, 100), min_size=len(points), max_size=len(points)))
+    score = st.one_of(st.sampled_from([0, 0, 50, 100]), st.integers(0, 100))
+    scores = draw(st.lists(score, min_size=len(points), max_size=len(points)))
+    weight = st.sampled_from([0, 1, 1, 2, 3])
     return ScoringArrays(
         strategy=draw(st.sampled_from([RTCR, LEAST_ALLOCATED, MOST_ALLOCATED])),
-        weights=np.array(
-            draw(st.lists(st.integers(0, 3), min_size=n_res, max_size=n_res)), np.int64
-        ),
+        weights=np.array(draw(st.lists(weight, min_size=n_res, max_size=n_res)), np.int64),
         scalar=np.array(draw(st.lists(st.booleans(), min_size=n_res, max_size=n_res)), np.bool_),
         shape_u=np.array(points, np.int64),
         shape_s=np.array(scores, np.int64),

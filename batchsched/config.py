@@ -1,0 +1,204 @@
+"""The configuration file (``config/batchsched.yaml``), parsed and validated in one place.
+
+Every key is known: an unknown key, a value of the wrong type or out of range is a
+:class:`ConfigError` whose one-line message names the key, e.g.
+``config: scoring.shape[1].score: must be between 0 and 10, got 11``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchsched.core.scoring import ScoringConfig
+
+
+class ConfigError(ValueError):
+    """The configuration is not valid; the message names the offending key."""
+
+
+@dataclass(slots=True, frozen=True)
+class ScoringSection:
+    type: str = "RequestedToCapacityRatio"
+    resources: tuple[dict[str, Any], ...] = ({"name": "nvidia.com/gpu", "weight": 1},)
+    shape: tuple[dict[str, Any], ...] = ({"utilization": 0, "score": 0}, {"utilization": 100, "score": 10})
+
+
+@dataclass(slots=True, frozen=True)
+class BinderSection:
+    concurrency: int = 128
+    retries: int = 5
+    assumed_timeout_seconds: float = 60.0
+
+
+@dataclass(slots=True, frozen=True)
+class StatusSection:
+    concurrency: int = 16
+    scheduled_events: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class LeaderElectionSection:
+    enabled: bool = True
+    namespace: str = "kube-system"
+    lease_name: str = "batchsched"
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+
+
+@dataclass(slots=True, frozen=True)
+class CycleSection:
+    #: retry an unschedulable pod at least this often even if nothing relevant changed
+    retry_unschedulable_seconds: float = 60.0
+    #: the shortest time between two cycles (events arriving closer are batched)
+    min_interval_seconds: float = 0.02
+
+
+@dataclass(slots=True, frozen=True)
+class GangSection:
+    default_schedule_timeout_seconds: float = 300.0
+
+
+@dataclass(slots=True, frozen=True)
+class Config:
+    scheduler_names: tuple[str, ...] = ("batchsched",)
+    scoring: ScoringSection = field(default_factory=ScoringSection)
+    binder: BinderSection = field(default_factory=BinderSection)
+    status: StatusSection = field(default_factory=StatusSection)
+    leader_election: LeaderElectionSection = field(default_factory=LeaderElectionSection)
+    cycle: CycleSection = field(default_factory=CycleSection)
+    gang: GangSection = field(default_factory=GangSection)
+    metrics_address: str = "127.0.0.1:10351"
+    identity: str = ""
+
+    def scoring_config(self) -> ScoringConfig:
+        return _scoring(self.scoring)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def _scoring(section: ScoringSection) -> ScoringConfig:
+    try:
+        resources = tuple((str(r["name"]), int(r["weight"])) for r in section.resources)
+        shape = tuple((int(p["utilization"]), int(p["score"])) for p in section.shape)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"config: scoring: each resource needs name and weight, each shape point utilization and score ({exc})") from None
+    cfg = ScoringConfig(strategy=section.type, resources=resources, shape=shape)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise ConfigError(f"config: scoring: {exc}") from None
+    return cfg
+
+
+def _check(value: Any, typ: Any, where: str) -> Any:
+    origin = typing.get_origin(typ)
+    if dataclasses.is_dataclass(typ) and isinstance(typ, type):
+        if value is None:
+            return typ()
+        if not isinstance(value, dict):
+            raise ConfigError(f"config: {where or 'top level'}: expected a mapping, got {type(value).__name__}")
+        return _section(typ, value, where)
+    if origin is tuple:
+        (inner, _ellipsis) = typing.get_args(typ)
+        if not isinstance(value, list):
+            raise ConfigError(f"config: {where}: expected a list, got {type(value).__name__}")
+        return tuple(_check(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (dict,) or typ is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config: {where}: expected a mapping, got {type(value).__name__}")
+        return value
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config: {where}: expected true or false, got {value!r}")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config: {where}: expected a whole number, got {value!r}")
+        return value
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"config: {where}: expected a number, got {value!r}")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config: {where}: expected a string, got {value!r}")
+        return value
+    if isinstance(typ, types.UnionType):
+        return value
+    return value
+
+
+def _section(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {_camel(f.name): f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in known:
+            raise ConfigError(f"config: unknown key {path!r} (known: {', '.join(sorted(known))})")
+        f = known[key]
+        kwargs[f.name] = _check(value, hints[f.name], path)
+    return cls(**kwargs)
+
+
+def _validate(cfg: Config) -> None:
+    def positive(value: float, where: str) -> None:
+        if value <= 0:
+            raise ConfigError(f"config: {where}: must be greater than 0, got {value}")
+
+    if not cfg.scheduler_names or any(not n for n in cfg.scheduler_names):
+        raise ConfigError("config: schedulerNames: needs at least one non-empty name")
+    positive(cfg.binder.concurrency, "binder.concurrency")
+    if cfg.binder.retries < 0:
+        raise ConfigError(f"config: binder.retries: must not be negative, got {cfg.binder.retries}")
+    positive(cfg.binder.assumed_timeout_seconds, "binder.assumedTimeoutSeconds")
+    positive(cfg.status.concurrency, "status.concurrency")
+    le = cfg.leader_election
+    positive(le.lease_duration_seconds, "leaderElection.leaseDurationSeconds")
+    positive(le.retry_period_seconds, "leaderElection.retryPeriodSeconds")
+    if not le.retry_period_seconds < le.renew_deadline_seconds < le.lease_duration_seconds:
+        raise ConfigError(
+            "config: leaderElection: needs retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds"
+        )
+    positive(cfg.cycle.retry_unschedulable_seconds, "cycle.retryUnschedulableSeconds")
+    if cfg.cycle.min_interval_seconds < 0:
+        raise ConfigError("config: cycle.minIntervalSeconds: must not be negative")
+    positive(cfg.gang.default_schedule_timeout_seconds, "gang.defaultScheduleTimeoutSeconds")
+    host, _, port = cfg.metrics_address.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")
+    cfg.scoring_config()
+
+
+def parse_config(data: Any) -> Config:
+    """A validated :class:`Config` from the parsed YAML document (``None`` = all defaults)."""
+    cfg: Config = _check(data, Config, "")
+    _validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None) -> Config:
+    if path is None:
+        return parse_config(None)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config: {path} is not valid YAML{where}") from None
+    return parse_config(data)

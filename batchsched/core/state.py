@@ -1,0 +1,304 @@
+"""The cluster mirror: one writer applies watch events; the cycle reads a snapshot of it.
+
+Nodes are rows and resources are columns of two integer arrays, ``alloc`` (allocatable)
+and ``used`` (the requests of every pod charged to the node). Both are kept up to date
+incrementally: adding a pod adds its request vector to one row; a new node takes a free
+row; a new resource name adds a column.
+
+A pod is *charged* to a node while it is bound and not finished, or while it is *assumed*:
+the cycle decided its node and the binding is on its way, but the watch has not yet shown
+``spec.nodeName``. Assumed pods are confirmed by the watch (the charge stays) or forgotten
+when the binding fails (the charge is removed and the pod is pending again)::
+
+    pending --cycle--> assumed --watch shows nodeName--> bound --finished/deleted--> gone
+                         |  bind failed: forget()
+                         +--------------------------> pending
+
+Invariant, checked by :meth:`ClusterState.check`: ``used`` equals the sum of the charges
+of the pods charged to each node; a broken invariant is a bug and stops the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from batchsched.core.model import GPU, PODS, Node, Pod, PodUID
+
+IntArray = npt.NDArray[np.int64]
+
+BASE_COLUMNS = ("cpu", "memory", PODS, GPU)
+
+
+class StateError(RuntimeError):
+    """The mirror's bookkeeping is inconsistent: a bug, never a user error."""
+
+
+@dataclass(slots=True, frozen=True)
+class Snapshot:
+    """What one cycle sees: a consistent copy, never changed by events during the cycle."""
+
+    columns: tuple[str, ...]
+    nodes: tuple[Node, ...]
+    rows: npt.NDArray[np.intp]
+    alloc: IntArray
+    used: IntArray
+    node_generation: int
+
+    def column(self, name: str) -> int:
+        return self.columns.index(name)
+
+
+class ClusterState:
+    """Pods, nodes and per-node usage; apply events with the ``*_event`` methods only."""
+
+    def __init__(self, scheduler_names: Iterable[str] = ("batchsched",)) -> None:
+        self.scheduler_names = frozenset(scheduler_names)
+        self.columns: list[str] = list(BASE_COLUMNS)
+        self._col: dict[str, int] = {c: i for i, c in enumerate(self.columns)}
+        self._cap = 64
+        self.alloc: IntArray = np.zeros((self._cap, len(self.columns)), dtype=np.int64)
+        self.used: IntArray = np.zeros((self._cap, len(self.columns)), dtype=np.int64)
+        self.valid = np.zeros(self._cap, dtype=np.bool_)
+        self.nodes: dict[str, Node] = {}
+        self.node_row: dict[str, int] = {}
+        self._free_rows: list[int] = []
+        self._next_row = 0
+        self.pods: dict[PodUID, Pod] = {}
+        #: uid -> (node name, request vector) for every pod charged to a node
+        self.charges: dict[PodUID, tuple[str, IntArray]] = {}
+        #: charges against nodes the mirror does not know (yet)
+        self.orphans: dict[str, set[PodUID]] = {}
+        #: uid -> node for pods decided by a cycle and not yet confirmed by the watch
+        self.assumed: dict[PodUID, str] = {}
+        #: pods of ours waiting for a node (not bound, not assumed, not finished)
+        self.pending: dict[PodUID, Pod] = {}
+        #: bumps whenever capacity may have grown (a node added or changed, a pod gone)
+        self.capacity_generation = 0
+        #: bumps whenever the set of nodes or their labels/taints change
+        self.node_generation = 0
+        self.by_name: dict[tuple[str, str], PodUID] = {}
+
+    # -- resource columns --------------------------------------------------------------
+
+    def column(self, name: str) -> int:
+        idx = self._col.get(name)
+        if idx is None:
+            idx = len(self.columns)
+            self.columns.append(name)
+            self._col[name] = idx
+            self.alloc = np.pad(self.alloc, ((0, 0), (0, 1)))
+            self.used = np.pad(self.used, ((0, 0), (0, 1)))
+            for uid, (node, vec) in list(self.charges.items()):
+                self.charges[uid] = (node, np.pad(vec, (0, 1)))
+        return idx
+
+    def vector(self, resources: dict[str, int] | Iterable[tuple[str, int]]) -> IntArray:
+        items = list(resources.items() if isinstance(resources, dict) else resources)
+        for name, _ in items:
+            self.column(name)
+        vec = np.zeros(len(self.columns), dtype=np.int64)
+        for name, value in items:
+            vec[self._col[name]] = value
+        return vec
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def _row_for(self, name: str) -> int:
+        row = self.node_row.get(name)
+        if row is not None:
+            return row
+        if self._free_rows:
+            row = self._free_rows.pop()
+        else:
+            row = self._next_row
+            self._next_row += 1
+            if row >= self._cap:
+                grow = self._cap
+                self._cap *= 2
+                self.alloc = np.pad(self.alloc, ((0, grow), (0, 0)))
+                self.used = np.pad(self.used, ((0, grow), (0, 0)))
+                self.valid = np.pad(self.valid, (0, grow))
+        self.node_row[name] = row
+        return row
+
+    def node_event(self, kind: str, node: Node) -> None:
+        if kind == "DELETED":
+            self._remove_node(node.name)
+            return
+        old = self.nodes.get(node.name)
+        row = self._row_for(node.name)
+        vec = self.vector(dict(node.allocatable))
+        self.alloc[row, :] = vec
+        self.valid[row] = True
+        self.nodes[node.name] = node
+        if old is None:
+            for uid in self.orphans.pop(node.name, set()):
+                self.used[row] += self.charges[uid][1]
+        if old is None or (old.labels, old.taints, old.unschedulable, old.ready, old.deleting) != (
+            node.labels, node.taints, node.unschedulable, node.ready, node.deleting
+        ) or dict(old.allocatable) != dict(node.allocatable):
+            self.node_generation += 1
+            self.capacity_generation += 1
+
+    def _remove_node(self, name: str) -> None:
+        row = self.node_row.pop(name, None)
+        if name not in self.nodes or row is None:
+            return
+        del self.nodes[name]
+        charged = {uid for uid, (n, _) in self.charges.items() if n == name}
+        if charged:
+            self.orphans.setdefault(name, set()).update(charged)
+        self.alloc[row, :] = 0
+        self.used[row, :] = 0
+        self.valid[row] = False
+        self._free_rows.append(row)
+        self.node_generation += 1
+
+    def replace_nodes(self, nodes: Iterable[Node]) -> None:
+        """A relist: the given nodes are all there is."""
+        fresh = {n.name: n for n in nodes}
+        for name in list(self.nodes):
+            if name not in fresh:
+                self._remove_node(name)
+        for node in fresh.values():
+            self.node_event("MODIFIED", node)
+
+    # -- pods -------------------------------------------------------------------------------
+
+    def ours(self, pod: Pod) -> bool:
+        return pod.scheduler_name in self.scheduler_names
+
+    def _charge(self, uid: PodUID, node: str, pod: Pod) -> None:
+        vec = self.vector(dict(pod.requests))
+        self.charges[uid] = (node, vec)
+        row = self.node_row.get(node)
+        if row is None:
+            self.orphans.setdefault(node, set()).add(uid)
+        else:
+            self.used[row] += vec
+
+    def _uncharge(self, uid: PodUID) -> None:
+        charged = self.charges.pop(uid, None)
+        if charged is None:
+            return
+        node, vec = charged
+        row = self.node_row.get(node)
+        if row is None:
+            orphans = self.orphans.get(node)
+            if orphans is not None:
+                orphans.discard(uid)
+                if not orphans:
+                    del self.orphans[node]
+        else:
+            self.used[row] -= vec
+        self.capacity_generation += 1
+
+    def pod_event(self, kind: str, pod: Pod) -> None:
+        uid = pod.uid
+        if kind == "DELETED":
+            self._remove_pod(uid)
+            return
+        old = self.pods.get(uid)
+        self.pods[uid] = pod
+        self.by_name[(pod.namespace, pod.name)] = uid
+        if pod.holds_resources:
+            self.assumed.pop(uid, None)
+            charged = self.charges.get(uid)
+            if (
+                charged is None
+                or charged[0] != pod.node_name
+                or old is None
+                or dict(old.requests) != dict(pod.requests)
+            ):
+                self._uncharge(uid)
+                self._charge(uid, pod.node_name, pod)
+            self.pending.pop(uid, None)
+            return
+        if pod.node_name or pod.terminal:
+            # bound and finished: its resources are free again
+            self.assumed.pop(uid, None)
+            self._uncharge(uid)
+            self.pending.pop(uid, None)
+            return
+        # unbound
+        if uid in self.assumed:
+            # the binding is in flight; keep the pod charged to its assumed node
+            return
+        if self.ours(pod) and not pod.deleting:
+            for name in pod.requests:
+                self.column(name)
+            self.pending[uid] = pod
+        else:
+            self.pending.pop(uid, None)
+
+    def _remove_pod(self, uid: PodUID) -> None:
+        pod = self.pods.pop(uid, None)
+        if pod is not None and self.by_name.get((pod.namespace, pod.name)) == uid:
+            del self.by_name[(pod.namespace, pod.name)]
+        self.assumed.pop(uid, None)
+        self.pending.pop(uid, None)
+        self._uncharge(uid)
+
+    def replace_pods(self, pods: Iterable[Pod]) -> None:
+        """A relist: the given pods are all there is (assumed pods stay until confirmed)."""
+        fresh = {p.uid: p for p in pods}
+        for uid in list(self.pods):
+            if uid not in fresh:
+                self._remove_pod(uid)
+        for pod in fresh.values():
+            self.pod_event("MODIFIED", pod)
+
+    # -- assume / forget --------------------------------------------------------------------
+
+    def assume(self, uid: PodUID, node: str) -> None:
+        pod = self.pods.get(uid)
+        if pod is None:
+            raise StateError(f"assume of unknown pod {uid}")
+        if uid in self.charges:
+            raise StateError(f"assume of pod {pod.key} that is already charged to {self.charges[uid][0]}")
+        self.pending.pop(uid, None)
+        self.assumed[uid] = node
+        self._charge(uid, node, pod)
+
+    def forget(self, uid: PodUID) -> None:
+        """The binding did not happen: uncharge the pod and make it pending again."""
+        if self.assumed.pop(uid, None) is None:
+            return
+        self._uncharge(uid)
+        pod = self.pods.get(uid)
+        if pod is not None:
+            self.pod_event("MODIFIED", pod)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        names = sorted(self.nodes)
+        rows = np.fromiter((self.node_row[n] for n in names), dtype=np.intp, count=len(names))
+        return Snapshot(
+            columns=tuple(self.columns),
+            nodes=tuple(self.nodes[n] for n in names),
+            rows=rows,
+            alloc=self.alloc[rows].copy(),
+            used=self.used[rows].copy(),
+            node_generation=self.node_generation,
+        )
+
+    def pods_on(self, node: str) -> Iterator[Pod]:
+        for uid, (n, _) in self.charges.items():
+            if n == node:
+                yield self.pods[uid]
+
+    def check(self) -> None:
+        """Recompute ``used`` from the charges; raise :class:`StateError` if it differs."""
+        expect = np.zeros_like(self.used)
+        for _uid, (node, vec) in self.charges.items():
+            row = self.node_row.get(node)
+            if row is not None:
+                expect[row] += vec
+        if not np.array_equal(expect, self.used):
+            bad = [n for n, r in self.node_row.items() if not np.array_equal(expect[r], self.used[r])]
+            raise StateError(f"usage bookkeeping is off on nodes {bad[:5]}")

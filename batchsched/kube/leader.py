@@ -1,0 +1,365 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, so only one scheduler binds pods.
+
+Several replicas run; one holds the Lease and schedules, the others stand by. The rules
+are those of kube-scheduler's elector, written for asyncio:
+
+- **Acquire.** Create the Lease if there is none. Take it over when its holder is empty, is
+  us, or has let it lapse (``renewTime + leaseDurationSeconds`` is in the past). Otherwise
+  look again every ``retry_period``.
+- **Write with a precondition.** Every write is a PUT carrying the resourceVersion that was
+  read (or a create), so two candidates cannot both win a round: the loser gets a 409 and
+  tries again later.
+- **Renew.** The leader renews every ``retry_period``. When no renewal has succeeded for
+  ``renew_deadline`` it stops leading (``on_stopped_leading``) and :meth:`run` returns: the
+  process is expected to exit, like kube-scheduler. Since ``renew_deadline`` is shorter than
+  ``lease_duration``, the old leader has stopped before a standby may take over, provided
+  the replicas' clocks agree to within the difference.
+- **Release.** On a graceful shutdown :meth:`LeaderElector.release` empties the holder, so
+  a standby takes over at its next look instead of waiting for the lease to lapse.
+
+Errors are the kinds of :mod:`batchsched.kube.errors`: temporary errors and conflicts are
+simply retried; permanent ones (a missing RBAC rule, a missing namespace) are logged and
+retried slowly, since an operator may fix them while we wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from batchsched.kube.client import JSON, KubeClient
+from batchsched.kube.errors import (
+    ConflictError,
+    ForbiddenError,
+    KubeError,
+    NotFoundError,
+    PermanentError,
+    TemporaryError,
+)
+
+__all__ = ["LeaderElector"]
+
+log = logging.getLogger("batchsched.leader")
+
+Callback = Callable[[], Awaitable[None] | None]
+
+_MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+# How long to wait before looking again after a permanent error (403, 404 namespace, 422).
+_SLOW_RETRY_FACTOR = 10.0
+_SLOW_RETRY_MIN = 10.0
+_JITTER = 0.2
+
+
+def micro_time(ts: float) -> str:
+    """A ``metav1.MicroTime`` string for a Unix time."""
+    return datetime.fromtimestamp(ts, UTC).strftime(_MICRO_TIME)
+
+
+def parse_time(value: object) -> float | None:
+    """The Unix time of a ``Time``/``MicroTime`` string, or ``None`` when absent or invalid."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+async def _call(callback: Callback) -> None:
+    result = callback()
+    if inspect.isawaitable(result):
+        await result
+
+
+class LeaderElector:
+    """Campaign for one Lease and hold it while we lead.
+
+    ``on_started_leading`` runs as a task beside the renewals (it may be the scheduler's
+    whole main loop) and is cancelled when leadership ends. An elector runs once: after
+    :meth:`run` returns or :meth:`release` is called, make a new one to campaign again.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float = 15,
+        renew_deadline: float = 10,
+        retry_period: float = 2,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not identity:
+            raise ValueError("the identity of a leader candidate must not be empty")
+        if not 0 < retry_period < renew_deadline < lease_duration:
+            raise ValueError(
+                "need 0 < retry_period < renew_deadline < lease_duration, got "
+                f"{retry_period}, {renew_deadline}, {lease_duration}"
+            )
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self._clock = clock
+        self._collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self._path = f"{self._collection}/{name}"
+        # Whole seconds, rounded up: a shorter lease than asked for would let a standby
+        # take over before we have noticed that we stopped renewing.
+        self._duration_seconds = max(1, math.ceil(lease_duration))
+        self._is_leader = False
+        self._stopping = False
+        self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()  # one read-modify-write of the Lease at a time
+        self._lease: JSON | None = None  # the Lease as last written by us, while we hold it
+        self._last_renew = 0.0  # clock time written as renewTime by our last success
+        self._seen_holder: str | None = None  # for logging changes of holder only
+        self._random = random.Random()
+
+    @property
+    def is_leader(self) -> bool:
+        """True from a successful acquisition until leadership is lost or given up."""
+        return self._is_leader
+
+    # -- the campaign -----------------------------------------------------------------
+
+    async def run(self, on_started_leading: Callback, on_stopped_leading: Callback) -> None:
+        """Acquire the Lease, lead while it is renewed, return once leadership has ended.
+
+        ``on_stopped_leading`` is awaited when leadership ends for any reason other than the
+        cancellation of :meth:`run` itself: renewals failed for ``renew_deadline``, another
+        candidate holds the Lease, :meth:`release` was called, or ``on_started_leading``
+        raised (that error is then re-raised, after the Lease has been released).
+        """
+        if not await self._acquire():
+            return
+        log.info("%s became the leader on lease %s/%s", self.identity, self.namespace, self.name)
+        renew = asyncio.create_task(self._renew_loop(), name=f"lease-renew-{self.name}")
+        lead = asyncio.create_task(_call(on_started_leading), name=f"leading-{self.name}")
+        failure: BaseException | None = None
+        try:
+            pending: set[asyncio.Task[Any]] = {renew, lead}
+            while renew in pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if lead in done and not lead.cancelled() and lead.exception() is not None:
+                    failure = lead.exception()
+                    break
+        finally:
+            self._is_leader = False
+            renew.cancel()
+            lead.cancel()
+            await asyncio.gather(renew, lead, return_exceptions=True)
+        if failure is not None:
+            log.error("%s: the leading task failed, giving up the lease", self.identity)
+            await self.release()
+        elif not renew.cancelled() and (exc := renew.exception()) is not None:
+            raise exc
+        log.info("%s stopped leading on lease %s/%s", self.identity, self.namespace, self.name)
+        await _call(on_stopped_leading)
+        if failure is not None:
+            raise failure
+
+    async def release(self) -> None:
+        """Give the Lease up if we hold it, and stop campaigning. Never raises a KubeError.
+
+        The holder is emptied and ``leaseDurationSeconds`` set to 1, so a standby takes
+        over at its next look. Whether we hold the Lease is read from the server, so this
+        also works after :meth:`run` was cancelled.
+        """
+        self._stopping = True
+        self._stop.set()
+        self._is_leader = False
+        async with self._lock:
+            for attempt in range(3):
+                try:
+                    lease = self._lease or await self.client.get(self._path)
+                    self._lease = None
+                    spec = dict(lease.get("spec") or {})
+                    if spec.get("holderIdentity") != self.identity:
+                        return
+                    spec.update(
+                        holderIdentity="",
+                        leaseDurationSeconds=1,
+                        renewTime=micro_time(self._clock()),
+                    )
+                    await self.client.replace(self._path, {**lease, "spec": spec})
+                except NotFoundError:
+                    return
+                except ConflictError:
+                    continue  # read it again
+                except TemporaryError as exc:
+                    log.warning("%s: releasing the lease failed: %s", self.identity, exc)
+                    await asyncio.sleep(min(self.retry_period, 0.5) * (attempt + 1))
+                except KubeError as exc:
+                    log.warning("%s: could not release the lease: %s", self.identity, exc)
+                    return
+                else:
+                    log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)
+                    return
+            log.warning("%s: gave up releasing the lease; it will lapse", self.identity)
+
+    # -- internals --------------------------------------------------------------------
+
+    async def _acquire(self) -> bool:
+        """Look for the Lease every ``retry_period`` until it is ours; False when stopped."""
+        while not self._stopping:
+            delay = self.retry_period * (1 + self._random.uniform(0, _JITTER))
+            try:
+                async with asyncio.timeout(self.renew_deadline), self._lock:
+                    if self._stopping:
+                        return False
+                    if await self._try_acquire_or_renew():
+                        return True
+            except TimeoutError:
+                log.warning("%s: acquiring the lease timed out", self.identity)
+            except (TemporaryError, ConflictError) as exc:
+                log.debug("%s: acquiring the lease failed, will retry: %s", self.identity, exc)
+            except ForbiddenError as exc:
+                log.error("%s: not allowed to use lease %s: %s", self.identity, self._path, exc)
+                delay = self._slow_retry()
+            except PermanentError as exc:
+                log.error("%s: cannot use lease %s: %s", self.identity, self._path, exc)
+                delay = self._slow_retry()
+            await self._pause(delay)
+        return False
+
+    async def _renew_loop(self) -> None:
+        """Renew every ``retry_period``; return when leadership is lost or given up."""
+        delay = self.retry_period
+        while True:
+            await self._pause(delay)
+            if self._stopping:
+                return
+            remaining = self._last_renew + self.renew_deadline - self._clock()
+            if remaining <= 0:
+                log.error(
+                    "%s: no renewal succeeded for %.1f s, leadership lost",
+                    self.identity,
+                    self.renew_deadline,
+                )
+                self._is_leader = False
+                return
+            try:
+                async with asyncio.timeout(remaining), self._lock:
+                    if self._stopping:
+                        return
+                    held = await self._try_acquire_or_renew()
+            except TimeoutError:
+                log.warning("%s: renewing the lease timed out", self.identity)
+            except ForbiddenError as exc:
+                log.error("%s: not allowed to renew the lease: %s", self.identity, exc)
+            except KubeError as exc:
+                log.warning("%s: renewing the lease failed: %s", self.identity, exc)
+            else:
+                if not held:
+                    log.error("%s: lease taken by %s", self.identity, self._seen_holder)
+                    self._is_leader = False
+                    return
+                delay = self.retry_period
+                continue
+            # retry, but wake up in time to step down at the deadline
+            to_deadline = self._last_renew + self.renew_deadline - self._clock()
+            delay = max(0.0, min(self.retry_period, to_deadline))
+
+    async def _try_acquire_or_renew(self) -> bool:
+        """One round: True when the Lease is ours afterwards, False when someone else's."""
+        try:
+            return await self._round()
+        except BaseException:
+            self._lease = None  # what we hold may be stale now: read it again next time
+            raise
+
+    async def _round(self) -> bool:
+        now = self._clock()
+        lease = self._lease
+        if lease is None:
+            try:
+                lease = await self.client.get(self._path)
+            except NotFoundError:
+                return await self._create()
+        spec: dict[str, Any] = dict(lease.get("spec") or {})
+        holder = str(spec.get("holderIdentity") or "")
+        self._observe(holder)
+        if holder and holder != self.identity and not self._expired(spec, now):
+            self._lease = None
+            self._is_leader = False
+            return False
+        write_time = self._clock()
+        if holder != self.identity:
+            spec["acquireTime"] = micro_time(write_time)
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec["holderIdentity"] = self.identity
+        spec["leaseDurationSeconds"] = self._duration_seconds
+        spec["renewTime"] = micro_time(write_time)
+        body = {**lease, "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec}
+        self._lease = await self.client.replace(self._path, body)
+        self._took(write_time)
+        return True
+
+    async def _create(self) -> bool:
+        write_time = self._clock()
+        stamp = micro_time(write_time)
+        body: JSON = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self._duration_seconds,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseTransitions": 0,
+            },
+        }
+        self._lease = await self.client.create(self._collection, body)
+        self._observe(self.identity)
+        self._took(write_time)
+        return True
+
+    def _took(self, write_time: float) -> None:
+        self._last_renew = write_time
+        self._is_leader = True
+
+    def _expired(self, spec: JSON, now: float) -> bool:
+        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+        if renewed is None:
+            return True
+        duration = spec.get("leaseDurationSeconds")
+        seconds = float(duration) if isinstance(duration, int | float) else self.lease_duration
+        return renewed + seconds <= now
+
+    def _observe(self, holder: str) -> None:
+        if holder != self._seen_holder:
+            if holder != self.identity:
+                log.info(
+                    "%s: lease %s/%s is held by %r",
+                    self.identity,
+                    self.namespace,
+                    self.name,
+                    holder,
+                )
+            self._seen_holder = holder
+
+    def _slow_retry(self) -> float:
+        return max(_SLOW_RETRY_MIN, self.retry_period * _SLOW_RETRY_FACTOR)
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds, or less when :meth:`release` is called meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._stop.wait()

@@ -1,0 +1,121 @@
+"""Helpers for integration tests: run batchsched against the sandbox, wait, inspect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from batchsched.app import Scheduler
+from batchsched.config import parse_config
+from batchsched.core.quantity import to_units
+from batchsched.kube.client import KubeClient
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+def config(namespace: str, **overrides: Any) -> Any:
+    data: dict[str, Any] = {
+        "leaderElection": {"namespace": namespace, "leaseName": "batchsched",
+                           "leaseDurationSeconds": 4, "renewDeadlineSeconds": 3, "retryPeriodSeconds": 0.5},
+        "metricsAddress": "127.0.0.1:0",
+        "cycle": {"retryUnschedulableSeconds": 30},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_config(data)
+
+
+@contextlib.asynccontextmanager
+async def running_scheduler(kubeconfig: str, namespace: str, **overrides: Any) -> AsyncIterator[Scheduler]:
+    client = await KubeClient.connect(kubeconfig)
+    sched = Scheduler(client, config(namespace, **overrides))
+    task = asyncio.get_running_loop().create_task(sched.run())
+    try:
+        await wait_for(lambda: _ready(sched, task), timeout=60)
+        yield sched
+    finally:
+        sched.stop()
+        await asyncio.wait_for(task, 30)
+        await client.close()
+
+
+async def _ready(sched: Scheduler, task: asyncio.Task[None]) -> bool:
+    if task.done():
+        task.result()  # raises what made it stop
+        raise AssertionError("the scheduler stopped before it was ready")
+    return sched.ready and sched.leading.is_set()
+
+
+def pod_body(name: str, *, gpu: int = 0, cpu: str = "100m", memory: str = "128Mi",
+             scheduler: str = "batchsched", **extra: Any) -> dict[str, Any]:
+    requests: dict[str, str] = {"cpu": cpu, "memory": memory}
+    limits: dict[str, str] = {}
+    if gpu:
+        requests["nvidia.com/gpu"] = str(gpu)
+        limits["nvidia.com/gpu"] = str(gpu)
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "main", "image": "trainer:latest",
+                        "resources": {"requests": requests, **({"limits": limits} if limits else {})}}],
+    }
+    spec.update(extra.pop("spec", {}))
+    meta: dict[str, Any] = {"name": name, **extra.pop("metadata", {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+async def create_pods(kube: KubeClient, namespace: str, bodies: list[dict[str, Any]], concurrency: int = 32) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(body: dict[str, Any]) -> None:
+        async with sem:
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+    await asyncio.gather(*(one(b) for b in bodies))
+
+
+async def list_pods(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    items, _ = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
+    return items
+
+
+async def events_for(kube: KubeClient, namespace: str, name: str, reason: str | None = None) -> list[dict[str, Any]]:
+    items, _ = await kube.list(
+        f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}"
+    )
+    return [e for e in items if reason is None or e.get("reason") == reason]
+
+
+async def assert_no_overcommit(kube: KubeClient) -> dict[str, dict[str, int]]:
+    """Every node's bound, unfinished pods fit in its allocatable; returns usage per node."""
+    nodes, _ = await kube.list("/api/v1/nodes")
+    pods, _ = await kube.list("/api/v1/pods")
+    alloc = {n["metadata"]["name"]: {k: to_units(k, v) for k, v in n["status"]["allocatable"].items()} for n in nodes}
+    used: dict[str, dict[str, int]] = {name: {} for name in alloc}
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if not node or p["status"].get("phase") in ("Succeeded", "Failed") or node not in used:
+            continue
+        u = used[node]
+        u["pods"] = u.get("pods", 0) + 1
+        for c in p["spec"]["containers"]:
+            for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
+                u[k] = u.get(k, 0) + to_units(k, v)
+    for node, u in used.items():
+        for k, v in u.items():
+            assert v <= alloc[node].get(k, 0), f"node {node} over-committed on {k}: {v} > {alloc[node].get(k, 0)}"
+    return used
