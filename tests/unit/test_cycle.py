@@ -161,3 +161,25 @@ def test_new_resource_column_appears() -> None:
     plan = run(state)
     assert [b.node for b in plan.bindings] == ["n"]
     assert np.all(state.snapshot().alloc >= 0)
+
+
+def test_relist_drops_vanished_objects_and_keeps_assumed_pods() -> None:
+    n1 = make_node("n1").cap(cpu="8", memory="8Gi").build()
+    n2 = make_node("n2").cap(cpu="8", memory="8Gi").build()
+    gone = make_pod("gone").req(cpu="1").uid("gone").running("n1").build()
+    waiting = make_pod("waiting").req(cpu="2").uid("waiting").build()
+    state = mirror(n1, n2, gone, waiting)
+    state.assume(PodUID("waiting"), "n2")
+    cpu = state.columns.index("cpu")
+    # the relist no longer has "gone" nor node n1; "waiting" is still unbound (bind in flight)
+    state.replace_nodes([n2])
+    state.replace_pods([waiting])
+    assert "gone" not in state.pods and "n1" not in state.nodes
+    assert state.assumed == {"waiting": "n2"}
+    assert state.used[state.node_row["n2"], cpu] == 2000
+    assert not state.pending
+    state.check()
+    # replaying the same relist twice changes nothing
+    state.replace_pods([waiting])
+    assert state.used[state.node_row["n2"], cpu] == 2000
+    state.check()
