@@ -8,8 +8,10 @@ and a cycle runs synchronously, so it never sees a half-applied event.
 Loop::
 
     wait for a reason to run (a new pending pod, capacity freed or added, a bind failed,
-    or the slow retry timer) -> snapshot -> cycle -> assume each binding and hand it to
-    the binder -> write FailedScheduling for pods whose reason changed
+    or the slow retry timer) -> gang timers (evict gangs stuck below quorum) -> snapshot
+    -> cycle over single pods and gangs -> assume each binding and hand it to the binder
+    -> write FailedScheduling for pods whose reason changed -> PodGroup statuses of the
+    groups that changed
 """
 
 from __future__ import annotations
@@ -29,14 +31,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from batchsched.config import Config, ConfigError, load_config
 from batchsched.core import kernels
-from batchsched.core.cycle import Binding, Cycle, Unit, single_unit
+from batchsched.core.cycle import Binding, Cycle, Eviction, Unit, single_unit
+from batchsched.core.groups import (
+    VOLCANO,
+    XK8S,
+    GroupBook,
+    GroupKey,
+    PodGroup,
+    desired_status,
+    free_capacity,
+    parse_podgroup,
+)
 from batchsched.core.model import PodUID, parse_node, parse_pod
 from batchsched.core.state import ClusterState
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import KubeError, NotFoundError
+from batchsched.kube.evictor import Evictor
+from batchsched.kube.groupstatus import GroupStatusWriter, group_ref
 from batchsched.kube.leader import LeaderElector
-from batchsched.kube.status import ObjectRef, StatusWriter
+from batchsched.kube.status import ObjectRef, StatusWriter, rfc3339
 from batchsched.kube.watch import Reflector
 from batchsched.metrics import Metrics
 
@@ -45,6 +59,28 @@ log = logging.getLogger("batchsched")
 
 def pod_ref(namespace: str, name: str, uid: str) -> ObjectRef:
     return ObjectRef(kind="Pod", api_version="v1", namespace=namespace, name=name, uid=uid)
+
+
+PODGROUP_PATHS = {
+    XK8S: "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
+    VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
+}
+#: a full pass over every group's status, besides the groups known to have changed
+_GROUP_SWEEP_SECONDS = 5.0
+#: how often the gang timers are looked at
+_GANG_CHECK_SECONDS = 0.5
+#: a waiting gang's message changes with every change of capacity ("only 12 fit now"); its
+#: PodGroup condition follows each change (one write), its pods at most this often (a
+#: write per member)
+_GANG_POD_MESSAGE_SECONDS = 30.0
+
+
+def _spec(group: PodGroup) -> tuple[Any, ...]:
+    """What of a group decides its placement (its status, which we write, does not)."""
+    return (
+        group.min_member, dict(group.min_resources), dict(group.min_task_member),
+        group.priority_class, group.invalid, group.uid,
+    )
 
 
 class Scheduler:
@@ -69,6 +105,27 @@ class Scheduler:
             on_result=self._bind_result,
         )
         self.status = StatusWriter(client, instance=self.identity, concurrency=config.status.concurrency)
+        gang = config.gang
+        self.groups = GroupBook(
+            default_timeout=gang.default_schedule_timeout_seconds,
+            initial_backoff=gang.initial_backoff_seconds,
+            max_backoff=gang.max_backoff_seconds,
+        )
+        self.evictor = Evictor(client, concurrency=gang.eviction_concurrency, on_result=self._evict_result)
+        self.group_status = GroupStatusWriter(client)
+        #: group unit key -> (capacity generation, time) of its last failed placement
+        self._group_attempts: dict[str, tuple[int, float]] = {}
+        #: group unit key -> (reason, message) of why it was not placed in the last cycle
+        self._unit_message: dict[str, tuple[str, str]] = {}
+        #: group unit key -> when it was first found blocked (its pods are told after a delay)
+        self._blocked_since: dict[str, float] = {}
+        self._schedule_start: dict[GroupKey, str] = {}
+        self._reported_invalid: dict[GroupKey, str] = {}
+        self._dirty_groups: set[GroupKey] = set()
+        self._last_sweep = 0.0
+        #: gang unit key -> (message, time) last told its pods
+        self._pods_told: dict[str, tuple[str, float]] = {}
+        self._last_gang_check = -1e9
         self.ready = False
         self.leading = asyncio.Event()
         self.cycles = 0
@@ -83,7 +140,17 @@ class Scheduler:
         self.reflectors = [
             Reflector(client, "/api/v1/nodes", on_list=self._nodes_listed, on_event=self._node_event, name="nodes"),
             Reflector(client, "/api/v1/pods", on_list=self._pods_listed, on_event=self._pod_event, name="pods"),
+            Reflector(
+                client, "/apis/scheduling.k8s.io/v1/priorityclasses", on_list=self._priority_classes_listed,
+                on_event=self._priority_class_event, name="priorityclasses",
+            ),
         ]
+        for api, path in PODGROUP_PATHS.items():
+            self.reflectors.append(Reflector(
+                client, path, name=f"podgroups.{api}",
+                on_list=lambda items, api=api: self._groups_listed(api, items),  # type: ignore[misc]
+                on_event=lambda kind, obj, api=api: self._group_event(api, kind, obj),  # type: ignore[misc]
+            ))
 
     # -- watch callbacks (the only writers of the state, with bind results) ------------------
 
@@ -99,7 +166,10 @@ class Scheduler:
             self._wake.set()
 
     def _pods_listed(self, items: list[dict[str, Any]]) -> None:
-        self.state.replace_pods(parse_pod(o) for o in items)
+        pods = [parse_pod(o) for o in items]
+        self.state.replace_pods(pods)
+        self.groups.replace_pods(pods)
+        self._dirty_groups.update(self.groups.groups)
         self._wake.set()
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
@@ -107,7 +177,15 @@ class Scheduler:
         pod = parse_pod(obj)
         before = self.state.capacity_generation
         was_pending = pod.uid in self.state.pending
+        group = self.groups.group_of(pod.uid)
         self.state.pod_event(kind, pod)
+        self.groups.pod_event(kind, pod)
+        for g in (group, self.groups.group_of(pod.uid)):
+            if g is not None:
+                self._dirty_groups.add(g.key)
+                if pod.uid in self.state.pending:
+                    # a member arrived or changed: try the gang again
+                    self._group_attempts.pop(g.key, None)
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
             self._attempts.pop(pod.uid, None)
             self._assumed_at.pop(pod.uid, None)
@@ -122,6 +200,43 @@ class Scheduler:
             self._attempts.pop(pod.uid, None)
             self._wake.set()
 
+    def _groups_listed(self, api: str, items: list[dict[str, Any]]) -> None:
+        groups = [parse_podgroup(api, o) for o in items]
+        gone = {k for k, g in self.groups.groups.items() if g.api == api} - {g.key for g in groups}
+        for key in gone:
+            self.group_status.forget(key)
+        self.groups.replace_groups(api, groups)
+        self._dirty_groups.update(g.key for g in groups)
+        self._group_attempts.clear()
+        self._wake.set()
+
+    def _group_event(self, api: str, kind: str, obj: dict[str, Any]) -> None:
+        self.metrics.watch_events.labels(f"podgroups.{api}").inc()
+        group = parse_podgroup(api, obj)
+        old = self.groups.groups.get(group.key)
+        self.groups.group_event(kind, group)
+        changed = kind == "DELETED" or old is None or _spec(old) != _spec(group)
+        if changed:
+            self._group_attempts.pop(group.key, None)
+            self._pods_told.pop(f"missing:{group.display}", None)
+            self._wake.set()
+        if kind == "DELETED":
+            self.group_status.forget(group.key)
+            self._reported_invalid.pop(group.key, None)
+            self._schedule_start.pop(group.key, None)
+            self._unit_message.pop(group.key, None)
+            self._pods_told.pop(group.key, None)
+        else:
+            self._dirty_groups.add(group.key)
+
+    def _priority_classes_listed(self, items: list[dict[str, Any]]) -> None:
+        self.groups.replace_priority_classes(
+            {str(o["metadata"]["name"]): int(o.get("value") or 0) for o in items}
+        )
+
+    def _priority_class_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.groups.priority_class_event(kind, str(obj["metadata"]["name"]), int(obj.get("value") or 0))
+
     # -- binding results -------------------------------------------------------------------------
 
     def _bind_result(self, b: Binding, outcome: str, err: KubeError | None) -> None:
@@ -133,6 +248,11 @@ class Scheduler:
             return
         self._assumed_at.pop(uid, None)
         self.state.forget(uid)
+        group = self.groups.group_of(uid)
+        if group is not None:
+            # the rest of the gang is retried as its remainder at once
+            self._group_attempts.pop(group.key, None)
+            self._dirty_groups.add(group.key)
         if outcome == "conflict":
             self._resync(b.namespace, b.name, uid)
         elif outcome == "failed":
@@ -159,6 +279,37 @@ class Scheduler:
 
         self._tasks.append(asyncio.get_running_loop().create_task(fetch()))
 
+    # -- evictions (gangs that timed out) -----------------------------------------------------------
+
+    def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
+        key = GroupKey(e.unit)
+        group = self.groups.groups.get(key)
+        self._dirty_groups.add(key)
+        if outcome != "evicted":
+            self.groups.eviction_done(key, PodUID(e.uid))
+        if group is None:
+            return
+        ref = group_ref(group)
+        if outcome == "evicted":
+            message = f"evicted member {e.name} from node {e.node}: {e.reason}"
+            self.status.event(ref, type="Normal", reason="GangEvicted", message=message)
+            self.status.event(pod_ref(e.namespace, e.name, e.uid), type="Normal", reason="GangEvicted", message=message)
+        elif outcome == "failed":
+            self.status.event(ref, type="Warning", reason="GangEvictionFailed",
+                              message=f"could not evict member {e.name} (will retry): {err}")
+
+    def _check_gangs(self, now: float) -> None:
+        """Gangs below quorum: start their timers, evict those that ran out of time."""
+        if now - self._last_gang_check < _GANG_CHECK_SECONDS:
+            return
+        self._last_gang_check = now
+        check = self.groups.check(self.state, now)
+        for n in check.notices:
+            self._dirty_groups.add(n.group.key)
+            self.status.event(group_ref(n.group), type=n.type, reason=n.reason, message=n.message)
+        for e in check.evictions:
+            self.evictor.submit(e)
+
     # -- the loop ----------------------------------------------------------------------------------
 
     def schedulable_units(self, now: float) -> list[Unit]:
@@ -166,12 +317,25 @@ class Scheduler:
         gen = self.state.capacity_generation
         units = []
         for uid, pod in self.state.pending.items():
-            if pod.gated:
+            if pod.gated or self.groups.in_group(uid):
                 continue
             seen = self._attempts.get(uid)
             if seen is not None and seen[0] == gen and now - seen[1] < retry:
                 continue
             units.append(single_unit(pod))
+        free: dict[str, int] | None = None
+
+        def cluster_free() -> dict[str, int]:
+            nonlocal free
+            if free is None:
+                free = free_capacity(self.state.snapshot())
+            return free
+
+        for unit in self.groups.units(self.state, now, cluster_free):
+            seen = self._group_attempts.get(unit.key)
+            if not unit.blocked and seen is not None and seen[0] == gen and now - seen[1] < retry:
+                continue
+            units.append(unit)
         return units
 
     def run_cycle(self) -> int:
@@ -187,15 +351,27 @@ class Scheduler:
         t1 = time.perf_counter()
         plan = self.cycle.run(snap, units)
         self.cycles += 1
+        gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
         for b in plan.bindings:
             uid = PodUID(b.uid)
             self.state.assume(uid, b.node)
             self._attempts.pop(uid, None)
             self._assumed_at[uid] = now
             self.binder.submit(b)
+        delay = self.config.gang.report_delay_seconds
         for u in plan.unschedulable:
-            self._attempts[u.pod.uid] = (gen, now)
-            self.status.pod_unschedulable(pod_ref(u.pod.namespace, u.pod.name, u.pod.uid), u.message)
+            unit = gangs.get(u.unit)
+            message = u.message
+            if unit is None:
+                self._attempts[u.pod.uid] = (gen, now)
+            elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
+                continue  # members and PodGroups usually arrive together: do not report yet
+            elif message == plan.failed_units.get(unit.key):
+                message = self._gang_pod_message(unit.key, message, now)
+            self.status.pod_unschedulable(pod_ref(u.pod.namespace, u.pod.name, u.pod.uid), message)
+        self._gang_results(plan.failed_units, plan.placed_units, gangs, gen, now)
+        for key in [k for k in self._blocked_since if k not in gangs or not gangs[k].blocked]:
+            del self._blocked_since[key]
         t2 = time.perf_counter()
         m = self.metrics
         m.cycle_duration.labels("snapshot").observe(t1 - t0)
@@ -210,6 +386,84 @@ class Scheduler:
             self.cycles, len(units), len(plan.bindings), len(plan.unschedulable), (t2 - t0) * 1e3,
         )
         return len(plan.bindings)
+
+    def _gang_pod_message(self, key: str, message: str, now: float) -> str:
+        """What to tell a waiting gang's pods: a new message, or the last one if it was told
+        less than ``_GANG_POD_MESSAGE_SECONDS`` ago."""
+        told = self._pods_told.get(key)
+        if told is None or (told[0] != message and now - told[1] >= _GANG_POD_MESSAGE_SECONDS):
+            self._pods_told[key] = (message, now)
+            return message
+        return told[0]
+
+    def _gang_results(
+        self,
+        failed: dict[str, str],
+        placed: dict[str, int],
+        gangs: dict[str, Unit],
+        gen: int,
+        now: float,
+    ) -> None:
+        for key, unit in gangs.items():
+            gkey = GroupKey(key)
+            self._dirty_groups.add(gkey)
+            if not unit.blocked:
+                self._blocked_since.pop(key, None)
+                self._schedule_start.setdefault(gkey, rfc3339(time.time()))
+            if key in placed:
+                self._unit_message.pop(key, None)
+                self._pods_told.pop(key, None)
+                self._group_attempts.pop(key, None)
+                group = self.groups.groups.get(gkey)
+                if group is not None:
+                    what = (
+                        f"{unit.min_count} members as one gang (quorum {group.min_member})"
+                        if unit.min_count else "elastic members"
+                    )
+                    extra = placed[key] - unit.min_count
+                    more = f" and {extra} elastic member(s)" if unit.min_count and extra > 0 else ""
+                    self.status.event(group_ref(group), type="Normal", reason="Scheduled",
+                                      message=f"placed {what}{more}")
+            elif key in failed:
+                reason = self.groups.blocked_reasons.get(gkey, "Unschedulable") if unit.blocked else "Unschedulable"
+                self._unit_message[key] = (reason, failed[key])
+                if not unit.blocked:
+                    self._group_attempts[key] = (gen, now)
+
+    def _sync_groups(self, now: float) -> None:
+        """Write the status of the groups that changed (and, now and then, of every group)."""
+        if now - self._last_sweep >= _GROUP_SWEEP_SECONDS:
+            self._last_sweep = now
+            self._dirty_groups.update(self.groups.groups)
+        dirty, self._dirty_groups = self._dirty_groups, set()
+        free: dict[str, int] | None = None
+        for key in dirty:
+            group = self.groups.groups.get(key)
+            if group is None:
+                continue
+            if group.invalid and self._reported_invalid.get(key) != group.invalid:
+                self._reported_invalid[key] = group.invalid
+                self.status.event(group_ref(group), type="Warning", reason="InvalidPodGroup",
+                                  message=f"PodGroup {group.display} is invalid, its pods are not scheduled: {group.invalid}")
+            tally = self.groups.tally(group, self.state)
+            if not tally.ours:
+                continue
+            admitted = False
+            if group.api == VOLCANO and group.observed.phase in ("", "Pending"):
+                if free is None:
+                    free = free_capacity(self.state.snapshot())
+                admitted = self.groups.admitted(group, self.state, now, free)
+            reason, message = self._unit_message.get(key, ("", ""))
+            if not tally.pending and not group.invalid and not self.groups.backing_off(key, now):
+                reason, message = "", ""  # the cycle's last word is stale: nothing waits to be placed
+            elif self.groups.backing_off(key, now):
+                reason = "GangBackoff"
+                message = self.groups.blocked_message(group, now)
+            status = desired_status(
+                group, tally, waiting=message, reason=reason, admitted=admitted,
+                schedule_start=self._schedule_start.get(key, ""),
+            )
+            self.group_status.update(group, status)
 
     def _check_assumed(self, now: float) -> None:
         """A binding the apiserver accepted that the watch never confirmed: look again."""
@@ -231,8 +485,11 @@ class Scheduler:
                 continue
             if interval:
                 await asyncio.sleep(interval)
-            self._check_assumed(time.monotonic())
+            now = time.monotonic()
+            self._check_assumed(now)
+            self._check_gangs(now)
             self.run_cycle()
+            self._sync_groups(time.monotonic())
 
     # -- life cycle --------------------------------------------------------------------------------
 
@@ -269,6 +526,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
         tasks.append(loop.create_task(self.status.run(), name="status"))
+        tasks.append(loop.create_task(self.group_status.run(), name="group-status"))
         warm = loop.run_in_executor(None, kernels.warm_up)
         try:
             await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
@@ -306,6 +564,9 @@ class Scheduler:
             drained = await self.binder.drain(10.0)
             if not drained:
                 log.warning("shutting down with %d bindings in flight", self.binder.in_flight)
+            if not await self.evictor.drain(5.0):
+                log.warning("shutting down with %d evictions in flight", self.evictor.in_flight)
+            await self.group_status.drain(5.0)
             await self.status.drain(5.0)
             if self.elector is not None:
                 with contextlib.suppress(Exception):

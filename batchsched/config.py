@@ -63,7 +63,16 @@ class CycleSection:
 
 @dataclass(slots=True, frozen=True)
 class GangSection:
+    #: how long a gang placed below its quorum may wait to become whole, when its
+    #: PodGroup does not say (``scheduleTimeoutSeconds``)
     default_schedule_timeout_seconds: float = 300.0
+    #: the back-off of a gang after its timeout, doubled at each further timeout
+    initial_backoff_seconds: float = 10.0
+    max_backoff_seconds: float = 300.0
+    #: how long a gang may wait (for its members, its PodGroup...) before its pods are told
+    report_delay_seconds: float = 1.0
+    #: evictions in flight at once (gangs that timed out)
+    eviction_concurrency: int = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -175,6 +184,12 @@ def _validate(cfg: Config) -> None:
     if cfg.cycle.min_interval_seconds < 0:
         raise ConfigError("config: cycle.minIntervalSeconds: must not be negative")
     positive(cfg.gang.default_schedule_timeout_seconds, "gang.defaultScheduleTimeoutSeconds")
+    positive(cfg.gang.initial_backoff_seconds, "gang.initialBackoffSeconds")
+    if cfg.gang.max_backoff_seconds < cfg.gang.initial_backoff_seconds:
+        raise ConfigError("config: gang.maxBackoffSeconds: must not be below gang.initialBackoffSeconds")
+    if cfg.gang.report_delay_seconds < 0:
+        raise ConfigError("config: gang.reportDelaySeconds: must not be negative")
+    positive(cfg.gang.eviction_concurrency, "gang.evictionConcurrency")
     host, _, port = cfg.metrics_address.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")

@@ -2,7 +2,8 @@
 
 ``make_pod("p").req(cpu="2", gpu=1).selector(pool="a").obj()`` is the pod as the apiserver
 would return it (a JSON dict); ``.build()`` is the same pod parsed by
-:func:`batchsched.core.model.parse_pod`. Nodes alike with ``make_node("n1")``.
+:func:`batchsched.core.model.parse_pod`. Nodes alike with ``make_node("n1")``, PodGroups
+with ``make_group("g").min_member(8)`` (scheduler-plugins) or ``.volcano()``.
 
 Every method returns the builder, so chains read like the object they describe. Keyword
 arguments cover the common names (``gpu`` means ``nvidia.com/gpu``, ``ephemeral_storage``
@@ -18,9 +19,19 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
+from batchsched.core.groups import (
+    ANNOTATION_GROUP,
+    ANNOTATION_TASK,
+    LABEL_VOLCANO,
+    LABEL_XK8S,
+    VOLCANO,
+    XK8S,
+    PodGroup,
+    parse_podgroup,
+)
 from batchsched.core.model import GPU, Node, Pod, Requirement, parse_node, parse_pod
 
-__all__ = ["NodeBuilder", "PodBuilder", "make_node", "make_pod"]
+__all__ = ["GroupBuilder", "NodeBuilder", "PodBuilder", "make_group", "make_node", "make_pod"]
 
 Quantity = str | int | float
 # A node selector requirement: ``("zone", "In", "a", "b")``, ``("gpu", "Exists")``, or a
@@ -134,6 +145,21 @@ class PodBuilder:
     def deleting(self, when: float | str | dt.datetime = 0.0) -> Self:
         self._meta["deletionTimestamp"] = _timestamp(when)
         return self
+
+    def group(self, name: str, *, via: str = "x-k8s") -> Self:
+        """Member of a gang: ``via`` is ``"x-k8s"`` (the scheduler-plugins label),
+        ``"volcano"`` (Volcano's label) or ``"annotation"`` (``scheduling.k8s.io/group-name``)."""
+        if via == "x-k8s":
+            return self.label({LABEL_XK8S: name})
+        if via == "volcano":
+            return self.label({LABEL_VOLCANO: name})
+        if via == "annotation":
+            return self.annotate({ANNOTATION_GROUP: name})
+        raise ValueError(f"unknown group reference {via!r}")
+
+    def task(self, name: str) -> Self:
+        """Volcano's task name (``volcano.sh/task-spec``)."""
+        return self.annotate({ANNOTATION_TASK: name})
 
     def rv(self, resource_version: str | int) -> Self:
         self._meta["resourceVersion"] = str(resource_version)
@@ -416,6 +442,89 @@ class NodeBuilder:
 
     def build(self) -> Node:
         return parse_node(self.obj())
+
+
+class GroupBuilder:
+    """A PodGroup of the scheduler-plugins API (``.volcano()`` for Volcano's), minMember 1."""
+
+    def __init__(self, name: str, namespace: str = "default") -> None:
+        self._api = XK8S
+        self._obj: dict[str, Any] = {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-pg-{namespace}-{name}"},
+            "spec": {"minMember": 1},
+        }
+
+    @property
+    def _spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = self._obj["spec"]
+        return spec
+
+    def copy(self) -> GroupBuilder:
+        return copy.deepcopy(self)
+
+    def volcano(self) -> Self:
+        self._api = VOLCANO
+        self._obj["apiVersion"] = "scheduling.volcano.sh/v1beta1"
+        return self
+
+    def uid(self, uid: str) -> Self:
+        self._obj["metadata"]["uid"] = uid
+        return self
+
+    def created(self, when: float | str | dt.datetime) -> Self:
+        self._obj["metadata"]["creationTimestamp"] = _timestamp(when)
+        return self
+
+    def min_member(self, value: Any) -> Self:
+        """Any JSON value, so malformed groups can be built too; ``None`` removes it."""
+        if value is None:
+            self._spec.pop("minMember", None)
+        else:
+            self._spec["minMember"] = value
+        return self
+
+    def min_resources(self, resources: Mapping[str, Any] | None = None, /, **kw: Any) -> Self:
+        self._spec.setdefault("minResources", {}).update(
+            {_RESOURCE_ALIASES.get(k, k): v for k, v in _merged(resources, kw).items()}
+        )
+        return self
+
+    def tasks(self, tasks: Mapping[str, Any] | None = None, /, **kw: Any) -> Self:
+        """Volcano's ``minTaskMember``."""
+        self._spec.setdefault("minTaskMember", {}).update(_merged(tasks, kw))
+        return self
+
+    def timeout(self, seconds: Any) -> Self:
+        self._spec["scheduleTimeoutSeconds"] = seconds
+        return self
+
+    def priority_class(self, name: str) -> Self:
+        self._spec["priorityClassName"] = name
+        return self
+
+    def queue(self, name: str) -> Self:
+        self._spec["queue"] = name
+        return self
+
+    def status(self, **status: Any) -> Self:
+        self._obj["status"] = status
+        return self
+
+    def spec(self, spec: Any) -> Self:
+        self._obj["spec"] = spec
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        return copy.deepcopy(self._obj)
+
+    def build(self) -> PodGroup:
+        return parse_podgroup(self._api, self.obj())
+
+
+def make_group(name: str, namespace: str = "default") -> GroupBuilder:
+    return GroupBuilder(name, namespace)
 
 
 def make_pod(name: str, namespace: str = "default") -> PodBuilder:

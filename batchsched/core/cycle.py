@@ -31,6 +31,7 @@ import numpy.typing as npt
 from batchsched.core import kernels, reference
 from batchsched.core.model import Pod
 from batchsched.core.predicates import NodeFilter
+from batchsched.core.quantity import format_units
 from batchsched.core.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.state import Snapshot
 
@@ -72,6 +73,18 @@ class Binding:
     name: str
     node: str
     unit: str
+
+
+@dataclass(slots=True, frozen=True)
+class Eviction:
+    """A bound pod to remove through the Eviction API, with the reason told to its owner."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    unit: str
+    reason: str
 
 
 @dataclass(slots=True, frozen=True)
@@ -147,19 +160,23 @@ class Cycle:
                     reqs[m, c] = value
             return reqs
 
-        def explain(pod: Pod, req: IntArray | None, mask: npt.NDArray[np.bool_]) -> str:
+        def explain(
+            pod: Pod, req: IntArray | None, mask: npt.NDArray[np.bool_], usage: IntArray | None = None
+        ) -> str:
+            """Why ``pod`` fits no node, against ``usage`` (the walk's usage by default)."""
             key = (pod.constraint_key(), pod.pod_affinity, None if req is None else req.tobytes())
-            cached = explain_cache.get(key)
+            cached = explain_cache.get(key) if usage is None else None
             if cached is not None:
                 return cached
             if req is None:
                 missing = sorted(set(pod.requests) - set(col))
                 message = f"0/{len(snap.nodes)} nodes fit: no node has any {', '.join(missing)}."
             else:
-                counts = self._insufficient(snap.alloc, used, req, mask)
+                counts = self._insufficient(snap.alloc, used if usage is None else usage, req, mask)
                 insufficient = {snap.columns[r]: int(n) for r, n in enumerate(counts) if n > 0}
                 message = filt.explain(pod, insufficient)
-            explain_cache[key] = message
+            if usage is None:
+                explain_cache[key] = message
             return message
 
         i = 0
@@ -185,15 +202,21 @@ class Cycle:
                 batch = ordered[i:j]
                 pods = [u.pods[0] for u in batch]
                 min_count = 0
+                gang = False
                 i = j
             else:
                 batch = [unit]
                 pods = list(unit.pods)
                 min_count = unit.min_count
+                gang = True
                 i += 1
+            if not pods:
+                continue
 
-            invalid = next((p for p in pods if p.invalid), None)
-            if invalid is not None and (min_count > 0 or len(pods) == 1):
+            # a gang's quorum, or a lone pod, with an unreadable request cannot be placed
+            core = pods[:min_count] if gang else pods if len(pods) == 1 else []
+            invalid = next((p for p in core if p.invalid), None)
+            if invalid is not None:
                 message = f"pod {invalid.key} cannot be scheduled: {invalid.invalid}"
                 for u in batch:
                     plan.failed_units[u.key] = message
@@ -229,20 +252,30 @@ class Cycle:
             else:
                 placed = 0
 
-            if min_count > 0:
-                # one gang
-                if placed == 0:
+            if gang:
+                if placed == 0 and min_count > 0:
                     message = self._gang_message(unit, pods, reqs, sig, masks, explain, snap, used)
                     plan.failed_units[unit.key] = message
                     for pod in pods:
                         plan.unschedulable.append(Unschedulable(pod, message, unit.key))
-                else:
+                    continue
+                # the quorum is placed (or was placed before): extras go where they fit
+                if placed:
                     plan.placed_units[unit.key] = placed
-                    for m, pod in enumerate(pods):
-                        if out[m] >= 0:
-                            plan.bindings.append(
-                                Binding(pod.uid, pod.namespace, pod.name, snap.nodes[out[m]].name, unit.key)
-                            )
+                for m, pod in enumerate(pods):
+                    if out[m] >= 0:
+                        plan.bindings.append(
+                            Binding(pod.uid, pod.namespace, pod.name, snap.nodes[out[m]].name, unit.key)
+                        )
+                        continue
+                    if pod.invalid:
+                        message = f"pod {pod.key} cannot be scheduled: {pod.invalid}"
+                    else:
+                        message = explain(pod, None if reqs is None else reqs[m], masks[sig[m]])
+                    message = f"elastic member beyond the gang's quorum: {message}"
+                    if not placed:
+                        plan.failed_units.setdefault(unit.key, message)
+                    plan.unschedulable.append(Unschedulable(pod, message, unit.key))
                 continue
             for m, (u, pod) in enumerate(zip(batch, pods, strict=True)):
                 if out[m] >= 0:
@@ -266,7 +299,7 @@ class Cycle:
         reqs: IntArray | None,
         sig: IntArray,
         masks: npt.NDArray[np.bool_],
-        explain: Callable[[Pod, IntArray | None, npt.NDArray[np.bool_]], str],
+        explain: Callable[..., str],
         snap: Snapshot,
         used: IntArray,
     ) -> str:
@@ -286,13 +319,16 @@ class Cycle:
             arrays.weights, arrays.scalar, arrays.shape_u, arrays.shape_s, arrays.strategy, 0, out,
         )
         first_missing = int(np.argmax(out < 0)) if placeable < len(pods) else 0
-        detail = explain(pods[first_missing], reqs[first_missing], masks[sig[first_missing]])
+        # the first member that did not fit, next to the members placed before it
+        detail = explain(
+            pods[first_missing], reqs[first_missing], masks[sig[first_missing]], scratch_used
+        )
         need = {}
         for c, name in enumerate(snap.columns):
             total = int(reqs[: unit.min_count, c].sum())
             if total and name != "pods":
                 need[name] = total
-        needs = ", ".join(f"{v} {k}" for k, v in sorted(need.items()))
+        needs = ", ".join(f"{format_units(k, v)} {k}" for k, v in sorted(need.items()))
         return (
             f"gang needs {unit.min_count} pods ({needs}) placed together; "
             f"only {placeable} fit now. Member {pods[first_missing].name}: {detail}"

@@ -196,15 +196,25 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _our_processes() -> set[int]:
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a parent that does not reap it has stopped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _sandbox_processes(name: str) -> set[int]:
+    """PIDs of processes started for the sandbox ``name`` (they run in its state folder)."""
     from batchsched.sandbox.build import cache_dir
 
-    root = str(cache_dir() / "bin")
+    folder = str(cache_dir() / "sandbox" / name)
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "exe").startswith(root):
+                if os.readlink(entry / "cwd").removesuffix(" (deleted)") == folder:
                     pids.add(int(entry.name))
             except OSError:
                 continue
@@ -213,7 +223,6 @@ def _our_processes() -> set[int]:
 
 @pytest.mark.anyio
 async def test_cli_bad_input_is_one_line_and_leaves_nothing_running(sandbox) -> None:  # type: ignore[no-untyped-def]
-    before = _our_processes()
     for args, fragment in (
         (("sandbox", "up", "--name", "cli-bad", "--frobnicate"), "unrecognized arguments"),
         (("sandbox", "up", "--name", "cli-bad", "--nodes", "0"), "at least 1"),
@@ -225,12 +234,11 @@ async def test_cli_bad_input_is_one_line_and_leaves_nothing_running(sandbox) -> 
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, result.stderr
         assert fragment in lines[0]
-    assert _our_processes() == before
+        assert _sandbox_processes("cli-bad") == set()
 
 
 @pytest.mark.anyio
 async def test_cli_up_status_down(sandbox) -> None:  # type: ignore[no-untyped-def]
-    before = _our_processes()
     start = time.monotonic()
     up = _cli("sandbox", "up", "--name", "cli-test", "--nodes", "100", "--gpus-per-node", "8")
     took = time.monotonic() - start
@@ -248,9 +256,11 @@ async def test_cli_up_status_down(sandbox) -> None:  # type: ignore[no-untyped-d
             await client.close()
         status = _cli("sandbox", "status", "--name", "cli-test")
         assert status.returncode == 0 and '"running": true' in status.stdout
+        started = _sandbox_processes("cli-test")
+        assert len(started) == 4  # etcd, kube-apiserver, kube-controller-manager, kwok
     finally:
         down = _cli("sandbox", "down", "--name", "cli-test")
     assert down.returncode == 0
-    assert _our_processes() == before
+    assert not any(_alive(pid) for pid in started)
     status = _cli("sandbox", "status", "--name", "cli-test")
     assert status.returncode != 0

@@ -1,0 +1,801 @@
+"""Pod groups (gangs) from the APIs users already run, turned into the cycle's units.
+
+Three ways a pod says it belongs to a gang, all recognised without changing the job:
+
+- scheduler-plugins ``scheduling.x-k8s.io/v1alpha1`` PodGroup; pods labelled
+  ``scheduling.x-k8s.io/pod-group: NAME`` (the Kubeflow training operator's non-volcano
+  path, Kubeflow Trainer's coscheduling plugin, KubeRay);
+- Volcano ``scheduling.volcano.sh/v1beta1`` PodGroup; pods annotated
+  ``scheduling.k8s.io/group-name: NAME`` or labelled ``scheduling.volcano.sh/group-name``;
+- the old kube-batch annotation ``scheduling.k8s.io/group-name`` alone, resolved against
+  the PodGroup of that name in the pod's namespace: Volcano's if there is one, else
+  scheduler-plugins'.
+
+:class:`GroupBook` mirrors the groups (one writer, like :class:`~batchsched.core.state.ClusterState`)
+and indexes pods by the group they name. Each cycle it builds one :class:`~batchsched.core.cycle.Unit`
+per group with pending members:
+
+- a group whose PodGroup does not exist, is malformed, is backing off after a timeout, has
+  fewer than ``minMember`` pods (or too few of a ``minTaskMember`` task), or asks for more
+  ``minResources`` than the cluster has free, becomes a *blocked* unit: its pods are told
+  why and nothing is placed;
+- otherwise the unit's ``min_count`` is what is still missing from the quorum (members
+  already bound, assumed or finished count), so a gang whose bindings partly failed is
+  retried as the remainder of the same gang; the members of each task's quorum come first;
+  members beyond the quorum follow as elastic extras.
+
+No partial gang survives (:meth:`GroupBook.check`): a group that holds resources with
+fewer than ``minMember`` members placed is given ``scheduleTimeoutSeconds`` to become
+whole; then its bound members are evicted and the group backs off (exponentially) before
+it is tried again. Members that bind during the back-off are evicted at once.
+
+Pure: no I/O, no clock (``now`` is passed in, monotonic seconds).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NewType
+
+import numpy as np
+
+from batchsched.core.cycle import Eviction, Unit
+from batchsched.core.model import PODS, Pod, PodUID, parse_time
+from batchsched.core.quantity import QuantityError, format_units, to_units
+from batchsched.core.state import ClusterState, Snapshot
+
+__all__ = [
+    "ANNOTATION_GROUP",
+    "ANNOTATION_TASK",
+    "LABEL_VOLCANO",
+    "LABEL_XK8S",
+    "VOLCANO",
+    "XK8S",
+    "GangCheck",
+    "GroupBook",
+    "GroupKey",
+    "GroupNotice",
+    "GroupStatus",
+    "PodGroup",
+    "Tally",
+    "condition_type",
+    "desired_status",
+    "free_capacity",
+    "group_ref",
+    "parse_podgroup",
+]
+
+GroupKey = NewType("GroupKey", str)
+
+XK8S = "scheduling.x-k8s.io"
+VOLCANO = "scheduling.volcano.sh"
+API_VERSIONS = {XK8S: f"{XK8S}/v1alpha1", VOLCANO: f"{VOLCANO}/v1beta1"}
+_SHORT = {XK8S: "x-k8s", VOLCANO: "volcano"}
+
+LABEL_XK8S = "scheduling.x-k8s.io/pod-group"
+LABEL_VOLCANO = "scheduling.volcano.sh/group-name"
+ANNOTATION_GROUP = "scheduling.k8s.io/group-name"
+ANNOTATION_TASK = "volcano.sh/task-spec"
+
+_ANY = "any"  # a kube-batch annotation: Volcano's group, else scheduler-plugins'
+_INT32_MAX = 2**31 - 1
+_NATURAL = re.compile(r"(\d+)")
+
+
+# -- the PodGroup value -------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class GroupStatus:
+    """What a PodGroup's status says, in the terms batchsched writes it (times aside)."""
+
+    phase: str = ""
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    schedule_start: str = ""
+    #: the condition batchsched owns: placed (True) or not, why, and a message for people
+    scheduled: bool = False
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class PodGroup:
+    api: str
+    namespace: str
+    name: str
+    uid: str = ""
+    created: float = 0.0
+    min_member: int = 1
+    min_resources: Mapping[str, int] = field(default_factory=dict)
+    min_task_member: Mapping[str, int] = field(default_factory=dict)
+    #: seconds a partly placed group may wait to become whole; None = the configured default
+    schedule_timeout: float | None = None
+    queue: str = ""
+    priority_class: str = ""
+    resource_version: str = ""
+    #: why the group cannot be used (it is reported, its pods are never placed)
+    invalid: str = ""
+    observed: GroupStatus = field(default_factory=GroupStatus)
+
+    @property
+    def key(self) -> GroupKey:
+        return GroupKey(f"{_SHORT.get(self.api, self.api)}:{self.namespace}/{self.name}")
+
+    @property
+    def display(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def api_version(self) -> str:
+        return API_VERSIONS.get(self.api, self.api)
+
+
+def _positive_int(value: Any, what: str) -> tuple[int, str]:
+    if value is None:
+        return 0, f"{what} must be a positive integer, got none"
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0, f"{what} must be a positive integer, got {value!r}"
+    if not 0 < value <= _INT32_MAX:
+        return 0, f"{what} must be a positive integer, got {value}"
+    return value, ""
+
+
+def _observed(status: Mapping[str, Any]) -> GroupStatus:
+    def count(name: str) -> int:
+        v = status.get(name)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    scheduled, reason, message = False, "", ""
+    for c in status.get("conditions") or []:
+        if not isinstance(c, Mapping):
+            continue
+        ctype = c.get("type")
+        if ctype in (_COND_XK8S, _COND_VOLCANO_OK, _COND_VOLCANO_WAIT):
+            scheduled = ctype != _COND_VOLCANO_WAIT and c.get("status") == "True"
+            reason, message = str(c.get("reason") or ""), str(c.get("message") or "")
+            break
+    start = status.get("scheduleStartTime")
+    return GroupStatus(
+        phase=str(status.get("phase") or ""),
+        running=count("running"),
+        succeeded=count("succeeded"),
+        failed=count("failed"),
+        schedule_start=str(start) if isinstance(start, str) else "",
+        scheduled=scheduled,
+        reason=reason,
+        message=message,
+    )
+
+
+def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
+    """A PodGroup of either API; never raises on an object the apiserver accepted.
+
+    A malformed spec (``minMember`` missing, zero, negative or not an integer; a
+    ``minResources`` quantity that does not parse; a negative ``minTaskMember``) makes the
+    group :attr:`PodGroup.invalid`.
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    problems: list[str] = []
+    if not isinstance(spec, Mapping):
+        spec, problems = {}, ["spec is not an object"]
+    min_member, problem = _positive_int(spec.get("minMember"), "spec.minMember")
+    if problem:
+        problems.append(problem)
+    min_resources: dict[str, int] = {}
+    raw = spec.get("minResources") or {}
+    if not isinstance(raw, Mapping):
+        problems.append("spec.minResources must map resource names to quantities")
+    else:
+        for name, value in raw.items():
+            try:
+                units = to_units(str(name), value)
+            except QuantityError:
+                problems.append(f"spec.minResources.{name}: {value!r} is not a quantity")
+                continue
+            if units < 0:
+                problems.append(f"spec.minResources.{name}: {value!r} is negative")
+            elif units:
+                min_resources[str(name)] = units
+    min_task: dict[str, int] = {}
+    if api == VOLCANO:
+        raw_tasks = spec.get("minTaskMember") or {}
+        if not isinstance(raw_tasks, Mapping):
+            problems.append("spec.minTaskMember must map task names to counts")
+        else:
+            for task, value in raw_tasks.items():
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    problems.append(f"spec.minTaskMember.{task} must be a whole number >= 0, got {value!r}")
+                elif value:
+                    min_task[str(task)] = value
+    timeout: float | None = None
+    raw_timeout = spec.get("scheduleTimeoutSeconds")
+    if raw_timeout is not None:
+        if isinstance(raw_timeout, bool) or not isinstance(raw_timeout, int):
+            problems.append(f"spec.scheduleTimeoutSeconds must be an integer, got {raw_timeout!r}")
+        elif raw_timeout > 0:
+            timeout = float(raw_timeout)
+    return PodGroup(
+        api=api,
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        created=parse_time(meta.get("creationTimestamp")),
+        min_member=min_member or 1,
+        min_resources=min_resources,
+        min_task_member=min_task,
+        schedule_timeout=timeout,
+        queue=str(spec.get("queue") or ""),
+        priority_class=str(spec.get("priorityClassName") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        invalid="; ".join(problems),
+        observed=_observed(status if isinstance(status, Mapping) else {}),
+    )
+
+
+def group_ref(pod: Pod) -> tuple[str, str] | None:
+    """``(api or "any", group name)`` the pod names, or None for a pod of no group.
+
+    The scheduler-plugins label wins over Volcano's label, which wins over the kube-batch
+    annotation (shared by Volcano and the old kube-batch, resolved when the groups are known).
+    """
+    name = pod.labels.get(LABEL_XK8S)
+    if name:
+        return XK8S, name
+    name = pod.labels.get(LABEL_VOLCANO)
+    if name:
+        return VOLCANO, name
+    name = pod.annotations.get(ANNOTATION_GROUP)
+    if name:
+        return _ANY, name
+    return None
+
+
+def free_capacity(snap: Snapshot) -> dict[str, int]:
+    """What the schedulable nodes have free in total, per resource column."""
+    ok = np.array(
+        [n.ready and not n.unschedulable and not n.deleting for n in snap.nodes], dtype=np.bool_
+    )
+    if not len(snap.nodes):
+        return {}
+    free = np.clip(snap.alloc[ok] - snap.used[ok], 0, None).sum(axis=0)
+    return {c: int(free[i]) for i, c in enumerate(snap.columns)}
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in _NATURAL.split(name))
+
+
+def _member_order(pod: Pod) -> tuple[Any, ...]:
+    return (-pod.priority, pod.created, _natural(pod.name), pod.uid)
+
+
+# -- counting members ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Tally:
+    """One group's members by where they are."""
+
+    #: bound and unfinished, or assumed: they hold resources now
+    holding: list[Pod] = field(default_factory=list)
+    #: bound (not only assumed) and unfinished: the members an eviction can remove
+    bound: list[Pod] = field(default_factory=list)
+    succeeded: int = 0
+    failed: int = 0
+    running: int = 0
+    #: ours, unbound, not deleting: the ones a cycle may place (gated ones too)
+    pending: list[Pod] = field(default_factory=list)
+    placed_by_task: dict[str, int] = field(default_factory=dict)
+    #: members of another scheduler (not counted above)
+    foreign: int = 0
+
+    @property
+    def ours(self) -> bool:
+        """The group is ours to place and police: some member is ours, or none exists yet."""
+        return not self.foreign or bool(self.holding or self.pending or self.succeeded or self.failed)
+
+    @property
+    def placed(self) -> int:
+        """Members that count for the quorum: holding resources, or run to success."""
+        return len(self.holding) + self.succeeded
+
+    @property
+    def schedulable(self) -> list[Pod]:
+        return [p for p in self.pending if not p.gated]
+
+
+def _task(pod: Pod) -> str:
+    return pod.annotations.get(ANNOTATION_TASK, "")
+
+
+# -- what the checks ask the I/O edge to do --------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class GroupNotice:
+    """An Event to write on a group."""
+
+    group: PodGroup
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(slots=True)
+class GangCheck:
+    notices: list[GroupNotice] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Timer:
+    #: when the group was first seen holding resources below its quorum
+    partial_since: float | None = None
+    backoff_until: float = 0.0
+    timeouts: int = 0
+    backoff_message: str = ""
+    evicting: set[PodUID] = field(default_factory=set)
+    #: the group was whole at some point since it last backed off
+    was_whole: bool = False
+
+
+# -- the book --------------------------------------------------------------------------------
+
+
+class GroupBook:
+    """PodGroups of every API, which pods name which group, and the gang timers."""
+
+    def __init__(
+        self,
+        *,
+        default_timeout: float = 300.0,
+        initial_backoff: float = 10.0,
+        max_backoff: float = 300.0,
+    ) -> None:
+        self.default_timeout = default_timeout
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.groups: dict[GroupKey, PodGroup] = {}
+        self.priority_classes: dict[str, int] = {}
+        #: pod uid -> (namespace, api or "any", group name)
+        self._refs: dict[PodUID, tuple[str, str, str]] = {}
+        #: (namespace, group name) -> uids of the pods naming it
+        self._named: dict[tuple[str, str], set[PodUID]] = {}
+        self._timers: dict[GroupKey, _Timer] = {}
+        #: unit key -> why it is blocked, as a condition reason, from the last :meth:`units`
+        self.blocked_reasons: dict[GroupKey, str] = {}
+
+    # -- groups ----------------------------------------------------------------------------
+
+    def group_event(self, kind: str, group: PodGroup) -> None:
+        if kind == "DELETED":
+            self.groups.pop(group.key, None)
+            self._timers.pop(group.key, None)
+            return
+        self.groups[group.key] = group
+
+    def replace_groups(self, api: str, groups: Iterable[PodGroup]) -> None:
+        """A relist of one API's groups: they are all of that API there is."""
+        fresh = {g.key: g for g in groups}
+        for key, g in list(self.groups.items()):
+            if g.api == api and key not in fresh:
+                self.group_event("DELETED", g)
+        for g in fresh.values():
+            self.group_event("MODIFIED", g)
+
+    def priority_class_event(self, kind: str, name: str, value: int) -> None:
+        if kind == "DELETED":
+            self.priority_classes.pop(name, None)
+        else:
+            self.priority_classes[name] = value
+
+    def replace_priority_classes(self, classes: Mapping[str, int]) -> None:
+        self.priority_classes = dict(classes)
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def pod_event(self, kind: str, pod: Pod) -> None:
+        """Keep the index of which pod names which group (call it next to the state's)."""
+        ref = None if kind == "DELETED" else group_ref(pod)
+        old = self._refs.get(pod.uid)
+        new = None if ref is None else (pod.namespace, ref[0], ref[1])
+        if old == new:
+            return
+        if old is not None:
+            named = self._named.get((old[0], old[2]))
+            if named is not None:
+                named.discard(pod.uid)
+                if not named:
+                    del self._named[(old[0], old[2])]
+            del self._refs[pod.uid]
+        if new is not None:
+            self._refs[pod.uid] = new
+            self._named.setdefault((new[0], new[2]), set()).add(pod.uid)
+
+    def replace_pods(self, pods: Iterable[Pod]) -> None:
+        fresh = {p.uid: p for p in pods}
+        for uid in list(self._refs):
+            if uid not in fresh:
+                self._drop(uid)
+        for pod in fresh.values():
+            self.pod_event("MODIFIED", pod)
+
+    def _drop(self, uid: PodUID) -> None:
+        old = self._refs.pop(uid, None)
+        if old is None:
+            return
+        named = self._named.get((old[0], old[2]))
+        if named is not None:
+            named.discard(uid)
+            if not named:
+                del self._named[(old[0], old[2])]
+
+    def in_group(self, uid: PodUID) -> bool:
+        """Whether the pod names a group (existing or not): it is never placed alone."""
+        return uid in self._refs
+
+    def resolve(self, namespace: str, api: str, name: str) -> PodGroup | None:
+        groups = self.groups
+        if api == _ANY:
+            return groups.get(GroupKey(f"volcano:{namespace}/{name}")) or groups.get(
+                GroupKey(f"x-k8s:{namespace}/{name}")
+            )
+        return groups.get(GroupKey(f"{_SHORT.get(api, api)}:{namespace}/{name}"))
+
+    def group_of(self, uid: PodUID) -> PodGroup | None:
+        ref = self._refs.get(uid)
+        return None if ref is None else self.resolve(*ref)
+
+    def member_uids(self, group: PodGroup) -> list[PodUID]:
+        out = []
+        for uid in self._named.get((group.namespace, group.name), ()):
+            ns, api, name = self._refs[uid]
+            g = self.resolve(ns, api, name)
+            if g is not None and g.key == group.key:
+                out.append(uid)
+        return out
+
+    def tally(self, group: PodGroup, state: ClusterState) -> Tally:
+        t = Tally()
+        for uid in self.member_uids(group):
+            pod = state.pods.get(uid)
+            if pod is None:
+                continue
+            if not state.ours(pod):
+                t.foreign += 1
+                continue
+            if pod.phase == "Running":
+                t.running += 1
+            if uid in state.assumed or pod.holds_resources:
+                t.holding.append(pod)
+                if pod.holds_resources:
+                    t.bound.append(pod)
+            elif pod.phase == "Succeeded":
+                t.succeeded += 1
+            elif pod.phase == "Failed":
+                t.failed += 1
+                continue
+            elif uid in state.pending:
+                t.pending.append(pod)
+                continue
+            else:
+                continue
+            task = _task(pod)
+            t.placed_by_task[task] = t.placed_by_task.get(task, 0) + 1
+        return t
+
+    def priority(self, group: PodGroup, members: Iterable[Pod]) -> int:
+        if group.priority_class and group.priority_class in self.priority_classes:
+            return self.priority_classes[group.priority_class]
+        return max((p.priority for p in members), default=0)
+
+    def backing_off(self, key: GroupKey, now: float) -> bool:
+        timer = self._timers.get(key)
+        return timer is not None and now < timer.backoff_until
+
+    def evicting(self, key: GroupKey) -> set[PodUID]:
+        timer = self._timers.get(key)
+        return set() if timer is None else timer.evicting
+
+    def eviction_done(self, key: GroupKey, uid: PodUID) -> None:
+        timer = self._timers.get(key)
+        if timer is not None:
+            timer.evicting.discard(uid)
+
+    # -- the cycle's units -----------------------------------------------------------------
+
+    def units(
+        self,
+        state: ClusterState,
+        now: float,
+        free: Callable[[], Mapping[str, int]] | None = None,
+    ) -> list[Unit]:
+        """One unit per group (or missing group) with pods waiting to be placed.
+
+        ``free`` gives the cluster's free capacity (see :func:`free_capacity`); it is only
+        called when a group has ``minResources``.
+        """
+        units: list[Unit] = []
+        free_now: Mapping[str, int] | None = None
+        self.blocked_reasons = {}
+        # only groups with a pending member have anything to place
+        missing: dict[tuple[str, str], list[Pod]] = {}
+        waiting: set[GroupKey] = set()
+        for uid, pod in state.pending.items():
+            ref = self._refs.get(uid)
+            if ref is None or pod.gated:
+                continue
+            group = self.resolve(*ref)
+            if group is None:
+                missing.setdefault((ref[0], ref[2]), []).append(pod)
+            else:
+                waiting.add(group.key)
+        for (ns, name), named in sorted(missing.items()):
+            key = GroupKey(f"missing:{ns}/{name}")
+            self.blocked_reasons[key] = "PodGroupNotFound"
+            units.append(_blocked(key, tuple(sorted(named, key=_member_order)), 0, 0.0, "",
+                                  f"waiting for PodGroup {ns}/{name} to exist"))
+        for key in sorted(waiting):
+            group = self.groups[key]
+            t = self.tally(group, state)
+            t.pending.sort(key=_member_order)
+            schedulable = t.schedulable
+            if not schedulable:
+                continue
+            priority = self.priority(group, schedulable)
+            pods = tuple(schedulable)
+            reason, blocked = self._blocked_reason(group, t, now)
+            if not blocked and group.min_resources and t.placed < group.min_member:
+                if free_now is None:
+                    free_now = free() if free is not None else {}
+                reason, blocked = "InsufficientMinResources", _short_of(group, t, free_now)
+            if blocked:
+                self.blocked_reasons[key] = reason
+                units.append(_blocked(key, pods, priority, group.created, group.uid, blocked))
+                continue
+            ordered, min_count = _quorum_first(group, t)
+            units.append(
+                Unit(
+                    key=key, pods=tuple(ordered), min_count=min_count, priority=priority,
+                    created=group.created, uid=group.uid or key,
+                )
+            )
+        return units
+
+    def _blocked_reason(self, group: PodGroup, t: Tally, now: float) -> tuple[str, str]:
+        """``(condition reason, message)`` of why the group may not be placed now, or ("", "")."""
+        if group.invalid:
+            return "InvalidPodGroup", f"PodGroup {group.display} is invalid: {group.invalid}"
+        timer = self._timers.get(group.key)
+        if timer is not None and now < timer.backoff_until:
+            return "GangBackoff", timer.backoff_message
+        schedulable = t.schedulable
+        exist = t.placed + len(schedulable)
+        gated = len(t.pending) - len(schedulable)
+        if exist < group.min_member:
+            extra = f" ({gated} more are gated)" if gated else ""
+            return "WaitingForMembers", (
+                f"waiting for pods: {exist} of {group.min_member} required members exist{extra}"
+            )
+        for task, need in sorted(group.min_task_member.items()):
+            have = t.placed_by_task.get(task, 0) + sum(1 for p in schedulable if _task(p) == task)
+            if have < need:
+                return "WaitingForMembers", (
+                    f"waiting for pods: task {task} has {have} of {need} required members"
+                )
+        return "", ""
+
+    def blocked_message(self, group: PodGroup, now: float) -> str:
+        """Why a group that is backing off waits (empty when it is not)."""
+        timer = self._timers.get(group.key)
+        return timer.backoff_message if timer is not None and now < timer.backoff_until else ""
+
+    def admitted(self, group: PodGroup, state: ClusterState, now: float, free: Mapping[str, int]) -> bool:
+        """Whether the group may start (Volcano's Inqueue): valid, not backing off, and
+        ``minResources`` fits in what is free (besides what its members already hold)."""
+        if group.invalid or self.backing_off(group.key, now):
+            return False
+        if not group.min_resources:
+            return True
+        return not _short_of(group, self.tally(group, state), free)
+
+    # -- no partial gang survives ----------------------------------------------------------
+
+    def check(self, state: ClusterState, now: float) -> GangCheck:
+        """Start, run out and enforce the timers of groups placed below their quorum."""
+        out = GangCheck()
+        for key, group in self.groups.items():
+            timer = self._timers.get(key)
+            if group.invalid:
+                continue
+            t = self.tally(group, state)
+            if not t.ours:
+                continue
+            whole = t.placed >= group.min_member and all(
+                t.placed_by_task.get(task, 0) >= need for task, need in group.min_task_member.items()
+            )
+            if whole or not t.holding:
+                if timer is not None:
+                    timer.partial_since = None
+                    if whole and not timer.was_whole:
+                        timer.was_whole = True
+                        timer.timeouts = 0
+                continue
+            if timer is None:
+                timer = self._timers[key] = _Timer()
+            if now < timer.backoff_until:
+                # members bound after the timeout (their binding was in flight): evict them too
+                self._evict(group, t, timer, out, "it is backing off after a schedule timeout")
+                continue
+            if timer.partial_since is None:
+                timer.partial_since = now
+                out.notices.append(GroupNotice(
+                    group, "Warning", "GangIncomplete",
+                    f"{t.placed} of {group.min_member} required members are placed; "
+                    f"retrying the other {group.min_member - t.placed} as one gang",
+                ))
+                continue
+            limit = group.schedule_timeout or self.default_timeout
+            if now - timer.partial_since < limit:
+                continue
+            backoff = min(self.initial_backoff * 2 ** timer.timeouts, self.max_backoff)
+            timer.timeouts += 1
+            timer.was_whole = False
+            timer.partial_since = None
+            timer.backoff_until = now + backoff
+            timer.backoff_message = (
+                f"gang {group.display} timed out after {limit:g} s with {t.placed} of "
+                f"{group.min_member} required members placed; its bound members were evicted "
+                f"and it is retried after {backoff:g} s"
+            )
+            out.notices.append(GroupNotice(
+                group, "Warning", "GangTimeout",
+                f"only {t.placed} of {group.min_member} required members were placed within "
+                f"{limit:g} s; evicting the {len(t.bound)} bound member(s) to release their "
+                f"resources and retrying the whole gang after {backoff:g} s",
+            ))
+            self._evict(group, t, timer, out, "its gang timed out below quorum")
+        for key in [k for k in self._timers if k not in self.groups]:
+            del self._timers[key]
+        return out
+
+    def _evict(self, group: PodGroup, t: Tally, timer: _Timer, out: GangCheck, why: str) -> None:
+        for pod in sorted(t.bound, key=_member_order):
+            if pod.uid in timer.evicting or pod.deleting:
+                continue
+            timer.evicting.add(pod.uid)
+            out.evictions.append(Eviction(
+                uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
+                unit=group.key, reason=f"member of PodGroup {group.display}: {why}",
+            ))
+
+
+def _blocked(key: GroupKey, pods: tuple[Pod, ...], priority: int, created: float, uid: str, why: str) -> Unit:
+    return Unit(key=key, pods=pods, min_count=len(pods), priority=priority, created=created,
+                uid=uid or key, blocked=why)
+
+
+def _short_of(group: PodGroup, t: Tally, free: Mapping[str, int]) -> str:
+    """Why ``minResources`` cannot be met now, or "" when it can."""
+    held: dict[str, int] = {}
+    for pod in t.holding:
+        for r, v in pod.requests.items():
+            held[r] = held.get(r, 0) + v
+    short = []
+    for r, need in sorted(group.min_resources.items()):
+        if r == PODS:
+            continue
+        missing = need - held.get(r, 0)
+        if missing > free.get(r, 0):
+            short.append(
+                f"{format_units(r, missing)} {r} (free: {format_units(r, free.get(r, 0))})"
+            )
+    if not short:
+        return ""
+    return f"gang {group.display} needs minResources the cluster does not have free: " + ", ".join(short)
+
+
+def _quorum_first(group: PodGroup, t: Tally) -> tuple[list[Pod], int]:
+    """Pending members with each task's missing quorum first; the unit's min_count.
+
+    ``t.pending`` must be in member order already."""
+    pending = t.schedulable
+    first: list[Pod] = []
+    taken: set[PodUID] = set()
+    for task, need in sorted(group.min_task_member.items()):
+        missing = need - t.placed_by_task.get(task, 0)
+        if missing <= 0:
+            continue
+        for pod in pending:
+            if missing == 0:
+                break
+            if _task(pod) == task:
+                first.append(pod)
+                taken.add(pod.uid)
+                missing -= 1
+    rest = [p for p in pending if p.uid not in taken]
+    min_count = min(max(group.min_member - t.placed, len(first)), len(pending))
+    return first + rest, min_count
+
+
+# -- status ------------------------------------------------------------------------------------
+
+_COND_XK8S = "PodGroupScheduled"
+_COND_VOLCANO_OK = "Scheduled"
+_COND_VOLCANO_WAIT = "Unschedulable"
+
+
+def condition_type(api: str, scheduled: bool) -> str:
+    if api == VOLCANO:
+        return _COND_VOLCANO_OK if scheduled else _COND_VOLCANO_WAIT
+    return _COND_XK8S
+
+
+def desired_status(
+    group: PodGroup,
+    t: Tally,
+    *,
+    waiting: str,
+    reason: str,
+    admitted: bool,
+    schedule_start: str,
+) -> GroupStatus:
+    """The status batchsched writes for a group.
+
+    scheduler-plugins phases: Pending (nothing placed), Scheduling (placement under way:
+    some members placed, or the quorum placed and not yet running), Running (``minMember``
+    running or succeeded), Finished (``minMember`` succeeded, none running), Failed (members
+    failed and the rest cannot make the quorum). Volcano phases: Pending (not admitted),
+    Inqueue (admitted: the training operator now creates the pods; placement under way),
+    Running, Completed.
+
+    ``waiting``/``reason`` say why the group is not placed (from the last cycle); they are
+    ignored once the quorum is placed.
+    """
+    n = group.min_member
+    running, succeeded, failed = t.running, t.succeeded, t.failed
+    placed = t.placed >= n
+    if group.api == VOLCANO:
+        if succeeded >= n and running == 0:
+            phase = "Completed"
+        elif running + succeeded >= n:
+            phase = "Running"
+        elif admitted or t.placed or group.observed.phase in ("Inqueue", "Running", "Completed"):
+            phase = "Inqueue"
+        else:
+            phase = "Pending"
+    elif succeeded >= n and running == 0:
+        phase = "Finished"
+    elif running + succeeded >= n:
+        phase = "Running"
+    elif failed and not t.pending and t.placed < n:
+        phase = "Failed"
+    elif t.placed:
+        phase = "Scheduling"
+    else:
+        phase = "Pending"
+    if group.invalid:
+        message, why = f"PodGroup {group.display} is invalid: {group.invalid}", "InvalidPodGroup"
+        placed = False
+    elif placed:
+        why = "Scheduled"
+        message = f"{t.placed} of {n} required members placed"
+    else:
+        why = reason or "WaitingForMembers"
+        message = waiting or f"waiting for pods: {t.placed + len(t.schedulable)} of {n} required members exist"
+    return GroupStatus(
+        phase=phase,
+        running=running,
+        succeeded=succeeded,
+        failed=failed,
+        schedule_start=(group.observed.schedule_start or schedule_start) if group.api == XK8S else "",
+        scheduled=placed,
+        reason=why,
+        message=message,
+    )

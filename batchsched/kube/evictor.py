@@ -1,0 +1,108 @@
+"""Evictions through the Eviction API, under their own small budget, each pinned to a pod UID.
+
+A gang that timed out below its quorum gives its bound members back this way (and, later,
+preemption). The Eviction API, unlike a plain DELETE, honours PodDisruptionBudgets and
+runs the pod's graceful termination; ``deleteOptions.preconditions.uid`` makes sure it
+cannot remove a pod recreated under the same name. Outcomes go to ``on_result`` (called in
+the event loop), in the binder's style:
+
+* ``evicted``: the apiserver accepted it (the watch will show the pod terminating, then gone);
+* ``gone``: 404, or 409 because the UID no longer matches: the pod is not there to evict;
+* ``failed``: refused (403...), or still failing after the retries (5xx, timeouts, and 429,
+  which is how a PodDisruptionBudget says "not now").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+from batchsched.core.cycle import Eviction
+from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
+
+__all__ = ["Evictor"]
+
+log = logging.getLogger("batchsched.evictor")
+
+Outcome = str
+
+
+class Evictor:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        concurrency: int = 8,
+        retries: int = 5,
+        on_result: Callable[[Eviction, Outcome, KubeError | None], None],
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.client = client
+        self.retries = retries
+        self.on_result = on_result
+        self._sem = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def submit(self, eviction: Eviction) -> None:
+        task = asyncio.get_running_loop().create_task(self._evict(eviction))
+        self._tasks.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not self._tasks:
+            self._idle.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait for every eviction in flight; False if some were still running at the timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _evict(self, e: Eviction) -> None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": e.name, "namespace": e.namespace},
+            "deleteOptions": {"preconditions": {"uid": e.uid}},
+        }
+        path = f"/api/v1/namespaces/{e.namespace}/pods/{e.name}/eviction"
+        delay = 0.5
+        attempt = 0
+        while True:
+            try:
+                async with self._sem:
+                    await self.client.request("POST", path, body=body, timeout=30)
+            except (NotFoundError, ConflictError) as exc:
+                self.on_result(e, "gone", exc)
+                return
+            except TemporaryError as exc:
+                attempt += 1
+                if attempt > self.retries:
+                    log.warning("eviction of %s/%s failed: %s", e.namespace, e.name, exc)
+                    self.on_result(e, "failed", exc)
+                    return
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 10.0)
+                continue
+            except KubeError as exc:
+                log.warning("eviction of %s/%s refused: %s", e.namespace, e.name, exc)
+                self.on_result(e, "failed", exc)
+                return
+            except asyncio.CancelledError:
+                raise
+            self.on_result(e, "evicted", None)
+            return
