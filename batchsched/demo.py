@@ -200,11 +200,101 @@ async def _run(kubeconfig: str, tasks: list[Task]) -> int:
             print(f"not placed in time: {', '.join(never[:10])}")
             return 1
         print("every task was placed; no node was ever over-committed (batchsched checks each bind against its mirror).")
-        return 0
+        return await _gangs(kube)
     finally:
         sched.stop()
         await asyncio.wait_for(runner, 30)
         await kube.close()
+
+
+XK8S = "/apis/scheduling.x-k8s.io/v1alpha1"
+GANG_NAMESPACE = "training"
+
+
+def _gang_pods(job: str, workers: int, seconds: int) -> list[dict[str, Any]]:
+    """A PyTorchJob as the Kubeflow training operator lays it out with gang scheduling."""
+    pods = []
+    for i, role in enumerate(["master"] + ["worker"] * workers):
+        index = 0 if role == "master" else i - 1
+        pods.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": f"{job}-{role}-{index}",
+                "labels": {
+                    "scheduling.x-k8s.io/pod-group": job,
+                    "training.kubeflow.org/job-name": job,
+                    "training.kubeflow.org/replica-type": role,
+                    "training.kubeflow.org/replica-index": str(index),
+                },
+                "annotations": {"batchsched.io/sim-duration": f"{seconds}s"},
+            },
+            "spec": {
+                "schedulerName": "batchsched",
+                "containers": [{"name": "pytorch", "image": "pytorch/pytorch:latest", "resources": {
+                    "requests": {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "8"},
+                    "limits": {"nvidia.com/gpu": "8"}}}],
+            },
+        })
+    return pods
+
+
+async def _gangs(kube: KubeClient) -> int:
+    """Two training jobs that cannot both fit: one runs whole, the other waits whole."""
+    jobs = {"llm-pretrain-a": 14, "llm-pretrain-b": 14}  # 15 pods x 8 GPUs = 120 of the 160 8-GPU slots
+    print("\nphase 2: two PyTorchJob-shaped gangs, 15 pods x 8 GPUs each (120 GPUs), on 20 nodes with 8 GPUs "
+          "(160 GPUs): they cannot both run")
+    # wait for the first wave to finish so the 8-GPU nodes are free again
+    while any(p["status"].get("phase") not in ("Succeeded", "Failed") for p in await _pods(kube)):
+        await asyncio.sleep(1)
+    with contextlib.suppress(ConflictError):
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": GANG_NAMESPACE}})
+    for job, workers in jobs.items():
+        await kube.create(f"{XK8S}/namespaces/{GANG_NAMESPACE}/podgroups", {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": job}, "spec": {"minMember": workers + 1, "scheduleTimeoutSeconds": 60}})
+        for body in _gang_pods(job, workers, 12):
+            await kube.create(f"/api/v1/namespaces/{GANG_NAMESPACE}/pods", body)
+    start = time.monotonic()
+    timeline: dict[str, list[tuple[float, str]]] = {job: [] for job in jobs}
+    shown_wait = False
+    while time.monotonic() - start < 120:
+        items, _ = await kube.list(f"/api/v1/namespaces/{GANG_NAMESPACE}/pods")
+        state = {}
+        for job, workers in jobs.items():
+            mine = [p for p in items if p["metadata"]["labels"].get("training.kubeflow.org/job-name") == job]
+            held = sum(1 for p in mine if p["spec"].get("nodeName") and p["status"].get("phase") not in ("Succeeded", "Failed"))
+            done = sum(1 for p in mine if p["status"].get("phase") == "Succeeded")
+            state[job] = (held, done, workers + 1)
+            if 0 < held < workers + 1:
+                print(f"  PARTIAL GANG: {job} holds {held} of {workers + 1} pods")
+                return 1
+        now = time.monotonic() - start
+        changed = False
+        for job, (held, done, n) in state.items():
+            phase = "running whole" if held == n else ("finished" if done == n else "waiting whole")
+            if not timeline[job] or timeline[job][-1][1] != phase:
+                timeline[job].append((now, phase))
+                changed = True
+        if changed:
+            line = "; ".join(f"{j}: {h} running, {d} done of {n}" for j, (h, d, n) in state.items())
+            print(f"  t={now:5.1f}s  {line}")
+        if not shown_wait and any(h == 0 and d == 0 for h, d, _ in state.values()) and any(h for h, _, _ in state.values()):
+            waiting = next(j for j, (h, d, _) in state.items() if h == 0 and d == 0)
+            group = await kube.get(f"{XK8S}/namespaces/{GANG_NAMESPACE}/podgroups/{waiting}")
+            conds = (group.get("status") or {}).get("conditions") or []
+            if conds:
+                print(f"  {waiting} PodGroup status: phase {group['status'].get('phase')}: {conds[-1].get('message')}")
+                shown_wait = True
+        if all(d == n for _, d, n in state.values()):
+            break
+        await asyncio.sleep(0.5)
+    for job, steps in timeline.items():
+        print(f"  {job}: " + " -> ".join(f"{phase} at {t:.1f} s" for t, phase in steps))
+    if not all(steps and steps[-1][1] == "finished" for steps in timeline.values()):
+        print("  the gangs did not both finish in time")
+        return 1
+    print("both jobs ran whole, one after the other; neither ever held part of the GPUs.")
+    return 0
 
 
 def main(*, nodes: int = 0, keep: bool = False) -> int:

@@ -47,6 +47,7 @@ class Reflector:
         self.resource_version = ""
         self.relists = 0
         self.events = 0
+        self._missing_logged = False
 
     async def _list(self) -> None:
         items, rv = await self.client.list(self.path, page=self.page, **self.params)
@@ -79,11 +80,16 @@ class Reflector:
             except ExpiredError:
                 log.info("%s: resourceVersion %s expired, relisting", self.name, self.resource_version)
                 need_list = True
-            except (ForbiddenError, NotFoundError) as exc:
-                # RBAC not granted yet, or a CRD not installed: keep trying, slowly
+            except NotFoundError:
+                # the resource type is not served (an optional CRD is not installed):
+                # nothing to mirror until it is; look again now and then
+                if not self._missing_logged:
+                    log.info("%s: not served by this cluster; checking again every 30 s", self.name)
+                    self._missing_logged = True
+                self.synced.set()
+                await asyncio.sleep(30)
+            except ForbiddenError as exc:
                 log.warning("%s: %s; retrying in 10 s", self.name, exc)
-                if isinstance(exc, NotFoundError):
-                    self.synced.set()  # nothing to mirror until the resource exists
                 await asyncio.sleep(10)
             except KubeError as exc:
                 log.warning("%s: %s; retrying in %.1f s", self.name, exc, backoff)
