@@ -8,7 +8,10 @@ Nothing is downloaded but Go modules (through the module proxy) and Python packa
   dependency);
 * kwok comes from ``sigs.k8s.io/kwok`` at :data:`KWOK_VERSION`;
 * etcd comes from ``go.etcd.io/etcd/server/v3`` pinned in ``gomod/etcd/go.mod`` (the same
-  replace treatment for its sibling modules).
+  replace treatment for its sibling modules);
+* scheduler-plugins' scheduler (Coscheduling), a peer for the perf suite only, comes from
+  ``sigs.k8s.io/scheduler-plugins`` pinned in ``gomod/scheduler-plugins/go.mod``; it is
+  built on demand (:func:`scheduler_plugins_binary`), never by :func:`ensure_binaries`.
 
 Builds land in ``$BATCHSCHED_CACHE`` (default ``~/.cache/batchsched``) under a key made
 from the pinned versions and the Go toolchain, so a second start finds them at once. A
@@ -106,12 +109,18 @@ def _go_env() -> dict[str, str]:
     return env
 
 
+def _module_out(module: str, go: str) -> Path:
+    """Where the binaries of wrapper module ``gomod/<module>`` are cached."""
+    mod = GOMOD / module
+    key = _key((mod / "go.mod").read_bytes(), (mod / "go.sum").read_bytes(), _go_version(go))
+    return cache_dir() / "bin" / f"{module}-{key}"
+
+
 def _module_binaries(module: str, packages: dict[str, str], what: str) -> dict[str, Path]:
     """Build ``packages`` (binary name -> Go package) in the wrapper module ``gomod/<module>``."""
     go = _go()
     mod = GOMOD / module
-    key = _key((mod / "go.mod").read_bytes(), (mod / "go.sum").read_bytes(), _go_version(go))
-    out = cache_dir() / "bin" / f"{module}-{key}"
+    out = _module_out(module, go)
     paths = {name: out / name for name in packages}
     if all(p.exists() for p in paths.values()):
         return paths
@@ -169,6 +178,32 @@ def kwok_binary() -> Path:
 def etcd_binary() -> Path:
     """etcd, built from the pinned etcd server module if missing."""
     return _module_binaries("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}, "etcd")["etcd"]
+
+
+SCHEDULER_PLUGINS = "scheduler-plugins-scheduler"
+
+
+def scheduler_plugins_binary() -> Path:
+    """scheduler-plugins' ``cmd/scheduler`` (kube-scheduler plus Coscheduling and friends).
+
+    A peer for the perf suite: built only when asked for, so the sandbox and the tests that
+    do not need it never pay for it. See ``gomod/scheduler-plugins/go.mod`` for the pinned
+    release and the Kubernetes version it is built against.
+    """
+    return _module_binaries(
+        "scheduler-plugins",
+        {SCHEDULER_PLUGINS: "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
+        "scheduler-plugins scheduler",
+    )[SCHEDULER_PLUGINS]
+
+
+def cached_scheduler_plugins_binary() -> Path | None:
+    """The scheduler-plugins binary if it is already built, else None (never builds)."""
+    try:
+        path = _module_out("scheduler-plugins", _go()) / SCHEDULER_PLUGINS
+    except (BuildError, OSError, subprocess.CalledProcessError):
+        return None
+    return path if path.exists() else None
 
 
 def ensure_binaries() -> Binaries:

@@ -1,0 +1,162 @@
+"""``python -m perf``: the perf suite's commands (see perf/README.md).
+
+    python -m perf list                               workloads, sizes and schedulers
+    python -m perf build                              build the peers (kube-scheduler, scheduler-plugins)
+    python -m perf sched WORKLOAD [--size S] [--runs N] [--schedulers a,b]
+    python -m perf ceiling --nodes N [--binds B] [--concurrency 1,16,64,256]
+    python -m perf cycle [--quick]
+    python -m perf report
+    python -m perf smoke                              everything at tiny sizes, one run each
+
+Every command writes under ``--out`` (default ``perf/results``) and rewrites the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from perf.report import write_report
+from perf.suite import log, run_suite, write_json
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _csv_ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    value = _csv_ints(text)
+    if len(value) != 1:
+        raise argparse.ArgumentTypeError(f"expected one whole number, got {text!r}")
+    return value[0]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m perf", description="batchsched's perf suite")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: perf/results)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="workloads, their sizes and schedulers")
+    sub.add_parser("build", help="build (or find cached) the peer schedulers")
+    s = sub.add_parser("sched", help="live runs of one workload at one size, every scheduler, A B A B")
+    s.add_argument("workload", help="a name from perf/workloads/ or a YAML path")
+    s.add_argument("--size", help="a size named in the workload, or NODESxPODS (default: its default_size)")
+    s.add_argument("--runs", type=_positive, default=3, help="runs per scheduler (default 3)")
+    s.add_argument("--schedulers", help="comma-separated subset of the workload's schedulers")
+    s.add_argument("--no-ceiling", action="store_true", help="skip the bind-ceiling sweep")
+    s.add_argument("--ceiling-binds", type=_positive, help="binds per concurrency step (default: min(pods, 4000))")
+    s.add_argument("--concurrency", type=_csv_ints, default=[1, 16, 64, 256], help="ceiling sweep (default 1,16,64,256)")
+    s.add_argument("--timeout", type=float, help="seconds until every pod must be bound (default: the workload's)")
+    s.add_argument("--profile", action="store_true",
+                   help="one more batchsched run under cProfile after the measured ones (its top functions go in the report)")
+    c = sub.add_parser("ceiling", help="the bind ceiling alone on a fresh control plane")
+    c.add_argument("--nodes", type=_positive, default=500)
+    c.add_argument("--binds", type=_positive, default=4000)
+    c.add_argument("--concurrency", type=_csv_ints, default=[1, 16, 64, 256])
+    y = sub.add_parser("cycle", help="cycle and kernel benchmarks, no apiserver")
+    y.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
+    sub.add_parser("report", help="rewrite the report from the results folder")
+    sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
+    return p
+
+
+def cmd_list() -> int:
+    from perf.peers import PEERS
+    from perf.workload import available, load_workload
+
+    for name in available():
+        wl = load_workload(name)
+        sizes = ", ".join(f"{k} ({v.nodes}x{v.pods})" for k, v in wl.sizes.items())
+        print(f"{name}: {wl.description}\n  schedulers: {', '.join(wl.schedulers)}\n  sizes: {sizes}")
+    print("schedulers:")
+    for peer in PEERS.values():
+        print(f"  {peer.name}: {peer.settings}")
+    return 0
+
+
+def cmd_build() -> int:
+    from batchsched.sandbox import build
+
+    t = time.monotonic()
+    print("kube-scheduler:", build.kube_binaries()["kube-scheduler"])
+    print(f"  ({time.monotonic() - t:.0f} s)")
+    t = time.monotonic()
+    try:
+        print("scheduler-plugins:", build.scheduler_plugins_binary())
+    except build.BuildError as exc:
+        print(f"scheduler-plugins could not be built: {exc}", file=sys.stderr)
+        return 1
+    print(f"  ({time.monotonic() - t:.0f} s)")
+    return 0
+
+
+def cmd_ceiling(out: Path, nodes: int, binds: int, concurrency: list[int]) -> int:
+    from perf.ceiling import run_ceiling
+
+    data = run_ceiling(nodes=nodes, binds=binds, concurrencies=concurrency, apiserver_args=[],
+                       sandbox_name=f"perf-{os.getpid()}-ceiling")
+    write_json(out / "ceiling" / f"{nodes}.json", data)
+    log(f"ceiling on {nodes} nodes: {data['best']} binds/s")
+    return 0
+
+
+def cmd_cycle(out: Path, quick: bool) -> int:
+    from perf.cyclebench import run_all
+
+    data = run_all(quick=quick, log=log)
+    write_json(out / "cycle.json", data)
+    return 0
+
+
+def smoke(out: Path) -> dict[str, Path]:
+    """Every benchmark at tiny sizes, strict: any failure raises. Returns the report files."""
+    from batchsched.sandbox import build
+    from perf.cyclebench import run_all
+
+    run_suite(workload="plain-gpu", size="smoke", schedulers=["batchsched", "kube-scheduler"], runs=1, out=out,
+              ceiling=True, ceiling_binds=100, concurrencies=[1, 16], strict=True)
+    gang_peers = ["batchsched", "kube-scheduler-gang"]
+    if build.cached_scheduler_plugins_binary() is not None:
+        gang_peers.append("coscheduling")
+    else:
+        log("smoke: coscheduling skipped: scheduler-plugins is not built (python -m perf build)")
+    run_suite(workload="gang-8", size="smoke", schedulers=gang_peers, runs=1, out=out, ceiling=False, strict=True)
+    write_json(out / "cycle.json", run_all(quick=True, log=log))
+    return write_report(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out: Path = args.out
+    if args.command == "list":
+        return cmd_list()
+    if args.command == "build":
+        return cmd_build()
+    if args.command == "smoke":
+        written = smoke(out)
+        log(f"report: {written['report.md']}")
+        return 0
+    if args.command == "sched":
+        run_suite(
+            workload=args.workload, size=args.size,
+            schedulers=[s for s in args.schedulers.split(",") if s] if args.schedulers else None,
+            runs=args.runs, out=out, ceiling=not args.no_ceiling, ceiling_binds=args.ceiling_binds,
+            concurrencies=args.concurrency, timeout=args.timeout, profile=args.profile,
+        )
+    elif args.command == "ceiling":
+        cmd_ceiling(out, args.nodes, args.binds, args.concurrency)
+    elif args.command == "cycle":
+        cmd_cycle(out, args.quick)
+    written = write_report(out)
+    log(f"report: {written['report.md']}")
+    return 0

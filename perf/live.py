@@ -1,0 +1,434 @@
+"""One scheduler, one workload, one fresh control plane: the live measurement.
+
+A run, in order:
+
+1. bring up a fresh sandbox with the workload's nodes (apiserver flags: the union of the
+   workload's peers', so every peer of a workload sees the same control plane);
+2. start a watch on the run's namespace, then create the PodGroups and every pod that
+   exists "before" (the creation rate is never what is measured);
+3. start the scheduler process (time zero), and the stream of "stream" pods if any;
+4. wait until the watch has seen every pod bound (``spec.nodeName`` set), the scheduler
+   exits, or the workload's timeout passes;
+5. read CPU seconds and peak RSS of the scheduler, the apiserver and etcd from ``/proc``;
+   scrape batchsched's ``/metrics``; check that no gang is partly bound and no node holds
+   more GPUs than it has; stop everything.
+
+Throughput is reported two ways: over the bind window (first to last bind, the
+scheduler's steady rate) and end to end (every pod over the time from the scheduler's
+start to the last bind, start-up included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import ConflictError, KubeError, NotFoundError
+from perf import procstat
+from perf.peers import GANG_X_K8S, Peer, Running
+from perf.workload import Expanded, PodSpec
+
+NAMESPACE = "perf"
+CREATE_CONCURRENCY = 64
+
+
+class RunError(RuntimeError):
+    """A run could not be carried out (the sandbox, a peer or the API failed)."""
+
+
+class StartError(RunError):
+    """The control plane for a run could not start (a build or start-up failure)."""
+
+
+# -- watching binds ---------------------------------------------------------------------
+
+
+class BindWatch:
+    """Records when each pod of a namespace is first seen bound, from a list + watch."""
+
+    def __init__(self, client: KubeClient, namespace: str) -> None:
+        self.client = client
+        self.path = f"/api/v1/namespaces/{namespace}/pods"
+        #: pod name -> (monotonic time first seen bound, node)
+        self.bound: dict[str, tuple[float, str]] = {}
+        self.synced = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.errors = 0
+
+    def _see(self, obj: dict[str, Any], now: float) -> None:
+        node = (obj.get("spec") or {}).get("nodeName")
+        if node:
+            name = obj["metadata"]["name"]
+            if name not in self.bound:
+                self.bound[name] = (now, node)
+                self.changed.set()
+
+    async def run(self) -> None:
+        rv = ""
+        while True:
+            if not rv:
+                items, rv = await self.client.list(self.path)
+                now = time.monotonic()
+                for obj in items:
+                    self._see(obj, now)
+                self.synced.set()
+            try:
+                async for etype, obj in self.client.watch(self.path, rv, timeout_seconds=600):
+                    now = time.monotonic()
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = new_rv
+                    if etype in ("ADDED", "MODIFIED"):
+                        self._see(obj, now)
+            except KubeError:
+                self.errors += 1
+                rv = ""  # relist: binds seen again keep their first time
+                await asyncio.sleep(0.2)
+
+
+# -- creating the workload --------------------------------------------------------------
+
+
+async def check_podgroup_crd(client: KubeClient) -> None:
+    """The x-k8s PodGroup CRD comes from manifests/ (the sandbox applies it at start)."""
+    try:
+        await client.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/podgroups.scheduling.x-k8s.io")
+    except NotFoundError:
+        raise RunError("the scheduling.x-k8s.io PodGroup CRD is missing from manifests/") from None
+
+
+async def create_all(client: KubeClient, items: Iterable[tuple[str, dict[str, Any]]], concurrency: int = CREATE_CONCURRENCY) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(path: str, body: dict[str, Any]) -> None:
+        async with sem:
+            for attempt in range(5):
+                try:
+                    await client.create(path, body)
+                    return
+                except ConflictError:
+                    return
+                except KubeError:
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.2 * (attempt + 1))
+
+    await asyncio.gather(*(one(p, b) for p, b in items))
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunConfig:
+    peer: Peer
+    workload: Expanded
+    round: int
+    apiserver_args: tuple[str, ...]
+    workdir: Path
+    sandbox_name: str
+    timeout: float | None = None
+    #: run the scheduler under cProfile (batchsched only; slows it down: not a measured run)
+    profile: bool = False
+
+
+@dataclass(slots=True)
+class Measured:
+    started: float = 0.0
+    bound: dict[str, tuple[float, str]] = field(default_factory=dict)
+    stream_created: dict[str, float] = field(default_factory=dict)
+    usage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    profile: dict[str, Any] = field(default_factory=dict)
+
+
+def run_once(cfg: RunConfig) -> dict[str, Any]:
+    """One run on a fresh sandbox; the result as JSON-able data (``ok`` False on failure)."""
+    from batchsched.sandbox.cluster import Sandbox, SandboxError
+    from batchsched.sandbox.nodes import NodeShape
+
+    ex = cfg.workload
+    node = ex.workload.node
+    box = Sandbox(cfg.sandbox_name)
+    t_up = time.monotonic()
+    try:
+        state = box.up(
+            [NodeShape(count=ex.size.nodes, gpus=node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods)],
+            apiserver_args=cfg.apiserver_args,
+            ready_timeout=max(120.0, ex.size.nodes * 0.1),
+        )
+    except (SandboxError, KubeError, OSError, TimeoutError) as exc:
+        raise StartError(f"the sandbox did not start: {exc}") from exc
+    try:
+        up_s = time.monotonic() - t_up
+        procs = {p.name: p.pid for p in state.processes}
+        try:
+            m = asyncio.run(_measure(cfg, state.kubeconfig, procs))
+        except (KubeError, TimeoutError) as exc:
+            raise RunError(f"the run failed: {exc}") from exc
+        m.timings["sandbox_up_s"] = up_s
+    finally:
+        box.down()
+    return summarize(cfg, m)
+
+
+async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Measured:
+    ex = cfg.workload
+    peer = cfg.peer
+    m = Measured()
+    client = await KubeClient.connect(kubeconfig, max_connections=CREATE_CONCURRENCY + 8)
+    running: Running | None = None
+    watch_task: asyncio.Task[None] | None = None
+    stream_task: asyncio.Task[None] | None = None
+    ready_task: asyncio.Task[None] | None = None
+    try:
+        if peer.gang_style == GANG_X_K8S and ex.gangs:
+            await check_podgroup_crd(client)
+        await client.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        watch = BindWatch(client, NAMESPACE)
+        watch_task = asyncio.create_task(watch.run())
+        await asyncio.wait_for(watch.synced.wait(), 60)
+        t_create = time.monotonic()
+        await create_all(client, peer.group_objects(ex, NAMESPACE))
+        pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+        await create_all(client, ((pod_path, peer.pod(p)) for p in ex.pods if not p.stream))
+        m.timings["create_s"] = time.monotonic() - t_create
+
+        windows = {
+            name: procstat.Window(pid, started=time.monotonic())
+            for name, pid in procs.items() if name in ("kube-apiserver", "etcd")
+        }
+        prof_path = cfg.workdir / f"{peer.name}.prof" if cfg.profile else None
+        running = peer.start(kubeconfig, cfg.workdir, profile=prof_path)
+        m.started = running.started
+        ready_task = asyncio.create_task(_wait_ready(running, m))
+        sched_window = procstat.Window(running.pid, start_cpu=0.0, started=running.started)
+        stream = [p for p in ex.pods if p.stream]
+        if stream:
+            stream_task = asyncio.create_task(
+                _stream(client, pod_path, peer, stream, ex.workload.stream_rate, m, watch)
+            )
+        total = len(ex.pods)
+        expected = ex.expected_bound
+        timeout = cfg.timeout or ex.workload.timeout
+        deadline = running.started + timeout
+        settle = ex.workload.settle_seconds
+        settle_until: float | None = None
+        while len(watch.bound) < total:
+            watch.changed.clear()
+            if not running.alive():
+                m.error = f"{peer.name} exited with code {running.proc.returncode}: {running.log_tail()}"
+                break
+            now = time.monotonic()
+            if len(watch.bound) >= expected:
+                # everything a correct scheduler can bind is bound: watch a little longer
+                # for binds that should not happen (parts of gangs that do not fit)
+                if settle_until is None:
+                    settle_until = now + settle
+                if now >= settle_until:
+                    break
+            elif now > deadline:
+                m.error = f"{expected - len(watch.bound)} of {expected} pods not bound after {timeout:.0f} s"
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watch.changed.wait(), 0.1)
+        now = time.monotonic()
+        m.usage["scheduler"] = sched_window.end(now).to_json()
+        for name, w in windows.items():
+            m.usage[name] = w.end(now).to_json()
+        m.bound = dict(watch.bound)
+        if running.metrics_url and running.alive():
+            m.metrics = await asyncio.get_running_loop().run_in_executor(None, scrape, running.metrics_url)
+    finally:
+        for task in (stream_task, watch_task, ready_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if running is not None:
+            await asyncio.get_running_loop().run_in_executor(None, running.stop)
+        await client.close()
+    if cfg.profile:
+        m.profile = profile_summary(cfg.workdir / f"{peer.name}.prof")
+    return m
+
+
+def profile_summary(path: Path, top: int = 30) -> dict[str, Any]:
+    """The functions that took the most time, by own time and by cumulative time."""
+    import pstats
+
+    if not path.exists():
+        return {"file": str(path), "error": "no profile written (the scheduler did not exit cleanly)"}
+    stats = pstats.Stats(str(path))
+    total = stats.total_tt  # type: ignore[attr-defined]
+
+    def rows(key: int) -> list[dict[str, Any]]:
+        entries = sorted(stats.stats.items(), key=lambda kv: kv[1][key], reverse=True)[:top]  # type: ignore[attr-defined]
+        return [
+            {"function": f"{Path(f).name}:{line}({fn})", "calls": nc, "own_s": round(tt, 3), "cumulative_s": round(ct, 3)}
+            for (f, line, fn), (_cc, nc, tt, ct, _callers) in entries
+        ]
+
+    return {"file": str(path), "total_s": round(total, 3), "by_own_time": rows(2), "by_cumulative_time": rows(3)}
+
+
+async def _wait_ready(running: Running, m: Measured, interval: float = 0.02) -> None:
+    """Record when the scheduler's /readyz first answers 200 (seconds from its start)."""
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(running.ready_url, timeout=1, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    loop = asyncio.get_running_loop()
+    while running.ready_url and running.alive():
+        if await loop.run_in_executor(None, probe):
+            m.timings["ready_s"] = time.monotonic() - running.started
+            return
+        await asyncio.sleep(interval)
+
+
+async def _stream(
+    client: KubeClient, path: str, peer: Peer, pods: list[PodSpec], rate: float, m: Measured, watch: BindWatch
+) -> None:
+    """Create ``pods`` at ``rate`` per second, from when the scheduler is ready (or first binds)."""
+    while "ready_s" not in m.timings and not watch.bound:
+        await asyncio.sleep(0.02)
+    m.timings["stream_start_s"] = time.monotonic() - m.started
+    created = m.stream_created
+    start = time.monotonic()
+    tasks = []
+    for i, spec in enumerate(pods):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        created[spec.name] = time.monotonic()
+        tasks.append(asyncio.create_task(create_all(client, [(path, peer.pod(spec))], concurrency=1)))
+    await asyncio.gather(*tasks)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """batchsched's ``/metrics``: every ``batchsched_*`` sample, keyed by name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.name.startswith("batchsched_") or s.name.endswith("_bucket") or s.name.endswith("_created"):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+# -- summarizing -------------------------------------------------------------------------
+
+
+def _timeline(times: list[float], points: int = 400) -> list[tuple[float, int]]:
+    """(seconds since start, pods bound) at up to ``points`` steps."""
+    if not times:
+        return []
+    step = max(1, len(times) // points)
+    out = [(round(t, 4), i + 1) for i, t in enumerate(times) if i % step == 0]
+    if out[-1][1] != len(times):
+        out.append((round(times[-1], 4), len(times)))
+    return out
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    v = sorted(values)
+    return {
+        "p50": round(v[len(v) // 2], 2),
+        "p99": round(v[min(len(v) - 1, int(len(v) * 0.99))], 2),
+        "max": round(v[-1], 2),
+    }
+
+
+def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
+    ex = cfg.workload
+    by_name = {p.name: p for p in ex.pods}
+    bound = {n: v for n, v in m.bound.items() if n in by_name}
+    times = sorted(t - m.started for t, _ in bound.values())
+    n = len(times)
+    first = times[0] if times else None
+    last = times[-1] if times else None
+    window = (last - first) if n > 1 and first is not None and last is not None else 0.0
+
+    # gangs: all or nothing at the end of the run; how far apart members were bound
+    members: dict[str, list[float]] = {}
+    for name, (t, _) in bound.items():
+        gang = by_name[name].gang
+        if gang:
+            members.setdefault(gang, []).append(t)
+    partial = [
+        g for g, (size, quorum) in ex.gangs.items() if 0 < len(members.get(g, ())) < quorum
+    ]
+    spreads = [(max(ts) - min(ts)) * 1e3 for ts in members.values() if len(ts) > 1]
+
+    # no node holds more GPUs than it has
+    gpus_on: dict[str, int] = {}
+    for name, (_, node) in bound.items():
+        gpus_on[node] = gpus_on.get(node, 0) + by_name[name].gpus
+    overcommitted = sorted(nd for nd, g in gpus_on.items() if g > ex.workload.node.gpus)
+
+    latency: dict[str, list[float]] = {}
+    for name, created in m.stream_created.items():
+        if name in bound:
+            latency.setdefault(by_name[name].klass, []).append((bound[name][0] - created) * 1e3)
+
+    ok = not m.error and n == ex.expected_bound and not partial and not overcommitted
+    error = m.error
+    if not error and partial:
+        error = f"{len(partial)} partly bound gangs: {', '.join(sorted(partial)[:5])}"
+    if not error and overcommitted:
+        error = f"{len(overcommitted)} nodes hold more GPUs than they have"
+    return {
+        "scheduler": cfg.peer.name,
+        "round": cfg.round,
+        "ok": ok,
+        "error": error,
+        "pods": len(ex.pods),
+        "expected_bound": ex.expected_bound,
+        "bound": n,
+        "nodes_used": len(gpus_on),
+        "first_bind_s": None if first is None else round(first, 4),
+        "last_bind_s": None if last is None else round(last, 4),
+        "pods_per_s": round((n - 1) / window, 1) if window > 0 else None,
+        "pods_per_s_e2e": round(n / last, 1) if last else None,
+        "gangs": len(ex.gangs),
+        "partial_gangs": len(partial),
+        "gang_bind_spread_ms": (
+            {"median": round(statistics.median(spreads), 1), "max": round(max(spreads), 1)} if spreads else None
+        ),
+        "overcommitted_nodes": len(overcommitted),
+        "stream_latency_ms": {k: _percentiles(v) for k, v in sorted(latency.items())},
+        "usage": m.usage,
+        "scheduler_metrics": m.metrics,
+        "timings": {k: round(v, 2) for k, v in m.timings.items()},
+        "timeline": _timeline(times),
+        **({"profile": m.profile, "profiled": True} if cfg.profile else {}),
+    }

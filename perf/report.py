@@ -1,0 +1,368 @@
+"""The report: every result under ``<out>`` summarised as Markdown, JSON and PNG plots.
+
+Reads ``<out>/sched/*.json`` (live runs, one file per workload and size),
+``<out>/ceiling/*.json`` (stand-alone ceiling sweeps) and ``<out>/cycle.json`` (cycle and
+kernel benchmarks); writes ``<out>/report.md``, ``<out>/summary.json``,
+``<out>/bound-<workload>@<size>.png`` (pods bound over time, one line per run, one colour
+per scheduler) and ``<out>/cycle-time.png`` (cycle time against cluster size).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from perf.suite import write_json
+
+COLORS = {
+    "batchsched": "#1f77b4",
+    "kube-scheduler": "#d62728",
+    "kube-scheduler-gang": "#ff7f0e",
+    "coscheduling": "#2ca02c",
+}
+
+
+def _load(path: Path) -> Any:
+    return orjson.loads(path.read_bytes())
+
+
+def _med(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "\u2013"
+    return f"{v:,.{digits}f}"
+
+
+def _spread(values: list[float], digits: int = 0) -> str:
+    if not values:
+        return "\u2013"
+    if len(values) == 1:
+        return _fmt(values[0], digits)
+    return f"{_fmt(_med(values), digits)} ({_fmt(min(values), digits)}\u2013{_fmt(max(values), digits)})"
+
+
+def _mib(v: float | None) -> float | None:
+    return None if v is None else v / 2**20
+
+
+def summarize_suite(data: dict[str, Any]) -> dict[str, Any]:
+    """Per scheduler: medians and ranges over its successful runs; ratios to batchsched."""
+    ceiling = (data.get("ceiling") or {}).get("best")
+    per: dict[str, dict[str, Any]] = {}
+    order = list(data.get("peers") or {})
+    for r in data.get("runs", []):
+        if r["scheduler"] not in order:
+            order.append(r["scheduler"])
+    for name in order:
+        runs = [r for r in data.get("runs", []) if r["scheduler"] == name]
+        good = [r for r in runs if r.get("ok")]
+
+        def vals(key: str, rs: list[dict[str, Any]] = good) -> list[float]:
+            return [r[key] for r in rs if r.get(key) is not None]
+
+        def usage(proc: str, key: str, rs: list[dict[str, Any]] = good) -> list[float]:
+            return [r["usage"][proc][key] for r in rs if (r.get("usage") or {}).get(proc, {}).get(key) is not None]
+
+        rate = vals("pods_per_s")
+        per[name] = {
+            "runs": len(runs),
+            "ok": len(good),
+            "errors": [r.get("error", "") for r in runs if not r.get("ok")],
+            "pods_per_s": rate,
+            "pods_per_s_median": _med(rate),
+            "pods_per_s_e2e": vals("pods_per_s_e2e"),
+            "ready_s": [r["timings"]["ready_s"] for r in good if (r.get("timings") or {}).get("ready_s") is not None],
+            "first_bind_s": vals("first_bind_s"),
+            "last_bind_s": vals("last_bind_s"),
+            "partial_gangs": sum(r.get("partial_gangs", 0) for r in runs),
+            "fraction_of_ceiling": (_med(rate) / ceiling) if rate and ceiling else None,
+            "scheduler_cpu_s": usage("scheduler", "cpu_seconds"),
+            "scheduler_cpu_percent": usage("scheduler", "cpu_percent"),
+            "scheduler_peak_rss": usage("scheduler", "peak_rss_bytes"),
+            "apiserver_cpu_s": usage("kube-apiserver", "cpu_seconds"),
+            "apiserver_cpu_percent": usage("kube-apiserver", "cpu_percent"),
+            "apiserver_peak_rss": usage("kube-apiserver", "peak_rss_bytes"),
+            "etcd_cpu_s": usage("etcd", "cpu_seconds"),
+            "gang_spread_ms": [r["gang_bind_spread_ms"]["median"] for r in good if r.get("gang_bind_spread_ms")],
+            "stream_latency_ms": [r["stream_latency_ms"] for r in good if r.get("stream_latency_ms")],
+            "metrics": [r.get("scheduler_metrics") or {} for r in good],
+        }
+    ours = per.get("batchsched", {}).get("pods_per_s_median")
+    ours_e2e = _med(per.get("batchsched", {}).get("pods_per_s_e2e", []))
+    for name, s in per.items():
+        theirs = s["pods_per_s_median"]
+        theirs_e2e = _med(s["pods_per_s_e2e"])
+        s["batchsched_ratio"] = (ours / theirs) if ours and theirs and name != "batchsched" else None
+        s["batchsched_ratio_e2e"] = (
+            (ours_e2e / theirs_e2e) if ours_e2e and theirs_e2e and name != "batchsched" else None
+        )
+    return {"ceiling": ceiling, "schedulers": per}
+
+
+def _cycle_metrics(metrics: list[dict[str, float]]) -> str:
+    """batchsched's own account of its cycles, from /metrics (median over runs)."""
+    if not metrics:
+        return ""
+    parts = []
+    count = _med([m.get("batchsched_cycle_duration_seconds_count{phase=total}", 0.0) for m in metrics])
+    for phase in ("total", "snapshot", "kernel"):
+        key = f"batchsched_cycle_duration_seconds_sum{{phase={phase}}}"
+        vals = [m[key] for m in metrics if key in m]
+        if vals:
+            parts.append(f"{phase} {_fmt(_med(vals), 2)} s")
+    bound = _med([m.get("batchsched_binds_total{result=bound}", 0.0) for m in metrics])
+    return f"{_fmt(count)} cycles; cycle time summed: {', '.join(parts)}; {_fmt(bound)} binds accepted"
+
+
+def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | None) -> list[str]:
+    nodes, pods = data["nodes"], data["pods"]
+    gangs = f", {data['gangs']} gangs" if data.get("gangs") else ""
+    lines = [f"## {data['workload']} @ {data['size']}: {nodes:,} nodes, {pods:,} pods{gangs}", ""]
+    if data.get("description"):
+        lines += [f"{data['description']}. GPUs asked {data['gpu_demand']:,} of {data['gpu_capacity']:,}.", ""]
+    ceiling = data.get("ceiling")
+    if ceiling and ceiling.get("sweep"):
+        sweep = ", ".join(f"{r['concurrency']} in flight: {_fmt(r['binds_per_s'])}/s" for r in ceiling["sweep"])
+        lines += [f"Bind ceiling on this control plane: **{_fmt(ceiling['best'])} binds/s** ({sweep}).", ""]
+    lines += [
+        "| scheduler | runs ok | pods/s, first→last bind: median (min\u2013max) | pods/s end to end | "
+        "ready s | first bind s | last bind s | batchsched ÷ this | of ceiling | partial gangs | "
+        "scheduler CPU s (% of a core) | scheduler peak RSS MiB | apiserver CPU s (%) | apiserver peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in summary["schedulers"].items():
+        ratio = "\u2013"
+        if s["batchsched_ratio"]:
+            ratio = f"{s['batchsched_ratio']:.2f}x"
+            if s["batchsched_ratio_e2e"]:
+                ratio += f" (e2e {s['batchsched_ratio_e2e']:.2f}x)"
+        frac = f"{100 * s['fraction_of_ceiling']:.0f}%" if s["fraction_of_ceiling"] else "\u2013"
+        cpu = _spread(s["scheduler_cpu_s"], 1)
+        if s["scheduler_cpu_percent"]:
+            cpu += f" ({_fmt(_med(s['scheduler_cpu_percent']))}%)"
+        api = _spread(s["apiserver_cpu_s"], 1)
+        if s["apiserver_cpu_percent"]:
+            api += f" ({_fmt(_med(s['apiserver_cpu_percent']))}%)"
+        lines.append(
+            f"| {name} | {s['ok']}/{s['runs']} | {_spread(s['pods_per_s'])} | {_spread(s['pods_per_s_e2e'])} | "
+            f"{_spread(s['ready_s'], 2)} | {_spread(s['first_bind_s'], 2)} | {_spread(s['last_bind_s'], 2)} | {ratio} | {frac} | "
+            f"{s['partial_gangs']} | {cpu} | {_spread([_mib(v) or 0 for v in s['scheduler_peak_rss']])} | "
+            f"{api} | {_spread([_mib(v) or 0 for v in s['apiserver_peak_rss']])} |"
+        )
+    lines.append("")
+    notes = ["- ready: the scheduler's /readyz first answered 200 (caches synced), seconds from its start."]
+    for name, s in summary["schedulers"].items():
+        if s["gang_spread_ms"]:
+            notes.append(f"- {name}: within a gang, first to last bind took a median {_fmt(_med(s['gang_spread_ms']))} ms (median over runs).")
+        for lat in s["stream_latency_ms"][:1]:
+            parts = "; ".join(f"{k}: p50 {v['p50']:.0f} ms, p99 {v['p99']:.0f} ms" for k, v in lat.items())
+            notes.append(f"- {name}: creation-to-bind latency of streamed pods (first run): {parts}.")
+        if name == "batchsched" and s["metrics"]:
+            notes.append(f"- batchsched's /metrics (median of runs): {_cycle_metrics(s['metrics'])}.")
+        for err in s["errors"]:
+            notes.append(f"- {name}: a run failed: {err.splitlines()[0] if err else 'unknown'}")
+    for name, reason in (data.get("unavailable") or {}).items():
+        notes.append(f"- {name} did not run: {reason}")
+    for name, p in (data.get("peers") or {}).items():
+        notes.append(f"- {name} settings: {p['settings']} (pods' schedulerName `{p['scheduler_name']}`).")
+    if data.get("apiserver_args"):
+        notes.append(f"- apiserver flags for every run of this workload: `{' '.join(data['apiserver_args'])}`.")
+    notes.append(
+        f"- {data['machine']['cpus']} CPUs, load average {data['machine']['load_before']:.1f} before the first run; "
+        f"started {data['started']}."
+    )
+    lines += [*notes, ""]
+    if plot:
+        lines += [f"![pods bound over time]({plot})", ""]
+    for run in data.get("profile_runs") or []:
+        lines += profile_markdown(run)
+    return lines
+
+
+def profile_markdown(run: dict[str, Any], top: int = 15) -> list[str]:
+    prof = run.get("profile") or {}
+    if not prof.get("by_own_time"):
+        return [f"batchsched under cProfile: {prof.get('error') or run.get('error') or 'no profile'}", ""]
+    lines = [
+        f"Where batchsched's time goes: one extra run under cProfile (not counted above; profiling "
+        f"slows it down): {run.get('bound')} pods bound in {_fmt(run.get('last_bind_s'), 2)} s, "
+        f"{prof['total_s']:.2f} s profiled on the main thread (event loop: watch, cycle, binder, status). "
+        f"Top functions by own time:",
+        "",
+        "| function | calls | own s | cumulative s |",
+        "|---|---|---|---|",
+    ]
+    for r in prof["by_own_time"][:top]:
+        lines.append(f"| `{r['function']}` | {r['calls']:,} | {r['own_s']:.3f} | {r['cumulative_s']:.3f} |")
+    lines.append("")
+    return lines
+
+
+def cycle_markdown(cyc: dict[str, Any], plot: str | None) -> list[str]:
+    lines = ["## Cycle and kernel benchmarks (no apiserver)", ""]
+    if cyc.get("quick"):
+        lines += ["Quick (smoke) sizes.", ""]
+    lines += [
+        "Steady-state cycle (node filter cached; the first cycle after a node change also builds it), "
+        "milliseconds. Pending pods ask for 1, 2, 4 or 8 GPUs at three priorities; a third of the "
+        "nodes' GPUs are already taken.",
+        "",
+        "| nodes | pending | placed | snapshot | units | order | kernels | plan | cycle | all | first cycle |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in cyc.get("cycle", []):
+        s, f = r["steady_s"], r["first_s"]
+        lines.append(
+            f"| {r['nodes']:,} | {r['pods']:,} | {r['placed']:,} | " + " | ".join(
+                _fmt(1e3 * s[k], 1) for k in ("snapshot", "units", "order", "kernels", "plan", "cycle", "total")
+            ) + f" | {_fmt(1e3 * f['total'], 1)} |"
+        )
+    lines.append("")
+    if cyc.get("twin"):
+        lines += ["JIT kernels against their plain-Python twins (same cycle code), steady cycle:", "",
+                  "| nodes | pending | JIT kernels ms | twin kernels ms | speed-up | JIT cycle ms | twin cycle ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for t in cyc["twin"]:
+            j, p = t["jit"]["steady_s"], t["twin"]["steady_s"]
+            speed = p["kernels"] / j["kernels"] if j["kernels"] else None
+            lines.append(
+                f"| {t['jit']['nodes']:,} | {t['jit']['pods']:,} | {_fmt(1e3 * j['kernels'], 2)} | "
+                f"{_fmt(1e3 * p['kernels'], 1)} | {_fmt(speed)}x | {_fmt(1e3 * j['cycle'], 1)} | {_fmt(1e3 * p['cycle'], 1)} |"
+            )
+        lines.append("")
+    if cyc.get("gang"):
+        lines += ["One gang (min count = size) of single-GPU pods on half-used nodes:", "",
+                  "| nodes | gang | kernel ms | whole cycle ms | first cycle ms |", "|---|---|---|---|---|"]
+        for g in cyc["gang"]:
+            lines.append(f"| {g['nodes']:,} | {g['gang']} | {g['kernel_ms']:.3f} | {g['cycle_ms']:.2f} | {g['first_cycle_ms']:.1f} |")
+        lines.append("")
+    w = cyc.get("warm_up")
+    if w:
+        lines += [
+            f"Kernel compile / warm-up in a fresh process: cold numba cache {w['cold']['warm_up_s']:.2f} s "
+            f"(process {w['cold']['process_s']:.2f} s), warm cache {w['warm']['warm_up_s']:.2f} s "
+            f"(process {w['warm']['process_s']:.2f} s); importing the kernels module {w['warm']['import_s']:.2f} s.",
+            "",
+        ]
+    m = cyc.get("mirror")
+    if m:
+        lines += [
+            f"Mirror memory: a process holding {m['nodes']:,} nodes and {m['pods']:,} pods ({m['bound']:,} bound, "
+            f"{m['pending']:,} pending), parsed from apiserver-like JSON pages: RSS {m['rss_with_mirror_mib']:.0f} MiB "
+            f"({m['rss_after_imports_mib']:.0f} MiB after imports, so {m['mirror_mib']:.0f} MiB for the mirror), "
+            f"peak {m['peak_rss_mib']:.0f} MiB; parse and apply took {m['ingest_s']:.2f} s.",
+            "",
+        ]
+    if plot:
+        lines += [f"![cycle time against cluster size]({plot})", ""]
+    return lines
+
+
+# -- plots -------------------------------------------------------------------------------------
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_bound(data: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    seen: set[str] = set()
+    for r in data.get("runs", []):
+        tl = r.get("timeline") or []
+        if not tl:
+            continue
+        name = r["scheduler"]
+        xs = [0.0] + [p[0] for p in tl]
+        ys = [0] + [p[1] for p in tl]
+        ax.step(xs, ys, where="post", color=COLORS.get(name, "gray"), alpha=0.8, linewidth=1.2,
+                label=None if name in seen else name)
+        seen.add(name)
+    ax.set_xlabel("seconds since the scheduler process started")
+    ax.set_ylabel("pods bound")
+    ax.set_title(f"{data['workload']} @ {data['size']}: {data['nodes']:,} nodes, {data['pods']:,} pods")
+    ax.grid(alpha=0.3)
+    if seen:
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_cycle(cyc: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    by_pods: dict[int, list[tuple[int, float]]] = {}
+    for r in cyc.get("cycle", []):
+        by_pods.setdefault(r["pods"], []).append((r["nodes"], r["steady_s"]["total"]))
+    for pods, pts in sorted(by_pods.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{pods:,} pending pods")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes (8 GPUs each)")
+    ax.set_ylabel("one cycle, seconds (snapshot + units + cycle)")
+    ax.set_title("batchsched cycle time against cluster size")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# -- the whole report ----------------------------------------------------------------------------
+
+
+def write_report(out: Path) -> dict[str, Path]:
+    """Write report.md, summary.json and the plots; returns what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    lines = ["# batchsched perf report", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %z')}.", ""]
+    summary: dict[str, Any] = {"sched": {}, "ceiling": {}, "cycle": None}
+    for path in sorted((out / "sched").glob("*.json")):
+        data = _load(path)
+        s = summarize_suite(data)
+        summary["sched"][path.stem] = {"nodes": data["nodes"], "pods": data["pods"], **s}
+        png = out / f"bound-{path.stem}.png"
+        plot_bound(data, png)
+        written[png.name] = png
+        lines += suite_markdown(data, s, png.name)
+    for path in sorted((out / "ceiling").glob("*.json")):
+        data = _load(path)
+        summary["ceiling"][path.stem] = data
+        lines += [f"## Bind ceiling, {data['nodes']:,} nodes, {data['binds']:,} binds per step", "",
+                  "| in flight | binds/s | client CPU % | apiserver CPU % | apiserver CPU ms per bind |",
+                  "|---|---|---|---|---|"]
+        for r in data["sweep"]:
+            lines.append(f"| {r['concurrency']} | {_fmt(r['binds_per_s'])} | {_fmt(r['client_cpu_percent'])} | "
+                         f"{_fmt(r['apiserver_cpu_percent'])} | {_fmt(r['apiserver_cpu_ms_per_bind'], 2)} |")
+        lines.append("")
+    cycle_path = out / "cycle.json"
+    if cycle_path.exists():
+        cyc = _load(cycle_path)
+        summary["cycle"] = cyc
+        png = out / "cycle-time.png"
+        if cyc.get("cycle"):
+            plot_cycle(cyc, png)
+            written[png.name] = png
+        lines += cycle_markdown(cyc, png.name if png.name in written else None)
+    md = out / "report.md"
+    md.write_text("\n".join(lines))
+    written["report.md"] = md
+    js = out / "summary.json"
+    write_json(js, summary)
+    written["summary.json"] = js
+    return written

@@ -1,0 +1,260 @@
+"""Workloads as data: ``perf/workloads/*.yaml`` read, checked and expanded into pods.
+
+A workload file names the schedulers that run it, the node shape, one or more pod
+*classes* (what each pod asks for, whether pods come in gangs, their priority class, and
+whether they exist before the scheduler starts or arrive as a stream) and named *sizes*
+(nodes and total pods). :func:`expand` turns a workload at one size into concrete
+:class:`PodSpec` values; :mod:`perf.peers` renders them for one scheduler (its
+``schedulerName`` and its way of declaring a gang).
+
+An unknown key or a bad value is a :class:`WorkloadError` naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+WORKLOADS = Path(__file__).parent / "workloads"
+
+
+class WorkloadError(ValueError):
+    """A workload file is not valid; the message names the file and the key."""
+
+
+@dataclass(slots=True, frozen=True)
+class NodeSpec:
+    gpus: int = 8
+    cpu: str = "96"
+    memory: str = "1024Gi"
+    max_pods: int = 110
+
+
+@dataclass(slots=True, frozen=True)
+class PodClass:
+    name: str
+    share: float = 1.0
+    gpus: int = 1
+    cpu: str = "100m"
+    memory: str = "128Mi"
+    #: members per gang; 0 = single pods
+    gang: int = 0
+    #: gang quorum; 0 = the whole gang
+    min_count: int = 0
+    priority_class: str = ""
+    #: "before" (created before the scheduler starts) or "stream" (created at stream_rate)
+    arrival: str = "before"
+
+
+@dataclass(slots=True, frozen=True)
+class Size:
+    nodes: int
+    pods: int
+
+
+@dataclass(slots=True, frozen=True)
+class Workload:
+    name: str
+    description: str
+    schedulers: tuple[str, ...]
+    node: NodeSpec
+    classes: tuple[PodClass, ...]
+    sizes: dict[str, Size]
+    default_size: str
+    timeout: float = 900.0
+    stream_rate: float = 0.0
+    #: more GPUs asked than exist: only whole gangs that fit can be bound (a race)
+    oversubscribed: bool = False
+    #: after the expected pods are bound, keep watching this long for stray binds
+    settle_seconds: float = 0.0
+    path: str = ""
+
+    @property
+    def gangs(self) -> bool:
+        return any(c.gang for c in self.classes)
+
+
+@dataclass(slots=True, frozen=True)
+class PodSpec:
+    """One pod of an expanded workload, before it is rendered for a scheduler."""
+
+    name: str
+    klass: str
+    gpus: int
+    cpu: str
+    memory: str
+    priority_class: str
+    stream: bool
+    #: the gang this pod belongs to ("" for a single pod), its size and quorum
+    gang: str = ""
+    gang_size: int = 0
+    min_count: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Expanded:
+    workload: Workload
+    size_name: str
+    size: Size
+    pods: tuple[PodSpec, ...]
+
+    @property
+    def gangs(self) -> dict[str, tuple[int, int]]:
+        """gang name -> (members, quorum)."""
+        return {p.gang: (p.gang_size, p.min_count) for p in self.pods if p.gang}
+
+    @property
+    def gpu_demand(self) -> int:
+        return sum(p.gpus for p in self.pods)
+
+    @property
+    def gpu_capacity(self) -> int:
+        return self.size.nodes * self.workload.node.gpus
+
+    @property
+    def expected_bound(self) -> int:
+        """How many pods a correct scheduler binds: all, or the whole gangs that fit."""
+        if not self.workload.oversubscribed:
+            return len(self.pods)
+        c = self.workload.classes[0]
+        per_node = self.workload.node.gpus // max(c.gpus, 1)
+        quorum = c.min_count or c.gang
+        gangs_fit = self.size.nodes * per_node // quorum
+        return min(len(self.gangs), gangs_fit) * c.gang
+
+
+_TOP = {
+    "name", "description", "schedulers", "node", "classes", "sizes", "default_size", "timeout",
+    "stream_rate", "oversubscribed", "settle_seconds",
+}
+
+
+def _fields(cls: type[Any]) -> set[str]:
+    return set(cls.__dataclass_fields__)
+
+
+def _check_keys(data: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def parse_workload(data: Any, *, path: str = "") -> Workload:
+    where = path or "workload"
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{where}: expected a mapping")
+    _check_keys(data, _TOP, where)
+    try:
+        node_data = data.get("node") or {}
+        _check_keys(node_data, _fields(NodeSpec), f"{where}: node")
+        node = NodeSpec(**node_data)
+        classes = []
+        for i, c in enumerate(data.get("classes") or []):
+            _check_keys(c, _fields(PodClass), f"{where}: classes[{i}]")
+            classes.append(PodClass(**c))
+        sizes = {}
+        for name, s in (data.get("sizes") or {}).items():
+            _check_keys(s, _fields(Size), f"{where}: sizes.{name}")
+            sizes[str(name)] = Size(nodes=int(s["nodes"]), pods=int(s["pods"]))
+        wl = Workload(
+            name=str(data["name"]),
+            description=str(data.get("description", "")),
+            schedulers=tuple(str(s) for s in data.get("schedulers") or ()),
+            node=node,
+            classes=tuple(classes),
+            sizes=sizes,
+            default_size=str(data.get("default_size") or next(iter(sizes), "")),
+            timeout=float(data.get("timeout", 900)),
+            stream_rate=float(data.get("stream_rate", 0)),
+            oversubscribed=bool(data.get("oversubscribed", False)),
+            settle_seconds=float(data.get("settle_seconds", 0)),
+            path=path,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, WorkloadError):
+            raise
+        raise WorkloadError(f"{where}: {exc}") from None
+    if not wl.classes:
+        raise WorkloadError(f"{where}: needs at least one pod class")
+    if not wl.schedulers:
+        raise WorkloadError(f"{where}: schedulers: needs at least one scheduler")
+    if wl.default_size not in wl.sizes:
+        raise WorkloadError(f"{where}: default_size {wl.default_size!r} is not one of sizes")
+    for c in wl.classes:
+        if c.arrival not in ("before", "stream"):
+            raise WorkloadError(f"{where}: class {c.name}: arrival must be before or stream, got {c.arrival!r}")
+        if c.gang < 0 or c.min_count < 0 or (c.gang and c.min_count > c.gang):
+            raise WorkloadError(f"{where}: class {c.name}: need 0 <= min_count <= gang")
+        if c.share <= 0:
+            raise WorkloadError(f"{where}: class {c.name}: share must be positive")
+    if wl.oversubscribed and (len(wl.classes) != 1 or not wl.classes[0].gang):
+        raise WorkloadError(f"{where}: oversubscribed workloads need exactly one class, of gangs")
+    if any(c.arrival == "stream" for c in wl.classes) and wl.stream_rate <= 0:
+        raise WorkloadError(f"{where}: stream classes need a positive stream_rate")
+    return wl
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in WORKLOADS.glob("*.yaml"))
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """A workload by name (``perf/workloads/NAME.yaml``) or by file path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = WORKLOADS / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise WorkloadError(f"no workload {name_or_path!r} (known: {', '.join(available())})")
+    return parse_workload(yaml.safe_load(path.read_text()), path=str(path))
+
+
+def parse_size(wl: Workload, text: str | None) -> tuple[str, Size]:
+    """A named size of the workload, or ``NODESxPODS`` for any other."""
+    name = text or wl.default_size
+    if name in wl.sizes:
+        return name, wl.sizes[name]
+    nodes, sep, pods = name.partition("x")
+    if sep and nodes.isdigit() and pods.isdigit() and int(nodes) > 0 and int(pods) > 0:
+        return name, Size(nodes=int(nodes), pods=int(pods))
+    raise WorkloadError(
+        f"{wl.name}: unknown size {name!r} (named: {', '.join(wl.sizes)}; or NODESxPODS)"
+    )
+
+
+def expand(wl: Workload, size_name: str | None = None) -> Expanded:
+    """Every pod of ``wl`` at one size: each class gets its share, rounded to whole gangs."""
+    sname, size = parse_size(wl, size_name)
+    total_share = sum(c.share for c in wl.classes)
+    pods: list[PodSpec] = []
+    for c in wl.classes:
+        count = round(size.pods * c.share / total_share)
+        if c.gang:
+            count -= count % c.gang
+        common = dict(
+            klass=c.name, gpus=c.gpus, cpu=c.cpu, memory=c.memory,
+            priority_class=c.priority_class, stream=c.arrival == "stream",
+        )
+        if c.gang:
+            quorum = c.min_count or c.gang
+            for g in range(count // c.gang):
+                gang = f"{c.name}-g{g:05d}"
+                for m in range(c.gang):
+                    pods.append(PodSpec(
+                        name=f"{gang}-{m:03d}", gang=gang, gang_size=c.gang, min_count=quorum,
+                        **common,  # type: ignore[arg-type]
+                    ))
+        else:
+            for i in range(count):
+                pods.append(PodSpec(name=f"{c.name}-{i:06d}", **common))  # type: ignore[arg-type]
+    if not pods:
+        raise WorkloadError(f"{wl.name}@{sname}: no pods (a size too small for its gangs?)")
+    ex = Expanded(workload=wl, size_name=sname, size=size, pods=tuple(pods))
+    if ex.gpu_demand > ex.gpu_capacity and not wl.oversubscribed:
+        raise WorkloadError(
+            f"{wl.name}@{sname}: {ex.gpu_demand} GPUs asked for, only {ex.gpu_capacity} exist: "
+            "not every pod could be bound"
+        )
+    return ex

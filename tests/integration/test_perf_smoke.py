@@ -1,0 +1,55 @@
+"""The perf suite still works: every benchmark at tiny sizes, one run per scheduler.
+
+Asserts only that the runs complete, every pod is bound, no gang is partly bound and the
+report files exist, never a speed. It starts and stops its own small sandboxes (a fresh
+control plane per run, as the suite does), so it does not use the session's sandbox.
+batchsched and kube-scheduler always run; coscheduling runs when scheduler-plugins is
+already built (``python -m perf build``), since building it takes minutes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import IN_CI
+
+pytestmark = pytest.mark.integration
+
+
+def test_perf_smoke(tmp_path: Path) -> None:
+    from batchsched.sandbox.build import BuildError
+    from batchsched.sandbox.cluster import SandboxError
+    from perf.cli import smoke
+    from perf.live import StartError
+    from perf.peers import PeerUnavailable
+
+    try:
+        written = smoke(tmp_path)
+    except (StartError, SandboxError, BuildError, PeerUnavailable) as exc:
+        message = f"the perf suite could not build or start what it runs: {exc}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+    for name in ("report.md", "summary.json", "cycle-time.png", "bound-plain-gpu@smoke.png", "bound-gang-8@smoke.png"):
+        assert name in written and written[name].stat().st_size > 0, name
+
+    plain = orjson.loads((tmp_path / "sched" / "plain-gpu@smoke.json").read_bytes())
+    gangs = orjson.loads((tmp_path / "sched" / "gang-8@smoke.json").read_bytes())
+    ran = {r["scheduler"] for r in plain["runs"]} | {r["scheduler"] for r in gangs["runs"]}
+    assert {"batchsched", "kube-scheduler", "kube-scheduler-gang"} <= ran
+    for data in (plain, gangs):
+        for run in data["runs"]:
+            assert run["ok"], run["error"]
+            assert run["bound"] == run["pods"] == data["pods"]
+            assert run["partial_gangs"] == 0
+            assert run["overcommitted_nodes"] == 0
+    assert plain["ceiling"]["best"] > 0
+
+    cycle = orjson.loads((tmp_path / "cycle.json").read_bytes())
+    assert cycle["cycle"] and cycle["gang"] and cycle["twin"] and cycle["mirror"]["pods"] > 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| batchsched |" in report and "| kube-scheduler |" in report
