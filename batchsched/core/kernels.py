@@ -291,9 +291,29 @@ def place_members(
     n_scored = 0
     placed = 0
     prev = -1  # the member whose view total/ok hold, before its own placement
+    # Members that found no node. Usage only grows during a call, so a later member with
+    # the same signature asking at least as much of every resource cannot fit either.
+    max_failed = 64
+    failed = np.empty(max_failed, dtype=np.int64)
+    n_failed = 0
 
     for m in range(n_members):
         s = sig[m]
+        hopeless = False
+        for i in range(n_failed):
+            f = failed[i]
+            if sig[f] != s:
+                continue
+            dominated = True
+            for r in range(n_res):
+                if reqs[m, r] < reqs[f, r]:
+                    dominated = False
+                    break
+            if dominated:
+                hopeless = True
+                break
+        if hopeless and m >= min_count:
+            continue
         # A member identical to the previous one (same signature, same requests) sees the
         # same nodes, except the one the previous member was placed on: re-evaluate only it.
         same = prev >= 0 and sig[prev] == s
@@ -352,6 +372,9 @@ def place_members(
                 for k in range(n_members):
                     out[k] = -1
                 return 0
+            if n_failed < max_failed:
+                failed[n_failed] = m
+                n_failed += 1
             continue
         for r in range(n_res):
             used[best, r] += reqs[m, r]
