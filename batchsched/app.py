@@ -9,9 +9,13 @@ Loop::
 
     wait for a reason to run (a new pending pod, capacity freed or added, a bind failed,
     or the slow retry timer) -> gang timers (evict gangs stuck below quorum) -> snapshot
-    -> cycle over single pods and gangs -> assume each binding and hand it to the binder
+    -> queue input (queues, running work, nominations) -> cycle over single pods and gangs
+    -> assume each binding and hand it to the binder -> mark and evict preemption victims
     -> write FailedScheduling for pods whose reason changed -> PodGroup statuses of the
-    groups that changed
+    groups that changed -> Queue statuses (at most every few seconds)
+
+Two clocks: the monotonic one for back-offs and timers, the wall clock for what is compared
+with object times (creation, start, the age of a nomination).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from batchsched.config import Config, ConfigError, load_config
 from batchsched.core import kernels
-from batchsched.core.cycle import Binding, Cycle, Eviction, Unit, single_unit
+from batchsched.core.cycle import Binding, Cycle, Eviction, Plan, QueueInput, Unit, single_unit
+from batchsched.core.disruption import parse_pdb
 from batchsched.core.groups import (
     VOLCANO,
     XK8S,
@@ -43,6 +48,8 @@ from batchsched.core.groups import (
     parse_podgroup,
 )
 from batchsched.core.model import PodUID, parse_node, parse_pod
+from batchsched.core.queuebook import QueueBook, QueueSettings
+from batchsched.core.queues import QUEUE_LABEL
 from batchsched.core.state import ClusterState
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
@@ -50,6 +57,7 @@ from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.groupstatus import GroupStatusWriter, group_ref
 from batchsched.kube.leader import LeaderElector
+from batchsched.kube.queuestatus import QUEUES_PATH, QueueStatusWriter
 from batchsched.kube.status import ObjectRef, StatusWriter, rfc3339
 from batchsched.kube.watch import Reflector
 from batchsched.metrics import Metrics
@@ -79,7 +87,20 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
     """What of a group decides its placement (its status, which we write, does not)."""
     return (
         group.min_member, dict(group.min_resources), dict(group.min_task_member),
-        group.priority_class, group.invalid, group.uid,
+        group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
+    )
+
+
+def queue_settings(config: Config) -> QueueSettings:
+    q, p = config.queues, config.preemption
+    return QueueSettings(
+        default_queue=q.default_queue,
+        max_wait=q.max_wait_seconds,
+        history_half_life=q.history.half_life_seconds,
+        history_weight=q.history.weight,
+        preemption=p.enabled,
+        nomination_timeout=p.nomination_timeout_seconds,
+        max_searches=p.max_searches_per_cycle,
     )
 
 
@@ -113,6 +134,13 @@ class Scheduler:
         )
         self.evictor = Evictor(client, concurrency=gang.eviction_concurrency, on_result=self._evict_result)
         self.group_status = GroupStatusWriter(client)
+        self.queues = QueueBook(queue_settings(config))
+        self.queue_status = QueueStatusWriter(client)
+        self._last_queue_status = -1e9
+        #: preemptor unit key -> the objects its Events go to
+        self._preemptor_refs: dict[str, list[ObjectRef]] = {}
+        #: (preemptor, victim unit) pairs already told on the victim's group
+        self._told_groups: set[tuple[str, str]] = set()
         #: group unit key -> (capacity generation, time) of its last failed placement
         self._group_attempts: dict[str, tuple[int, float]] = {}
         #: group unit key -> (reason, message) of why it was not placed in the last cycle
@@ -144,6 +172,13 @@ class Scheduler:
                 client, "/apis/scheduling.k8s.io/v1/priorityclasses", on_list=self._priority_classes_listed,
                 on_event=self._priority_class_event, name="priorityclasses",
             ),
+        ]
+        self.reflectors += [
+            Reflector(client, QUEUES_PATH, on_list=self._queues_listed, on_event=self._queue_event, name="queues"),
+            Reflector(client, "/api/v1/namespaces", on_list=self._namespaces_listed,
+                      on_event=self._namespace_event, name="namespaces"),
+            Reflector(client, "/apis/policy/v1/poddisruptionbudgets", on_list=self._budgets_listed,
+                      on_event=self._budget_event, name="poddisruptionbudgets"),
         ]
         for api, path in PODGROUP_PATHS.items():
             self.reflectors.append(Reflector(
@@ -229,6 +264,55 @@ class Scheduler:
         else:
             self._dirty_groups.add(group.key)
 
+    def _queues_changed(self, before: int) -> None:
+        """Which queue a unit goes to, or whether it fits its quota, may have changed."""
+        if self.queues.generation != before:
+            self._attempts.clear()
+            self._group_attempts.clear()
+            self._last_queue_status = -1e9
+            self._wake.set()
+
+    def _queues_listed(self, items: list[dict[str, Any]]) -> None:
+        before = self.queues.generation
+        gone = set(self.queues.queue_objects) - {str(o["metadata"]["name"]) for o in items}
+        for name in gone:
+            self.queue_status.forget(name)
+        self.queues.replace_queues(items)
+        self._queues_changed(before)
+
+    def _queue_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.metrics.watch_events.labels("queues").inc()
+        before = self.queues.generation
+        self.queues.queue_event(kind, obj)
+        if kind == "DELETED":
+            self.queue_status.forget(str(obj["metadata"]["name"]))
+        self._queues_changed(before)
+
+    def _namespaces_listed(self, items: list[dict[str, Any]]) -> None:
+        before = self.queues.generation
+        self.queues.replace_namespaces(items)
+        self._queues_changed(before)
+
+    def _namespace_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.metrics.watch_events.labels("namespaces").inc()
+        before = self.queues.generation
+        self.queues.namespace_event(kind, obj)
+        self._queues_changed(before)
+
+    def _budgets_listed(self, items: list[dict[str, Any]]) -> None:
+        self.queues.replace_budgets(parse_pdb(o) for o in items)
+
+    def _budget_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.metrics.watch_events.labels("poddisruptionbudgets").inc()
+        budget = parse_pdb(obj)
+        old = self.queues.budgets.get(budget.namespace, budget.name)
+        self.queues.budget_event(kind, budget)
+        if old is not None and old.allowed == 0 and (kind == "DELETED" or budget.allowed > 0):
+            # work it protected may be preempted now: look at waiting units again
+            self._attempts.clear()
+            self._group_attempts.clear()
+            self._wake.set()
+
     def _priority_classes_listed(self, items: list[dict[str, Any]]) -> None:
         self.groups.replace_priority_classes(
             {str(o["metadata"]["name"]): int(o.get("value") or 0) for o in items}
@@ -282,6 +366,9 @@ class Scheduler:
     # -- evictions (gangs that timed out) -----------------------------------------------------------
 
     def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
+        if e.preemptor:
+            self._preemption_result(e, outcome, err)
+            return
         key = GroupKey(e.unit)
         group = self.groups.groups.get(key)
         self._dirty_groups.add(key)
@@ -297,6 +384,61 @@ class Scheduler:
         elif outcome == "failed":
             self.status.event(ref, type="Warning", reason="GangEvictionFailed",
                               message=f"could not evict member {e.name} (will retry): {err}")
+
+    def _preemption_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
+        """A victim's eviction: tell who preempted it, or give the preemption up."""
+        victim = pod_ref(e.namespace, e.name, e.uid)
+        group = self.groups.groups.get(GroupKey(e.unit))
+        if outcome == "evicted":
+            self.metrics.attempts.labels("preempted").inc()
+            self.status.event(victim, type="Normal", reason="Preempted", message=e.reason)
+            if group is not None and (e.preemptor, e.unit) not in self._told_groups:
+                self._told_groups.add((e.preemptor, e.unit))
+                self.status.event(group_ref(group), type="Normal", reason="Preempted", message=e.reason)
+            return
+        if outcome == "gone":
+            return  # nothing left to evict: the capacity is free
+        dropped = self.queues.drop(e.preemptor)
+        why = (
+            "a PodDisruptionBudget allows no disruption of it now" if outcome == "blocked"
+            else f"the eviction failed: {err}"
+        )
+        message = f"could not preempt {e.namespace}/{e.name} ({why}); the preemption is given up and retried later"
+        log.info("preemption for %s: %s", e.preemptor, message)
+        if dropped is not None:
+            for ref in self._preemptor_refs.get(e.preemptor, []):
+                self.status.event(ref, type="Warning", reason="PreemptionBlocked", message=message)
+        self.status.event(victim, type="Normal", reason="PreemptionBlocked", message=message)
+        # try again: the unit may find other victims, or the same once the budget allows
+        for uid in (dropped.pods if dropped is not None else ()):
+            self._attempts.pop(PodUID(uid), None)
+        self._group_attempts.pop(e.preemptor, None)
+        self._wake.set()
+
+    def _preempt(self, plan: Plan) -> None:
+        """Carry out the cycle's preemptions: Events, then each victim marked and evicted."""
+        for rec in plan.preemptions:
+            unit = rec.preemptor
+            group = self.groups.groups.get(GroupKey(unit.key))
+            refs = [group_ref(group)] if group is not None else [
+                pod_ref(p.namespace, p.name, p.uid) for p in unit.pods
+            ]
+            self._preemptor_refs[unit.key] = refs
+            for ref in refs:
+                self.status.event(ref, type="Normal", reason="Preempting", message=rec.summary)
+            for victim, message in zip(rec.victims, rec.messages, strict=True):
+                for rp in victim.pods:
+                    pod = self.state.pods.get(PodUID(rp.uid))
+                    if pod is None or pod.deleting:
+                        continue
+                    self.evictor.submit(Eviction(
+                        uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
+                        unit=victim.unit.key, reason=message, preemptor=unit.key,
+                    ))
+        live = {n.unit for n in plan.nominations}
+        for key in [k for k in self._preemptor_refs if k not in live]:
+            del self._preemptor_refs[key]
+        self._told_groups = {t for t in self._told_groups if t[0] in live}
 
     def _check_gangs(self, now: float) -> None:
         """Gangs below quorum: start their timers, evict those that ran out of time."""
@@ -315,12 +457,13 @@ class Scheduler:
     def schedulable_units(self, now: float) -> list[Unit]:
         retry = self.config.cycle.retry_unschedulable_seconds
         gen = self.state.capacity_generation
+        nominated = self.queues.nominations
         units = []
         for uid, pod in self.state.pending.items():
             if pod.gated or self.groups.in_group(uid):
                 continue
             seen = self._attempts.get(uid)
-            if seen is not None and seen[0] == gen and now - seen[1] < retry:
+            if seen is not None and seen[0] == gen and now - seen[1] < retry and pod.key not in nominated:
                 continue
             units.append(single_unit(pod))
         free: dict[str, int] | None = None
@@ -333,7 +476,8 @@ class Scheduler:
 
         for unit in self.groups.units(self.state, now, cluster_free):
             seen = self._group_attempts.get(unit.key)
-            if not unit.blocked and seen is not None and seen[0] == gen and now - seen[1] < retry:
+            if (not unit.blocked and seen is not None and seen[0] == gen and now - seen[1] < retry
+                    and unit.key not in nominated):
                 continue
             units.append(unit)
         return units
@@ -346,10 +490,20 @@ class Scheduler:
         if not units:
             return 0
         gen = self.state.capacity_generation
+        wall = time.time()
+        for n in self.queues.expired(self.state, wall):
+            message = (
+                f"gave up the capacity held for it on node(s) {', '.join(sorted(set(n.nodes)))} "
+                f"after {self.config.preemption.nomination_timeout_seconds:g} s; it is tried again as usual"
+            )
+            for ref in self._preemptor_refs.get(n.unit, []):
+                self.status.event(ref, type="Warning", reason="NominationExpired", message=message)
         t0 = time.perf_counter()
         snap = self.state.snapshot()
         t1 = time.perf_counter()
-        plan = self.cycle.run(snap, units)
+        queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=wall)
+        plan = self.cycle.run(snap, units, queues=queues)
+        self.queues.settle(plan, queues.queue_of)
         self.cycles += 1
         gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
         for b in plan.bindings:
@@ -368,14 +522,24 @@ class Scheduler:
                 continue  # members and PodGroups usually arrive together: do not report yet
             elif message == plan.failed_units.get(unit.key):
                 message = self._gang_pod_message(unit.key, message, now)
-            self.status.pod_unschedulable(pod_ref(u.pod.namespace, u.pod.name, u.pod.uid), message)
-        self._gang_results(plan.failed_units, plan.placed_units, gangs, gen, now)
+            self.status.pod_unschedulable(pod_ref(u.pod.namespace, u.pod.name, u.pod.uid), message, reason=u.reason)
+        self._preempt(plan)
+        self._gang_results(plan, gangs, gen, now)
+        for key in plan.deferred:
+            # its victim search did not fit in this cycle's budget: next cycle, not later
+            unit = gangs.get(key)
+            if unit is None:
+                for pod in next((u.pods for u in units if u.key == key), ()):
+                    self._attempts.pop(pod.uid, None)
+            self._wake.set()
+        self._sync_queues(wall, queues)
         for key in [k for k in self._blocked_since if k not in gangs or not gangs[k].blocked]:
             del self._blocked_since[key]
         t2 = time.perf_counter()
         m = self.metrics
         m.cycle_duration.labels("snapshot").observe(t1 - t0)
         m.cycle_duration.labels("kernel").observe(plan.timings.get("kernel", 0.0))
+        m.cycle_duration.labels("preempt").observe(plan.timings.get("preempt", 0.0))
         m.cycle_duration.labels("total").observe(t2 - t0)
         m.attempts.labels("scheduled").inc(len(plan.bindings))
         m.attempts.labels("unschedulable").inc(len(plan.unschedulable))
@@ -396,14 +560,8 @@ class Scheduler:
             return message
         return told[0]
 
-    def _gang_results(
-        self,
-        failed: dict[str, str],
-        placed: dict[str, int],
-        gangs: dict[str, Unit],
-        gen: int,
-        now: float,
-    ) -> None:
+    def _gang_results(self, plan: Plan, gangs: dict[str, Unit], gen: int, now: float) -> None:
+        failed, placed = plan.failed_units, plan.placed_units
         for key, unit in gangs.items():
             gkey = GroupKey(key)
             self._dirty_groups.add(gkey)
@@ -424,10 +582,17 @@ class Scheduler:
                     more = f" and {extra} elastic member(s)" if unit.min_count and extra > 0 else ""
                     self.status.event(group_ref(group), type="Normal", reason="Scheduled",
                                       message=f"placed {what}{more}")
+            elif key in plan.nominated:
+                # it preempted others (or waits for them to go): retried in the next cycles
+                self._unit_message[key] = ("WaitingForPreemption", plan.nominated[key])
+                self._group_attempts.pop(key, None)
             elif key in failed:
-                reason = self.groups.blocked_reasons.get(gkey, "Unschedulable") if unit.blocked else "Unschedulable"
+                if unit.blocked:
+                    reason = self.groups.blocked_reasons.get(gkey, "Unschedulable")
+                else:
+                    reason = plan.reasons.get(key, "Unschedulable")
                 self._unit_message[key] = (reason, failed[key])
-                if not unit.blocked:
+                if not unit.blocked and key not in plan.deferred:
                     self._group_attempts[key] = (gen, now)
 
     def _sync_groups(self, now: float) -> None:
@@ -465,6 +630,28 @@ class Scheduler:
             )
             self.group_status.update(group, status)
 
+    def _sync_queues(self, wall: float, queues: QueueInput | None = None) -> None:
+        """Write the Queue statuses, at most every ``queues.statusIntervalSeconds``.
+
+        ``queues``: the input of the cycle that just ran (its tree is charged with what the
+        cycle decided); without one, running work is charged to a fresh tree."""
+        if not self.queues.queue_objects:
+            return
+        now = time.monotonic()
+        if now - self._last_queue_status < self.config.queues.status_interval_seconds:
+            return
+        self._last_queue_status = now
+        if queues is None:
+            snap = self.state.snapshot()
+            queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=[], now=wall)
+            self.cycle.run(snap, [], queues=queues)  # charges running work and nominations
+        pending: set[str] = set()
+        for uid, pod in self.state.pending.items():
+            group = self.groups.group_of(uid)
+            pending.add(group.key if group is not None else pod.key)
+        for name, status in self.queues.statuses(queues.tree, pending.__contains__).items():
+            self.queue_status.update(name, status)
+
     def _check_assumed(self, now: float) -> None:
         """A binding the apiserver accepted that the watch never confirmed: look again."""
         limit = self.config.binder.assumed_timeout_seconds
@@ -490,6 +677,7 @@ class Scheduler:
             self._check_gangs(now)
             self.run_cycle()
             self._sync_groups(time.monotonic())
+            self._sync_queues(time.time())
 
     # -- life cycle --------------------------------------------------------------------------------
 
@@ -527,6 +715,7 @@ class Scheduler:
         tasks = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
         tasks.append(loop.create_task(self.status.run(), name="status"))
         tasks.append(loop.create_task(self.group_status.run(), name="group-status"))
+        tasks.append(loop.create_task(self.queue_status.run(), name="queue-status"))
         warm = loop.run_in_executor(None, kernels.warm_up)
         try:
             await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
@@ -567,6 +756,7 @@ class Scheduler:
             if not await self.evictor.drain(5.0):
                 log.warning("shutting down with %d evictions in flight", self.evictor.in_flight)
             await self.group_status.drain(5.0)
+            await self.queue_status.drain(5.0)
             await self.status.drain(5.0)
             if self.elector is not None:
                 with contextlib.suppress(Exception):

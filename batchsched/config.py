@@ -76,6 +76,37 @@ class GangSection:
 
 
 @dataclass(slots=True, frozen=True)
+class HistorySection:
+    #: how fast past usage is forgotten; 0 turns the usage history off
+    half_life_seconds: float = 0.0
+    #: how much past usage weighs in a queue's share, next to its current usage
+    weight: float = 1.0
+
+
+@dataclass(slots=True, frozen=True)
+class QueuesSection:
+    #: the queue of work that names none (no label, PodGroup queue or namespace default);
+    #: empty: such work is unqueued (no quota limits it)
+    default_queue: str = ""
+    #: a unit waiting longer than this goes first in its queue, whatever its priority; 0: never
+    max_wait_seconds: float = 0.0
+    history: HistorySection = field(default_factory=HistorySection)
+    #: the shortest time between two writes of the Queue statuses
+    status_interval_seconds: float = 2.0
+
+
+@dataclass(slots=True, frozen=True)
+class PreemptionSection:
+    #: evict running work for a unit that does not fit (priority within a queue, reclaim of
+    #: borrowed quota, lower-priority unqueued work)
+    enabled: bool = True
+    #: how long capacity freed by a preemption is held for its preemptor
+    nomination_timeout_seconds: float = 300.0
+    #: victim searches per cycle at most (the rest are retried in the next cycle)
+    max_searches_per_cycle: int = 64
+
+
+@dataclass(slots=True, frozen=True)
 class Config:
     scheduler_names: tuple[str, ...] = ("batchsched",)
     scoring: ScoringSection = field(default_factory=ScoringSection)
@@ -84,6 +115,8 @@ class Config:
     leader_election: LeaderElectionSection = field(default_factory=LeaderElectionSection)
     cycle: CycleSection = field(default_factory=CycleSection)
     gang: GangSection = field(default_factory=GangSection)
+    queues: QueuesSection = field(default_factory=QueuesSection)
+    preemption: PreemptionSection = field(default_factory=PreemptionSection)
     metrics_address: str = "127.0.0.1:10351"
     identity: str = ""
 
@@ -190,6 +223,16 @@ def _validate(cfg: Config) -> None:
     if cfg.gang.report_delay_seconds < 0:
         raise ConfigError("config: gang.reportDelaySeconds: must not be negative")
     positive(cfg.gang.eviction_concurrency, "gang.evictionConcurrency")
+    q = cfg.queues
+    if q.max_wait_seconds < 0:
+        raise ConfigError("config: queues.maxWaitSeconds: must not be negative (0 turns aging off)")
+    if q.history.half_life_seconds < 0:
+        raise ConfigError("config: queues.history.halfLifeSeconds: must not be negative (0 turns it off)")
+    if q.history.weight < 0:
+        raise ConfigError("config: queues.history.weight: must not be negative")
+    positive(q.status_interval_seconds, "queues.statusIntervalSeconds")
+    positive(cfg.preemption.nomination_timeout_seconds, "preemption.nominationTimeoutSeconds")
+    positive(cfg.preemption.max_searches_per_cycle, "preemption.maxSearchesPerCycle")
     host, _, port = cfg.metrics_address.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")

@@ -1,28 +1,49 @@
 """One scheduling cycle: a snapshot and the units waiting for nodes in, a :class:`Plan` out.
 
-Pure and deterministic: the same snapshot and units give the same plan; no I/O, no clock.
+Pure and deterministic: the same snapshot, units and :class:`QueueInput` give the same plan;
+no I/O, no clock (the time is passed in).
 
 A *unit* is what is placed all at once: a gang of pods, or a single pod (a gang of one).
 The algorithm, in order:
 
-1. Order units by priority (high first), then creation time, then UID.
-2. Walk them in that order against a private copy of the snapshot's usage. Runs of
-   consecutive single pods that share their constraints are handed to the placement kernel
-   together (best effort, one kernel call); a gang is handed over alone with
-   ``min_count`` = its quorum, so the kernel places all of its first ``min_count`` members
-   or none of them, and its extra (elastic) members only as room allows.
-3. Each placed member becomes a :class:`Binding`; each pod that could not be placed
+1. Queues: build nothing, the caller passes a :class:`QueueInput` whose tree is not charged
+   yet. Charge every running (bound or assumed) unit to its queue; treat the victims of
+   earlier preemptions as gone and charge each preemptor's *nomination* (the nodes held for
+   it) to those nodes and its queue, so nobody else takes the freed capacity. Record each
+   leaf's usage in the usage history (when there is one).
+2. Nominated units go first: once their victims are gone they are placed (normally on the
+   nodes held for them); while victims remain, they keep their nomination. A unit whose
+   queue is unknown or unusable is reported (never placed under a silent default).
+3. The rest is walked in fair order (:class:`~batchsched.core.queues.FairOrder`): among
+   queues, the lowest weighted dominant share first, heads within their nominal before
+   borrowers; within a queue (and for unqueued work) priority, then age, then UID. Runs of
+   unqueued single pods that share their constraints go to the placement kernel together
+   (best effort, one kernel call); any other unit is handed over alone with ``min_count``
+   = its quorum, so the kernel places all of its first ``min_count`` members or none, and
+   its extra (elastic) members only as room allows. A queued unit is first admitted by
+   quota (its quorum, then as many extras as quota allows).
+4. A unit whose quorum does not fit (by quota or on the nodes) may preempt: the running
+   units it may evict (lower priority in its queue, borrowers of its cohort, lower-priority
+   unqueued work; never protected units, never units admitted in this cycle) go to
+   :func:`~batchsched.core.preemption.select_victims`. A preemption removes the victims
+   from this cycle's view, charges the quorum to the nodes the search named and records a
+   :class:`Nomination`; the unit is bound in a later cycle, once its victims are gone.
+5. Each placed member becomes a :class:`Binding`; each pod that could not be placed
    becomes an :class:`Unschedulable` with a message a person can act on.
 
 Since usage grows as the walk goes, a lower unit never takes what a higher one got, and a
 gang never ends up partly placed while another takes the rest: no interleaving deadlock.
+
+Without a :class:`QueueInput` (or with one holding no queues) every unit is unqueued and
+the order is priority, age, UID, as kube-scheduler's.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +52,24 @@ import numpy.typing as npt
 from batchsched.core import kernels, reference
 from batchsched.core.model import Pod
 from batchsched.core.predicates import NodeFilter
+from batchsched.core.preemption import (
+    NoPreemption,
+    Preemptor,
+    RunningUnit,
+    Victim,
+    VictimKind,
+    select_victims,
+)
 from batchsched.core.quantity import format_units
+from batchsched.core.queues import (
+    FairOrder,
+    QueueName,
+    QueueProblem,
+    QueueTree,
+    ReclaimPolicy,
+    UsageHistory,
+    WithinQueuePolicy,
+)
 from batchsched.core.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.state import Snapshot
 
@@ -55,6 +93,11 @@ class Unit:
     def single(self) -> bool:
         return len(self.pods) == 1 and self.min_count == 1
 
+    @property
+    def display(self) -> str:
+        """``namespace/name`` of the pod or group (the key without its API prefix)."""
+        return self.key.rsplit(":", 1)[-1]
+
     def order(self) -> tuple[int, float, str]:
         return (-self.priority, self.created, self.uid)
 
@@ -77,7 +120,12 @@ class Binding:
 
 @dataclass(slots=True, frozen=True)
 class Eviction:
-    """A bound pod to remove through the Eviction API, with the reason told to its owner."""
+    """A bound pod to remove through the Eviction API, with the reason told to its owner.
+
+    ``preemptor`` is the unit key of the preemptor for an eviction by preemption (empty for
+    a gang that timed out); such an eviction first sets the pod's ``DisruptionTarget``
+    condition with ``reason`` as its message.
+    """
 
     uid: str
     namespace: str
@@ -85,6 +133,7 @@ class Eviction:
     node: str
     unit: str
     reason: str
+    preemptor: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,6 +141,71 @@ class Unschedulable:
     pod: Pod
     message: str
     unit: str
+    #: the ``PodScheduled`` condition's reason
+    reason: str = "Unschedulable"
+
+
+@dataclass(slots=True, frozen=True)
+class Nomination:
+    """Capacity held for a unit that preempted others, until it is bound or given up.
+
+    The quorum's members (``pods``, by UID) are charged on ``nodes`` (one per member) and
+    to ``queue`` in every cycle, and the pods evicted for it (``victims``, by UID) are
+    treated as gone, so a smaller unit cannot take the freed capacity while the victims
+    terminate. The caller drops a nomination after a timeout, when the unit is gone, or
+    when an eviction was refused.
+    """
+
+    unit: str
+    queue: QueueName | None
+    pods: tuple[str, ...]
+    nodes: tuple[str, ...]
+    requests: tuple[Mapping[str, int], ...]
+    victims: frozenset[str]
+    since: float
+    priority: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class PreemptionRecord:
+    """A preemption decided by the cycle: what to evict, for whom, and what to tell people."""
+
+    preemptor: Unit
+    queue: QueueName | None
+    nodes: tuple[str, ...]
+    victims: tuple[Victim, ...]
+    #: per victim, the message of its Events and its ``DisruptionTarget`` condition
+    messages: tuple[str, ...]
+    #: the message of the preemptor's Event
+    summary: str
+
+
+Running = Sequence[RunningUnit] | Callable[[], Sequence[RunningUnit]]
+
+
+@dataclass(slots=True)
+class QueueInput:
+    """What the cycle needs to know about queues, running work and earlier preemptions.
+
+    ``tree``: the valid queues over the snapshot's columns, *not* charged yet (the cycle
+    charges ``running`` and the nominations to it, and keeps charging what it admits: after
+    the cycle it holds the usage the queues' status reports). ``queue_of``: per pending unit
+    key, its queue, a :class:`QueueProblem`, or None (unqueued; also for missing keys).
+    ``running``: every running or assumed unit (each with its queue: a valid leaf or None),
+    or a function giving them, called at most once (only when needed). ``now``: seconds,
+    on the clock of the pods' creation and start times.
+    """
+
+    tree: QueueTree
+    queue_of: Mapping[str, QueueName | QueueProblem | None] = field(default_factory=dict)
+    running: Running = ()
+    nominations: Sequence[Nomination] = ()
+    now: float = 0.0
+    history: UsageHistory | None = None
+    max_wait: float | None = None
+    preemption: bool = True
+    #: victim searches per cycle at most; units beyond are retried in the next cycle
+    max_searches: int = 64
 
 
 @dataclass(slots=True)
@@ -102,6 +216,20 @@ class Plan:
     failed_units: dict[str, str] = field(default_factory=dict)
     #: unit key -> number of members placed, for units that were placed
     placed_units: dict[str, int] = field(default_factory=dict)
+    #: unit key -> condition reason for failed units whose reason is not "Unschedulable"
+    reasons: dict[str, str] = field(default_factory=dict)
+    #: preemptions decided in this cycle
+    preemptions: list[PreemptionRecord] = field(default_factory=list)
+    #: every nomination alive after this cycle (carried over and new)
+    nominations: list[Nomination] = field(default_factory=list)
+    #: unit key -> why it waits, for units holding a nomination
+    nominated: dict[str, str] = field(default_factory=dict)
+    #: units whose victim search was skipped (search budget spent): retry them soon
+    deferred: set[str] = field(default_factory=set)
+    #: unit keys in the order they were tried
+    tried: list[str] = field(default_factory=list)
+    #: victim searches made
+    searches: int = 0
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -120,6 +248,7 @@ class Cycle:
         )
         self._filter: NodeFilter | None = None
         self._filter_key: tuple[int, int] = (-1, -1)
+        self._rows: dict[str, int] = {}
         self._arrays: ScoringArrays | None = None
         self._arrays_columns: tuple[str, ...] = ()
 
@@ -128,6 +257,7 @@ class Cycle:
         if self._filter is None or key != self._filter_key:
             self._filter = NodeFilter(snap.nodes)
             self._filter_key = key
+            self._rows = {n.name: i for i, n in enumerate(snap.nodes)}
         return self._filter
 
     def _scoring_arrays(self, columns: tuple[str, ...]) -> ScoringArrays:
@@ -136,161 +266,8 @@ class Cycle:
             self._arrays_columns = columns
         return self._arrays
 
-    def run(self, snap: Snapshot, units: Sequence[Unit]) -> Plan:
-        t0 = time.perf_counter()
-        plan = Plan()
-        filt = self._node_filter(snap)
-        arrays = self._scoring_arrays(snap.columns)
-        used = snap.used.copy()
-        col = {c: i for i, c in enumerate(snap.columns)}
-        ordered = sorted(units, key=Unit.order)
-        t1 = time.perf_counter()
-        plan.timings["order"] = t1 - t0
-
-        explain_cache: dict[tuple[Any, ...], str] = {}
-        kernel_time = 0.0
-
-        def request_matrix(pods: Sequence[Pod]) -> IntArray | None:
-            reqs = np.zeros((len(pods), len(snap.columns)), dtype=np.int64)
-            for m, pod in enumerate(pods):
-                for name, value in pod.requests.items():
-                    c = col.get(name)
-                    if c is None:
-                        return None
-                    reqs[m, c] = value
-            return reqs
-
-        def explain(
-            pod: Pod, req: IntArray | None, mask: npt.NDArray[np.bool_], usage: IntArray | None = None
-        ) -> str:
-            """Why ``pod`` fits no node, against ``usage`` (the walk's usage by default)."""
-            key = (pod.constraint_key(), pod.pod_affinity, None if req is None else req.tobytes())
-            cached = explain_cache.get(key) if usage is None else None
-            if cached is not None:
-                return cached
-            if req is None:
-                missing = sorted(set(pod.requests) - set(col))
-                message = f"0/{len(snap.nodes)} nodes fit: no node has any {', '.join(missing)}."
-            else:
-                counts = self._insufficient(snap.alloc, used if usage is None else usage, req, mask)
-                insufficient = {snap.columns[r]: int(n) for r, n in enumerate(counts) if n > 0}
-                message = filt.explain(pod, insufficient)
-            if usage is None:
-                explain_cache[key] = message
-            return message
-
-        i = 0
-        while i < len(ordered):
-            unit = ordered[i]
-            if unit.blocked:
-                plan.failed_units[unit.key] = unit.blocked
-                for pod in unit.pods:
-                    plan.unschedulable.append(Unschedulable(pod, unit.blocked, unit.key))
-                i += 1
-                continue
-            if unit.single:
-                # a run of single pods with the same constraints goes to the kernel at once
-                j = i + 1
-                ckey = unit.pods[0].constraint_key()
-                while (
-                    j < len(ordered)
-                    and ordered[j].single
-                    and not ordered[j].blocked
-                    and ordered[j].pods[0].constraint_key() == ckey
-                ):
-                    j += 1
-                batch = ordered[i:j]
-                pods = [u.pods[0] for u in batch]
-                min_count = 0
-                gang = False
-                i = j
-            else:
-                batch = [unit]
-                pods = list(unit.pods)
-                min_count = unit.min_count
-                gang = True
-                i += 1
-            if not pods:
-                continue
-
-            # a gang's quorum, or a lone pod, with an unreadable request cannot be placed
-            core = pods[:min_count] if gang else pods if len(pods) == 1 else []
-            invalid = next((p for p in core if p.invalid), None)
-            if invalid is not None:
-                message = f"pod {invalid.key} cannot be scheduled: {invalid.invalid}"
-                for u in batch:
-                    plan.failed_units[u.key] = message
-                    for pod in u.pods:
-                        plan.unschedulable.append(Unschedulable(pod, message, u.key))
-                continue
-
-            reqs = request_matrix(pods)
-            sig_keys: dict[tuple[Any, ...], int] = {}
-            sig = np.empty(len(pods), dtype=np.int64)
-            rep: list[Pod] = []
-            for m, pod in enumerate(pods):
-                k = (pod.constraint_key(), pod.pod_affinity, bool(pod.invalid))
-                s = sig_keys.get(k)
-                if s is None:
-                    s = sig_keys[k] = len(rep)
-                    rep.append(pod)
-                sig[m] = s
-            masks = np.zeros((len(rep), len(snap.nodes)), dtype=np.bool_)
-            static = np.zeros((len(rep), len(snap.nodes)), dtype=np.int64)
-            for s, pod in enumerate(rep):
-                if not pod.invalid:
-                    masks[s] = filt.mask(pod)
-                    static[s] = filt.static_score(pod)
-            out = np.full(len(pods), -1, dtype=np.int64)
-            if reqs is not None:
-                k0 = time.perf_counter()
-                placed = self._place(
-                    snap.alloc, used, reqs, sig, masks, static, arrays.weights, arrays.scalar,
-                    arrays.shape_u, arrays.shape_s, arrays.strategy, min_count, out,
-                )
-                kernel_time += time.perf_counter() - k0
-            else:
-                placed = 0
-
-            if gang:
-                if placed == 0 and min_count > 0:
-                    message = self._gang_message(unit, pods, reqs, sig, masks, explain, snap, used)
-                    plan.failed_units[unit.key] = message
-                    for pod in pods:
-                        plan.unschedulable.append(Unschedulable(pod, message, unit.key))
-                    continue
-                # the quorum is placed (or was placed before): extras go where they fit
-                if placed:
-                    plan.placed_units[unit.key] = placed
-                for m, pod in enumerate(pods):
-                    if out[m] >= 0:
-                        plan.bindings.append(
-                            Binding(pod.uid, pod.namespace, pod.name, snap.nodes[out[m]].name, unit.key)
-                        )
-                        continue
-                    if pod.invalid:
-                        message = f"pod {pod.key} cannot be scheduled: {pod.invalid}"
-                    else:
-                        message = explain(pod, None if reqs is None else reqs[m], masks[sig[m]])
-                    message = f"elastic member beyond the gang's quorum: {message}"
-                    if not placed:
-                        plan.failed_units.setdefault(unit.key, message)
-                    plan.unschedulable.append(Unschedulable(pod, message, unit.key))
-                continue
-            for m, (u, pod) in enumerate(zip(batch, pods, strict=True)):
-                if out[m] >= 0:
-                    plan.placed_units[u.key] = 1
-                    plan.bindings.append(
-                        Binding(pod.uid, pod.namespace, pod.name, snap.nodes[out[m]].name, u.key)
-                    )
-                else:
-                    message = explain(pod, None if reqs is None else reqs[m], masks[sig[m]])
-                    plan.failed_units[u.key] = message
-                    plan.unschedulable.append(Unschedulable(pod, message, u.key))
-
-        plan.timings["kernel"] = kernel_time
-        plan.timings["total"] = time.perf_counter() - t0
-        return plan
+    def run(self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None) -> Plan:
+        return _Walk(self, snap, units, queues).run()
 
     def _gang_message(
         self,
@@ -333,3 +310,672 @@ class Cycle:
             f"gang needs {unit.min_count} pods ({needs}) placed together; "
             f"only {placeable} fit now. Member {pods[first_missing].name}: {detail}"
         )
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A nomination charged in this cycle."""
+
+    nomination: Nomination
+    rows: list[int]
+    reqs: IntArray
+
+
+@dataclass(slots=True, eq=False)
+class _Layout:
+    """A unit's members as the kernel takes them."""
+
+    reqs: IntArray | None
+    sig: IntArray
+    masks: npt.NDArray[np.bool_]
+    static: IntArray
+
+
+class _Candidates:
+    """Running units that may be preemption victims, indexed so that a preemptor only
+    hands :func:`select_victims` the units its rules could allow (it filters them again)."""
+
+    def __init__(self, running: Sequence[RunningUnit], tree: QueueTree) -> None:
+        self.tree = tree
+        self.by_queue: dict[QueueName | None, list[RunningUnit]] = {}
+        self._prio: dict[QueueName | None, list[int]] = {}
+        self.leaves: dict[QueueName, list[QueueName]] = {}
+        #: leaf -> (its usage generation, the columns in which it uses more than its nominal)
+        self._over: dict[QueueName, tuple[int, npt.NDArray[np.bool_]]] = {}
+        for w in running:
+            if not w.protected and w.pods:
+                self.by_queue.setdefault(w.queue, []).append(w)
+        for q in list(self.by_queue):
+            self._index(q)
+            if q is not None:
+                self.leaves.setdefault(tree.root(q), []).append(q)
+        for leaves in self.leaves.values():
+            leaves.sort()
+
+    def _index(self, q: QueueName | None) -> None:
+        units = self.by_queue[q]
+        units.sort(key=lambda w: (w.priority, w.created, w.uid))
+        self._prio[q] = [w.priority for w in units]
+
+    def _below(self, q: QueueName | None, priority: int, *, equal: bool = False) -> list[RunningUnit]:
+        """The units of ``q`` with a lower priority (or equal, with ``equal``): a new list."""
+        units = self.by_queue.get(q)
+        if not units:
+            return []
+        prio = self._prio[q]
+        end = bisect.bisect_right(prio, priority) if equal else bisect.bisect_left(prio, priority)
+        return units[:end]
+
+    def _borrowing(self, v: QueueName) -> npt.NDArray[np.bool_]:
+        gen = self.tree.queue_generation(v)
+        seen = self._over.get(v)
+        if seen is None or seen[0] != gen:
+            seen = (gen, self.tree.usage_vector(v) > self.tree.nominal_vector(v))
+            self._over[v] = seen
+        return seen[1]
+
+    def for_unit(self, queue: QueueName | None, priority: int, x: IntArray) -> list[RunningUnit]:
+        out = self._below(None, priority)
+        if queue is None:
+            return out
+        q = self.tree.queue(queue)
+        if q.within_queue is WithinQueuePolicy.LOWER_PRIORITY:
+            out.extend(self._below(queue, priority))
+        elif q.within_queue is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY:
+            out.extend(self._below(queue, priority, equal=True))
+        if q.reclaim is ReclaimPolicy.NEVER:
+            return out
+        asks: npt.NDArray[np.bool_] | None = None
+        for v in self.leaves.get(self.tree.root(queue), ()):
+            if v == queue:
+                continue
+            over = self._borrowing(v)
+            if not over.any():
+                continue
+            if asks is None:
+                asks = self.tree.managed(queue) & (x > 0)
+            if not bool((asks & over).any()):
+                continue  # only queues borrowing something the preemptor asks for
+            if q.reclaim is ReclaimPolicy.LOWER_PRIORITY:
+                out.extend(self._below(v, priority))
+            else:
+                out.extend(self.by_queue[v])
+        return out
+
+    def remove(self, victim: Victim) -> None:
+        """A victim was chosen: it is gone, or only its evicted pods are."""
+        q = victim.unit.queue
+        units = self.by_queue.get(q, [])
+        rest = [w for w in units if w is not victim.unit]
+        if not victim.whole:
+            gone = {id(p) for p in victim.pods}
+            rest.append(replace(victim.unit, pods=tuple(p for p in victim.unit.pods if id(p) not in gone)))
+        self.by_queue[q] = rest
+        self._index(q)
+
+
+class _Walk:
+    """The state of one cycle: the working copy of usage and the charged queue tree."""
+
+    def __init__(self, cycle: Cycle, snap: Snapshot, units: Sequence[Unit], queues: QueueInput | None) -> None:
+        self.t0 = time.perf_counter()
+        self.cycle = cycle
+        self.snap = snap
+        self.units = units
+        self.qi = queues if queues is not None else QueueInput(
+            tree=QueueTree((), snap.columns), preemption=False
+        )
+        self.tree = self.qi.tree
+        self.plan = Plan()
+        self.filt = cycle._node_filter(snap)
+        self.rows = cycle._rows
+        self.arrays = cycle._scoring_arrays(snap.columns)
+        self.used = snap.used.copy()
+        self.col = {c: i for i, c in enumerate(snap.columns)}
+        self.explain_cache: dict[tuple[Any, ...], str] = {}
+        self.kernel_time = 0.0
+        self.preempt_time = 0.0
+        self.layouts: dict[str, _Layout] = {}
+        self.requests: dict[str, IntArray | None] = {}
+        self.running: list[RunningUnit] | None = None
+        self.candidates: _Candidates | None = None
+        self.victims: set[str] = set()
+        for n in self.qi.nominations:
+            self.victims.update(n.victims)
+        #: victims still charged by the mirror (terminating): not in ``used``, but their
+        #: nodes are not free to bind on until they are gone
+        self.live_victims: set[str] = set()
+        self.term = np.zeros_like(self.used)
+        self.term_pods: dict[int, set[str]] = {}
+        self.held: dict[str, _Held] = {}
+        self.searches = 0
+        #: failed victim searches of this cycle, by what decides them
+        self.memo: dict[tuple[Any, ...], str] = {}
+
+    # -- setup: running work, nominations, history -----------------------------------------
+
+    def _load_running(self) -> list[RunningUnit]:
+        if self.running is not None:
+            return self.running
+        src = self.qi.running
+        given = src() if callable(src) else src
+        zero = np.zeros(len(self.snap.columns), dtype=np.int64)
+        out: list[RunningUnit] = []
+        for w in given:
+            if self.victims and any(p.uid in self.victims for p in w.pods):
+                # evicted for a nomination: gone for this cycle's decisions
+                for p in w.pods:
+                    if p.uid in self.victims:
+                        self._terminating(p.uid, p.node, p.req)
+                w = replace(w, pods=tuple(p for p in w.pods if p.uid not in self.victims))
+                if not w.pods:
+                    continue
+            q = w.queue
+            if q is not None:
+                if self.tree.leaf_problem(q) is not None:
+                    w = replace(w, queue=None)
+                else:
+                    self.tree.admit(q, sum((p.req for p in w.pods), start=zero))
+            out.append(w)
+        self.running = out
+        return out
+
+    def _terminating(self, uid: str, row: int, req: IntArray) -> None:
+        self.used[row] -= req
+        self.term[row] += req
+        self.term_pods.setdefault(row, set()).add(uid)
+        self.live_victims.add(uid)
+
+    def _blocked_by(self, rows: Sequence[int]) -> set[str]:
+        """Victims still terminating on those of ``rows`` that would be over-committed if
+        the pods just charged there were bound now (empty: they may be bound)."""
+        out: set[str] = set()
+        for row in set(rows):
+            if row in self.term_pods and bool(
+                (self.used[row] + self.term[row] > self.snap.alloc[row]).any()
+            ):
+                out |= self.term_pods[row]
+        return out
+
+    def _hold(self) -> None:
+        """Charge each nomination to its nodes and queue; drop those that cannot hold."""
+        width = len(self.snap.columns)
+        for n in sorted(self.qi.nominations, key=lambda n: (n.since, n.unit)):
+            rows = [self.rows.get(name, -1) for name in n.nodes]
+            if -1 in rows or (n.queue is not None and self.tree.leaf_problem(n.queue) is not None):
+                continue
+            reqs = np.zeros((len(n.requests), width), dtype=np.int64)
+            known = True
+            for m, req in enumerate(n.requests):
+                for name, value in req.items():
+                    c = self.col.get(name)
+                    if c is None:
+                        known = False
+                        break
+                    reqs[m, c] = value
+            if not known:
+                continue
+            self._charge(n.queue, rows, reqs, 1)
+            self.held[n.unit] = _Held(n, rows, reqs)
+
+    def _charge(self, queue: QueueName | None, rows: Sequence[int], reqs: IntArray, sign: int) -> None:
+        for m, row in enumerate(rows):
+            self.used[row] += sign * reqs[m]
+        if queue is not None:
+            (self.tree.admit if sign > 0 else self.tree.release)(queue, reqs.sum(axis=0))
+
+    # -- layouts and messages -----------------------------------------------------------------
+
+    def request_matrix(self, pods: Sequence[Pod], key: str | None = None) -> IntArray | None:
+        if key is not None and key in self.requests:
+            return self.requests[key]
+        reqs: IntArray | None = np.zeros((len(pods), len(self.snap.columns)), dtype=np.int64)
+        col = self.col
+        prev: Mapping[str, int] | None = None
+        assert reqs is not None
+        for m, pod in enumerate(pods):
+            if prev is not None and pod.requests == prev:
+                reqs[m] = reqs[m - 1]  # gang members mostly ask alike
+                continue
+            prev = pod.requests
+            for name, value in pod.requests.items():
+                c = col.get(name)
+                if c is None:
+                    reqs = None
+                    break
+                reqs[m, c] = value
+            if reqs is None:
+                break
+        if key is not None:
+            self.requests[key] = reqs
+        return reqs
+
+    def layout(self, pods: Sequence[Pod], key: str | None = None) -> _Layout:
+        if key is not None:
+            cached = self.layouts.get(key)
+            if cached is not None:
+                return cached
+        reqs = self.request_matrix(pods, key)
+        filt = self.filt
+        sig_keys: dict[tuple[Any, ...], int] = {}
+        sig = np.empty(len(pods), dtype=np.int64)
+        rep: list[Pod] = []
+        for m, pod in enumerate(pods):
+            k = (pod.constraint_key(), pod.pod_affinity, bool(pod.invalid))
+            s = sig_keys.get(k)
+            if s is None:
+                s = sig_keys[k] = len(rep)
+                rep.append(pod)
+            sig[m] = s
+        n_nodes = len(self.snap.nodes)
+        masks = np.zeros((len(rep), n_nodes), dtype=np.bool_)
+        static = np.zeros((len(rep), n_nodes), dtype=np.int64)
+        for s, pod in enumerate(rep):
+            if not pod.invalid:
+                masks[s] = filt.mask(pod)
+                static[s] = filt.static_score(pod)
+        out = _Layout(reqs, sig, masks, static)
+        if key is not None:
+            self.layouts[key] = out
+        return out
+
+    def quorum_vector(self, unit: Unit) -> IntArray:
+        reqs = self.request_matrix(unit.pods, unit.key)
+        if reqs is None:
+            return np.zeros(len(self.snap.columns), dtype=np.int64)
+        n = 1 if unit.single else unit.min_count
+        out: IntArray = reqs[:n].sum(axis=0)
+        return out
+
+    def explain(
+        self, pod: Pod, req: IntArray | None, mask: npt.NDArray[np.bool_], usage: IntArray | None = None
+    ) -> str:
+        """Why ``pod`` fits no node, against ``usage`` (the walk's usage by default)."""
+        key = (pod.constraint_key(), pod.pod_affinity, None if req is None else req.tobytes())
+        cached = self.explain_cache.get(key) if usage is None else None
+        if cached is not None:
+            return cached
+        if req is None:
+            missing = sorted(set(pod.requests) - set(self.col))
+            message = f"0/{len(self.snap.nodes)} nodes fit: no node has any {', '.join(missing)}."
+        else:
+            counts = self.cycle._insufficient(
+                self.snap.alloc, self.used if usage is None else usage, req, mask
+            )
+            insufficient = {self.snap.columns[r]: int(n) for r, n in enumerate(counts) if n > 0}
+            message = self.filt.explain(pod, insufficient)
+        if usage is None:
+            self.explain_cache[key] = message
+        return message
+
+    def _kernel(self, reqs: IntArray, lay: _Layout, sig: IntArray, min_count: int, out: IntArray) -> int:
+        k0 = time.perf_counter()
+        a = self.arrays
+        placed = self.cycle._place(
+            self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, a.weights, a.scalar,
+            a.shape_u, a.shape_s, a.strategy, min_count, out,
+        )
+        self.kernel_time += time.perf_counter() - k0
+        return int(placed)
+
+    def _fail(self, unit: Unit, message: str, pods: Sequence[Pod] | None = None, reason: str = "") -> None:
+        plan = self.plan
+        plan.failed_units[unit.key] = message
+        if reason:
+            plan.reasons[unit.key] = reason
+        for pod in unit.pods if pods is None else pods:
+            plan.unschedulable.append(Unschedulable(pod, message, unit.key, reason or "Unschedulable"))
+
+    def _bind(self, unit: Unit, pod: Pod, row: int) -> None:
+        self.plan.bindings.append(
+            Binding(pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key)
+        )
+
+    # -- the walk ---------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        qi, plan, tree = self.qi, self.plan, self.tree
+        if tree.names or qi.nominations:
+            self._load_running()
+        self._hold()
+        if qi.history is not None:
+            for name in tree.names:
+                if tree.is_leaf(name):
+                    qi.history.record(name, tree.usage_vector(name), qi.now)
+        by_key = {u.key: u for u in self.units}
+        first = [h for h in self.held.values() if h.nomination.unit in by_key
+                 and not by_key[h.nomination.unit].blocked]
+        for key, h in self.held.items():
+            if key not in by_key or by_key[key].blocked:
+                plan.nominations.append(h.nomination)  # its unit was not handed in: keep holding
+        done: set[str] = set()
+        for h in first:
+            unit = by_key[h.nomination.unit]
+            plan.tried.append(unit.key)
+            if self._nominee(unit, h):
+                done.add(unit.key)
+        by_queue: dict[QueueName | None, list[Unit]] = {}
+        for u in self.units:
+            if u.key in done:
+                continue
+            q = None if u.blocked else qi.queue_of.get(u.key)
+            if isinstance(q, QueueProblem):
+                self._fail(u, q.message, reason=q.reason)
+                continue
+            by_queue.setdefault(q, []).append(u)
+        order: FairOrder[Unit] = FairOrder(
+            tree, by_queue, now=qi.now, history=qi.history, max_wait=qi.max_wait,
+            request=self.quorum_vector if tree.names else None,
+        )
+        plan.timings["order"] = time.perf_counter() - self.t0
+        for q, unit in order:
+            plan.tried.append(unit.key)
+            if unit.blocked:
+                self._fail(unit, unit.blocked)
+                order.skipped(unit)
+            elif unit.single and q is None:
+                more = order.more(_alike(unit.pods[0].constraint_key()))
+                plan.tried.extend(u.key for u in more)
+                self._singles(order, [unit, *more])
+            else:
+                self._unit(order, q, unit)
+        plan.timings["kernel"] = self.kernel_time
+        plan.timings["preempt"] = self.preempt_time
+        plan.searches = self.searches
+        plan.timings["total"] = time.perf_counter() - self.t0
+        return plan
+
+    def _nominee(self, unit: Unit, h: _Held) -> bool:
+        """A unit holding a nomination: place it if it can be; keep holding while its victims
+        terminate. False when the nomination is given up and the unit must go the usual way."""
+        n = h.nomination
+        left = n.victims & self.live_victims
+        if left:
+            # keep holding: its nodes are not free until the victims are gone
+            self.plan.nominations.append(n)
+            nodes = ", ".join(sorted(set(n.nodes)))
+            self.plan.nominated[unit.key] = (
+                f"waiting for {len(left)} preempted pod(s) to terminate; node(s) {nodes} are held for it"
+            )
+            return True
+        self._charge(n.queue, h.rows, h.reqs, -1)
+        # placed, or given up: the victims are gone and still it does not fit, start over
+        return self._try_place(n.queue, unit)
+
+    def _try_place(self, q: QueueName | None, unit: Unit) -> bool:
+        """Place ``unit`` if quota and nodes allow, recording bindings; nothing on failure."""
+        pods = unit.pods
+        lay = self.layout(pods, unit.key)
+        if lay.reqs is None or any(p.invalid for p in pods[: max(1, unit.min_count)]):
+            return False
+        mc = 1 if unit.single else unit.min_count
+        k = len(pods) if q is None else self.tree.admissible_prefix(q, lay.reqs, mc)
+        if k == 0:
+            return False
+        out = np.full(k, -1, dtype=np.int64)
+        placed = self._kernel(np.ascontiguousarray(lay.reqs[:k]), lay, lay.sig[:k], mc, out)
+        if placed == 0:
+            return False
+        self._admitted(q, unit, lay, out, k)
+        return True
+
+    def _admitted(self, q: QueueName | None, unit: Unit, lay: _Layout, out: IntArray, k: int) -> None:
+        """Record the placed members of ``unit`` (``out``: node per member of the first
+        ``k``); extras that did not fit, or that quota refused, are told why.
+
+        Members placed on capacity that preempted pods still hold (they are terminating)
+        are not bound yet: the unit gets a nomination on those nodes instead."""
+        assert lay.reqs is not None
+        plan = self.plan
+        members = [m for m in range(k) if out[m] >= 0]
+        if q is not None:
+            self.tree.admit(q, lay.reqs[members].sum(axis=0))
+        rows = [int(out[m]) for m in members]
+        waiting = self._blocked_by(rows)
+        if waiting:
+            names = tuple(self.snap.nodes[r].name for r in rows)
+            self.plan.nominations.append(Nomination(
+                unit=unit.key, queue=q, pods=tuple(unit.pods[m].uid for m in members), nodes=names,
+                requests=tuple(dict(unit.pods[m].requests) for m in members),
+                victims=frozenset(waiting), since=self.qi.now, priority=unit.priority,
+            ))
+            held = ", ".join(sorted(set(names)))
+            self.plan.nominated[unit.key] = (
+                f"waiting for {len(waiting)} preempted pod(s) to terminate; node(s) {held} are held for it"
+            )
+            return
+        plan.placed_units[unit.key] = len(members)
+        for m, pod in enumerate(unit.pods):
+            if m < k and out[m] >= 0:
+                self._bind(unit, pod, int(out[m]))
+                continue
+            if pod.invalid:
+                message = f"pod {pod.key} cannot be scheduled: {pod.invalid}"
+            elif m >= k and q is not None:
+                message = self.tree.admissible(q, lay.reqs[m]) or "its queue has no room for it"
+            else:
+                message = self.explain(pod, lay.reqs[m], lay.masks[lay.sig[m]])
+            plan.unschedulable.append(
+                Unschedulable(pod, f"elastic member beyond the gang's quorum: {message}", unit.key)
+            )
+
+    def _singles(self, order: FairOrder[Unit], batch: list[Unit]) -> None:
+        """A run of unqueued single pods with the same constraints: one kernel call."""
+        pods = [u.pods[0] for u in batch]
+        if len(pods) == 1 and pods[0].invalid:
+            message = f"pod {pods[0].key} cannot be scheduled: {pods[0].invalid}"
+            self._fail(batch[0], message)
+            order.skipped(batch[0])
+            return
+        lay = self.layout(pods, batch[0].key if len(batch) == 1 else None)
+        out = np.full(len(pods), -1, dtype=np.int64)
+        if lay.reqs is not None:
+            self._kernel(lay.reqs, lay, lay.sig, 0, out)
+        for m, (u, pod) in enumerate(zip(batch, pods, strict=True)):
+            if out[m] >= 0:
+                assert lay.reqs is not None
+                one = _Layout(lay.reqs[m : m + 1], lay.sig[m : m + 1], lay.masks, lay.static)
+                self._admitted(None, u, one, out[m : m + 1], 1)
+                order.admitted(u)
+                continue
+            all_reqs = lay.reqs
+            reqs = None if all_reqs is None else all_reqs[m]
+            message = self.explain(pod, reqs, lay.masks[lay.sig[m]])
+            if all_reqs is not None and not pod.invalid:
+                single = _Layout(all_reqs[m : m + 1], np.zeros(1, dtype=np.int64),
+                                 lay.masks[lay.sig[m] : lay.sig[m] + 1],
+                                 lay.static[lay.sig[m] : lay.sig[m] + 1])
+                preempted, why = self._preempt(None, u, single)
+                if preempted:
+                    order.admitted(u)
+                    continue
+                message = _with_preemption(message, why)
+            self._fail(u, message)
+            order.skipped(u)
+
+    def _unit(self, order: FairOrder[Unit], q: QueueName | None, unit: Unit) -> None:
+        """A gang, or a queued single pod: quota, then the kernel, then maybe preemption."""
+        pods = list(unit.pods)
+        mc = 1 if unit.single else unit.min_count
+        core = pods[:mc] if not unit.single else pods
+        invalid = next((p for p in core if p.invalid), None)
+        if invalid is not None:
+            self._fail(unit, f"pod {invalid.key} cannot be scheduled: {invalid.invalid}")
+            order.skipped(unit)
+            return
+        lay = self.layout(pods, unit.key)
+        reqs = lay.reqs
+        if reqs is None:
+            k = 0
+        elif q is None:
+            k = len(pods)
+        else:
+            k = self.tree.admissible_prefix(q, reqs, mc)
+        out = np.full(len(pods), -1, dtype=np.int64)
+        placed = 0
+        if reqs is not None and k > 0:
+            placed = self._kernel(np.ascontiguousarray(reqs[:k]), lay, lay.sig[:k], mc, out)
+        if placed:
+            self._admitted(q, unit, lay, out, k)
+            order.admitted(unit)
+            return
+        if mc == 0:
+            # the quorum is placed already; of the extras waiting, none fits (or quota refuses)
+            for m, pod in enumerate(pods):
+                if pod.invalid:
+                    why = f"pod {pod.key} cannot be scheduled: {pod.invalid}"
+                elif reqs is not None and m >= k and q is not None:
+                    why = self.tree.admissible(q, reqs[m]) or f"queue {q} has no room for it"
+                else:
+                    req = None if reqs is None else reqs[m]
+                    why = self.explain(pod, req, lay.masks[lay.sig[m]])
+                message = f"elastic member beyond the gang's quorum: {why}"
+                self.plan.failed_units.setdefault(unit.key, message)
+                self.plan.unschedulable.append(Unschedulable(pod, message, unit.key))
+            order.skipped(unit)
+            return
+        # the quorum is not placed: by quota, or on the nodes
+        if reqs is not None and k == 0 and q is not None and len(pods) >= mc:
+            reason = self.tree.admissible(q, reqs[:mc].sum(axis=0)) or f"queue {q} has no room for it"
+        elif unit.single:
+            reason = self.explain(pods[0], None if reqs is None else reqs[0], lay.masks[lay.sig[0]])
+        else:
+            reason = self.cycle._gang_message(
+                unit, pods, reqs, lay.sig, lay.masks, self.explain, self.snap, self.used
+            )
+        why = ""
+        if reqs is not None and mc > 0 and len(pods) >= mc:
+            preempted, why = self._preempt(q, unit, lay)
+            if preempted:
+                order.admitted(unit)
+                return
+        self._fail(unit, _with_preemption(reason, why))
+        order.skipped(unit)
+
+    # -- preemption ------------------------------------------------------------------------
+
+    def _preempt(self, q: QueueName | None, unit: Unit, lay: _Layout) -> tuple[bool, str]:
+        """Try to make room for ``unit``'s quorum by evicting others. ``(True, "")`` when a
+        preemption was decided; else ``(False, why)``, where ``why`` (for the unit's
+        message) is empty when no search was made (nobody it may preempt)."""
+        qi = self.qi
+        if not qi.preemption or lay.reqs is None:
+            return False, ""
+        if self.candidates is None:
+            self.candidates = _Candidates(self._load_running(), self.tree)
+        if not self.candidates.by_queue:
+            return False, ""  # nothing runs that anyone may evict
+        mc = 1 if unit.single else unit.min_count
+        sigs = np.unique(lay.sig[:mc])
+        if not bool(lay.masks[sigs].any(axis=1).all()):
+            return False, ""  # some member of the quorum may go on no node at all
+        t0 = time.perf_counter()
+        try:
+            return self._search(q, unit, lay, mc)
+        finally:
+            self.preempt_time += time.perf_counter() - t0
+
+    def _search(self, q: QueueName | None, unit: Unit, lay: _Layout, mc: int) -> tuple[bool, str]:
+        assert lay.reqs is not None and self.candidates is not None
+        qi = self.qi
+        policy = self.tree.queue(q).within_queue if q is not None else None
+        memo_key: tuple[Any, ...] = (
+            q, unit.priority, mc, lay.reqs[:mc].tobytes(), lay.sig[:mc].tobytes(),
+            tuple(p.constraint_key() for p in unit.pods[:mc]),
+            (unit.created, unit.uid) if policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY else None,
+        )
+        seen = self.memo.get(memo_key)
+        if seen is not None:
+            return False, seen
+        x = lay.reqs[:mc].sum(axis=0)
+        cands = self.candidates.for_unit(q, unit.priority, x)
+        if not cands:
+            return False, ""
+        if self.searches >= qi.max_searches:
+            self.plan.deferred.add(unit.key)
+            return False, ""
+        self.searches += 1
+        preemptor = Preemptor(
+            key=unit.key, queue=q, priority=unit.priority, created=unit.created, uid=unit.uid,
+            reqs=np.ascontiguousarray(lay.reqs), sig=lay.sig, masks=lay.masks,
+            static_score=lay.static, min_count=mc, name=unit.display,
+        )
+        result = select_victims(
+            preemptor, cands, alloc=self.snap.alloc, used=self.used, tree=self.tree,
+            scoring=self.arrays, now=qi.now, place=self.cycle._place,
+        )
+        if isinstance(result, NoPreemption):
+            why = result.reason
+            self.memo[memo_key] = why
+            return False, why
+        self.memo.clear()  # capacity was freed: earlier failures may not hold any more
+        if not result.victims:  # it fits after all (room freed by an earlier preemption)
+            out = np.full(len(unit.pods), -1, dtype=np.int64)
+            placed = self._kernel(np.ascontiguousarray(lay.reqs[:mc]), lay, lay.sig[:mc], mc, out)
+            if placed:
+                self._admitted(q, unit, lay, out, mc)
+                return True, ""
+            return False, ""
+        self._apply(q, unit, lay, mc, result.victims, result.nodes)
+        return True, ""
+
+    def _apply(
+        self, q: QueueName | None, unit: Unit, lay: _Layout, mc: int,
+        victims: Sequence[Victim], nodes: Sequence[int],
+    ) -> None:
+        assert lay.reqs is not None and self.candidates is not None
+        width = len(self.snap.columns)
+        for v in victims:
+            total = np.zeros(width, dtype=np.int64)
+            for pod in v.pods:
+                self._terminating(pod.uid, pod.node, pod.req)
+                total += pod.req
+            if v.unit.queue is not None:
+                self.tree.release(v.unit.queue, total)
+            self.candidates.remove(v)
+        core = lay.reqs[:mc]
+        self._charge(q, list(nodes), core, 1)
+        names = tuple(self.snap.nodes[n].name for n in nodes)
+        held = ", ".join(sorted(set(names)))
+        messages = tuple(_victim_message(unit, q, held, v) for v in victims)
+        npods = sum(len(v.pods) for v in victims)
+        whom = ", ".join(v.unit.key.rsplit(":", 1)[-1] for v in victims)
+        summary = (
+            f"preempting {npods} pod(s) of {whom} to place its {mc} pod(s) on node(s) {held}"
+        )
+        self.plan.preemptions.append(PreemptionRecord(unit, q, names, tuple(victims), messages, summary))
+        self.plan.nominations.append(Nomination(
+            unit=unit.key, queue=q, pods=tuple(p.uid for p in unit.pods[:mc]), nodes=names,
+            requests=tuple(dict(p.requests) for p in unit.pods[:mc]),
+            victims=frozenset(p.uid for v in victims for p in v.pods), since=self.qi.now,
+            priority=unit.priority,
+        ))
+        self.plan.nominated[unit.key] = summary
+
+
+def _with_preemption(reason: str, why: str) -> str:
+    """A unit's message, with why preemption did not help when a search was made."""
+    if not why:
+        return reason
+    return f"{reason.rstrip('.')}; preemption does not help: {why}"
+
+
+def _alike(ckey: tuple[Any, ...]) -> Callable[[Unit], bool]:
+    """Units that may join a run of single pods with these constraints."""
+    return lambda u: u.single and not u.blocked and u.pods[0].constraint_key() == ckey
+
+
+def _victim_message(unit: Unit, q: QueueName | None, nodes: str, v: Victim) -> str:
+    """What a victim's pods and group are told (Event and DisruptionTarget condition)."""
+    who = f"Preempted by {unit.display} (priority {unit.priority})"
+    w = v.unit
+    part = "" if v.whole else f" (only its {len(v.pods)} elastic extra pod(s))"
+    if v.kind is VictimKind.RECLAIM:
+        detail = v.message.split(": ", 1)[-1].split("; only its", 1)[0]
+        return f"{who} to give queue {q} back its nominal quota: {detail}{part}"
+    if w.priority < unit.priority:
+        why = f"its priority {w.priority} is lower"
+    else:
+        why = f"it has the same priority {w.priority} and is newer"
+    where = f" in queue {w.queue}" if w.queue is not None else ""
+    return f"{who} to make room on node(s) {nodes}: {why}{where}{part}"

@@ -114,12 +114,14 @@ class PodGroup:
     min_task_member: Mapping[str, int] = field(default_factory=dict)
     #: seconds a partly placed group may wait to become whole; None = the configured default
     schedule_timeout: float | None = None
+    #: Volcano's ``spec.queue`` (scheduler-plugins' PodGroup has none)
     queue: str = ""
     priority_class: str = ""
     resource_version: str = ""
     #: why the group cannot be used (it is reported, its pods are never placed)
     invalid: str = ""
     observed: GroupStatus = field(default_factory=GroupStatus)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> GroupKey:
@@ -235,6 +237,7 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
         resource_version=str(meta.get("resourceVersion") or ""),
         invalid="; ".join(problems),
         observed=_observed(status if isinstance(status, Mapping) else {}),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
     )
 
 
@@ -370,10 +373,13 @@ class GroupBook:
         self._timers: dict[GroupKey, _Timer] = {}
         #: unit key -> why it is blocked, as a condition reason, from the last :meth:`units`
         self.blocked_reasons: dict[GroupKey, str] = {}
+        #: bumps whenever a group or a priority class changes
+        self.version = 0
 
     # -- groups ----------------------------------------------------------------------------
 
     def group_event(self, kind: str, group: PodGroup) -> None:
+        self.version += 1
         if kind == "DELETED":
             self.groups.pop(group.key, None)
             self._timers.pop(group.key, None)
@@ -390,12 +396,14 @@ class GroupBook:
             self.group_event("MODIFIED", g)
 
     def priority_class_event(self, kind: str, name: str, value: int) -> None:
+        self.version += 1
         if kind == "DELETED":
             self.priority_classes.pop(name, None)
         else:
             self.priority_classes[name] = value
 
     def replace_priority_classes(self, classes: Mapping[str, int]) -> None:
+        self.version += 1
         self.priority_classes = dict(classes)
 
     # -- pods --------------------------------------------------------------------------------

@@ -79,6 +79,8 @@ class Pod:
     resource_version: str = ""
     invalid: str = ""
     nominated_node: str = ""
+    #: ``status.startTime`` (Unix seconds), 0 while the pod has not started
+    started: float = 0.0
 
     @property
     def key(self) -> str:
@@ -254,6 +256,7 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         resource_version=str(meta.get("resourceVersion", "")),
         invalid=invalid,
         nominated_node=str(status.get("nominatedNodeName") or ""),
+        started=parse_time(status.get("startTime")),
     )
 
 

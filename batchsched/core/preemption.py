@@ -23,6 +23,8 @@ Who may be evicted, for a preemptor P of queue p (request of its quorum: ``x``):
       nominal in each resource in which it was borrowing.
 - **unqueued work** (no queue: no guarantee) by anyone of strictly higher priority; an
   unqueued preemptor may evict only unqueued work of strictly lower priority.
+- never a **protected** unit (:attr:`RunningUnit.protected`: a PodDisruptionBudget without
+  room for its pods, pods already terminating).
 
 Gangs are evicted whole, or only their elastic extras (the members beyond the quorum) when
 that suffices: sets of extras alone are tried first. Among valid sets the search prefers
@@ -110,6 +112,9 @@ class RunningUnit:
     uid: str
     start: float
     pods: tuple[RunningPod, ...]
+    protected: str = ""
+    """Why it may not be evicted at all (a PodDisruptionBudget that allows no disruption,
+    pods already terminating); empty when it may. Such units are never victims."""
 
     @property
     def gpus(self) -> int:
@@ -133,6 +138,8 @@ class Preemptor:
     masks: BoolArray
     static_score: IntArray
     min_count: int = 1
+    name: str = ""
+    """How messages name it (``namespace/name``); the key when empty."""
 
 
 class VictimKind(StrEnum):
@@ -240,12 +247,13 @@ class _Search:
 
     def _kind(self, w: RunningUnit) -> tuple[VictimKind, str] | None:
         p = self.p
-        if w.key == p.key or w.uid == p.uid:
+        if w.key == p.key or w.uid == p.uid or w.protected:
             return None
+        who = p.name or p.key
         if w.queue is None:
             # unqueued work has no guarantee: anyone of a higher priority may evict it
             if w.priority < p.priority:
-                return VictimKind.PRIORITY, f"preempted by {p.key} (priority {p.priority} > {w.priority})"
+                return VictimKind.PRIORITY, f"preempted by {who} (priority {p.priority} > {w.priority})"
             return None
         if p.queue is None:
             return None  # unqueued work never evicts queued work
@@ -256,7 +264,7 @@ class _Search:
             policy = self.within
             if w.priority < p.priority and policy is not WithinQueuePolicy.NEVER:
                 return VictimKind.PRIORITY, (
-                    f"preempted by {p.key} in queue {p.queue} (priority {p.priority} > {w.priority})"
+                    f"preempted by {who} in queue {p.queue} (priority {p.priority} > {w.priority})"
                 )
             if (
                 policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
@@ -264,7 +272,7 @@ class _Search:
                 and _newer(w, p)
             ):
                 return VictimKind.PRIORITY, (
-                    f"preempted by {p.key} in queue {p.queue} (same priority {p.priority}, older)"
+                    f"preempted by {who} in queue {p.queue} (same priority {p.priority}, older)"
                 )
             return None
         if tree.root(w.queue) != tree.root(p.queue):
@@ -274,7 +282,7 @@ class _Search:
             return None
         if reclaim is ReclaimPolicy.LOWER_PRIORITY and not w.priority < p.priority:
             return None
-        return VictimKind.RECLAIM, f"reclaimed by queue {p.queue} for {p.key}"
+        return VictimKind.RECLAIM, f"reclaimed by queue {p.queue} for {who}"
 
     def _borrowed_resource(self, queue: str, vec: IntArray) -> int:
         """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""

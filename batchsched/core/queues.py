@@ -1006,6 +1006,9 @@ class FairOrder(Generic[U]):
     key must be a valid leaf of ``tree``. ``max_wait``: a unit older than this (seconds,
     by ``now - created``) goes ahead of everything else in its queue, oldest first.
 
+    For unqueued work, :meth:`more` hands out the run of units that will come next anyway
+    (the cycle places a run of alike single pods with one kernel call).
+
     ``request``: a unit's quota request (its quorum's summed request vector). When given,
     heads that fit within their queue's nominal go before heads that would borrow (as in
     Kueue), whatever the shares: otherwise a borrower admitted early in a cycle would be
@@ -1042,6 +1045,8 @@ class FairOrder(Generic[U]):
         self._slot = {q: s for s, q in enumerate(self._names)}
         self._mark = 0
         self._current: tuple[QueueName | None, U] | None = None
+        #: units handed out by :meth:`more` after the current one, not reported yet
+        self._run: list[U] = []
         self.admitted_count: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
         self.skipped_count: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
         _, self._mark = tree.changes_since(0)
@@ -1104,8 +1109,44 @@ class FairOrder(Generic[U]):
 
     def _advance(self, queue: QueueName | None) -> None:
         self._pos[queue] += 1
+        if self._run:
+            self._current = (queue, self._run.pop(0))
+            return
         self._current = None
         self._push(queue)
+
+    def more(self, same: Callable[[U], bool], limit: int | None = None) -> list[U]:
+        """The unqueued units that will be yielded right after the one just yielded, while
+        ``same`` holds (at most ``limit``), so the caller can place a run of alike single
+        pods in one kernel call.
+
+        Only for unqueued work (the ``None`` bucket): its share is always 0 and admitting it
+        changes no queue, so what comes next is known now: the following units of the bucket,
+        as long as each sorts before the head of every other queue. Empty otherwise. The
+        caller then reports the yielded unit and each of these, in order, with
+        :meth:`admitted` or :meth:`skipped`; the iteration resumes after the last.
+        """
+        if self._current is None or self._current[0] is not None or self._run:
+            return []
+        self._refresh()
+        while self._heap:  # drop used-up entries so the top is the best other queue's head
+            stamp, slot = self._heap[0][-2:]
+            if stamp == self._stamp[self._names[slot]]:
+                break
+            heapq.heappop(self._heap)
+        other = self._heap[0][:5] if self._heap else None
+        units = self._queues[None]
+        out: list[U] = []
+        pos = self._pos[None] + 1
+        while pos < len(units) and (limit is None or len(out) < limit):
+            unit = units[pos]
+            prio = TOP_PRIORITY if self.aged(unit) else unit.priority
+            if (other is not None and (0, 0.0, -prio, unit.created, unit.uid) > other) or not same(unit):
+                break
+            out.append(unit)
+            pos += 1
+        self._run = list(out)
+        return out
 
     def __iter__(self) -> Iterator[tuple[QueueName | None, U]]:
         while True:
@@ -1128,7 +1169,9 @@ class FairOrder(Generic[U]):
 
     def _done(self, unit: U) -> QueueName | None:
         if self._current is None or self._current[1] is not unit:
-            raise ValueError("admitted()/skipped() must be called for the unit just yielded")
+            raise ValueError(
+                "admitted()/skipped() must be called for the unit just yielded (or handed out by more())"
+            )
         return self._current[0]
 
     def admitted(self, unit: U) -> None:

@@ -78,6 +78,8 @@ class ClusterState:
         self.pending: dict[PodUID, Pod] = {}
         #: bumps whenever capacity may have grown (a node added or changed, a pod gone)
         self.capacity_generation = 0
+        #: bumps whenever a charged pod is charged, uncharged or changed (what runs where)
+        self.charge_generation = 0
         #: bumps whenever the set of nodes or their labels/taints change
         self.node_generation = 0
         self.by_name: dict[tuple[str, str], PodUID] = {}
@@ -173,6 +175,7 @@ class ClusterState:
         return pod.scheduler_name in self.scheduler_names
 
     def _charge(self, uid: PodUID, node: str, pod: Pod) -> None:
+        self.charge_generation += 1
         vec = self.vector(dict(pod.requests))
         self.charges[uid] = (node, vec)
         row = self.node_row.get(node)
@@ -185,6 +188,7 @@ class ClusterState:
         charged = self.charges.pop(uid, None)
         if charged is None:
             return
+        self.charge_generation += 1
         node, vec = charged
         row = self.node_row.get(node)
         if row is None:
@@ -205,6 +209,8 @@ class ClusterState:
         old = self.pods.get(uid)
         self.pods[uid] = pod
         self.by_name[(pod.namespace, pod.name)] = uid
+        if uid in self.charges:
+            self.charge_generation += 1
         if pod.holds_resources:
             self.assumed.pop(uid, None)
             charged = self.charges.get(uid)

@@ -7,7 +7,12 @@ integrated (see the module docstrings of :mod:`batchsched.core.queues` and
 many elastic extras as quota allows), placement with ``kernels.place_members``, and, for a
 unit that does not fit, victim selection. A preemptor's victims are removed at once and
 its quorum is charged where the search promised: in the cycle that is the nomination that
-holds those nodes for it while the victims terminate.
+holds those nodes for it while the victims terminate. The capacity the victims free beyond
+that is free for this cycle's decisions, but a unit placed on it cannot be bound while the
+victims still hold the node: it is nominated there too (a kubelet would refuse the pod).
+
+The same files also run through the real :meth:`batchsched.core.cycle.Cycle.run`, with the
+pods, groups and queues as objects in the mirror (``tests/unit/test_queue_cycle.py``).
 
 A scenario file::
 
@@ -20,7 +25,9 @@ A scenario file::
     defaultQueue: a                  # the configured default (optional)
     maxWait: 3600                    # the aging bound (optional)
     running:                         # each pod: node, gpu, elastic (extra beyond quorum)
-      - {name: r, queue: a, priority: 0, start: 0, pods: [{node: n1, gpu: 8}]}
+      - {name: r, queue: a, priority: 0, start: 0, pods: [{node: n1, gpu: 8}], labels: {app: r}}
+    pdbs:                            # PodDisruptionBudgets (namespace default unless given)
+      - {name: keep-r, selector: {app: r}, disruptionsAllowed: 0}
     pending:                         # pods: a count (with gpu: per pod) or a list
       - {name: p, queue: a, priority: 5, created: 10, pods: 2, gpu: 4, minMember: 2}
     expect:
@@ -47,6 +54,8 @@ import pytest
 import yaml
 
 from batchsched.core import kernels
+from batchsched.core.disruption import DisruptionBook, parse_pdb
+from batchsched.core.model import Pod, PodUID
 from batchsched.core.preemption import (
     NoPreemption,
     Preemptor,
@@ -111,6 +120,20 @@ def pod_specs(unit: dict[str, Any]) -> list[dict[str, Any]]:
     return list(pods)
 
 
+def pdb_object(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": spec["name"], "namespace": spec.get("namespace", "default")},
+            "spec": {"selector": {"matchLabels": spec.get("selector", {})}},
+            "status": {"disruptionsAllowed": spec.get("disruptionsAllowed", 0)}}
+
+
+def protection(sc: dict[str, Any], unit: dict[str, Any], n_pods: int) -> str:
+    budgets = DisruptionBook()
+    budgets.replace(parse_pdb(pdb_object(b)) for b in sc.get("pdbs", []))
+    pods = [Pod(uid=PodUID(f"{unit['name']}-{i}"), namespace=unit.get("namespace", "default"),
+                name=f"{unit['name']}-{i}", labels=unit.get("labels", {})) for i in range(n_pods)]
+    return budgets.protecting(pods)
+
+
 def run_scenario(sc: dict[str, Any]) -> Outcome:
     now = float(sc.get("now", 0))
     node_names = [n["name"] for n in sc["nodes"]]
@@ -118,6 +141,7 @@ def run_scenario(sc: dict[str, Any]) -> Outcome:
                       for n in sc["nodes"]])
     alloc[:, 2] = 110
     used = np.zeros_like(alloc)
+    terminating = np.zeros_like(alloc)  # what victims still hold while they terminate
     tree = QueueTree.from_objects([queue_object(q) for q in sc.get("queues", [])], COLUMNS)
     namespaces = sc.get("namespaces", {})
     scoring = ScoringConfig().arrays(COLUMNS)
@@ -140,7 +164,8 @@ def run_scenario(sc: dict[str, Any]) -> Outcome:
         )
         unit = RunningUnit(key=r["name"], queue=q, priority=int(r.get("priority", 0)),
                            created=float(r.get("created", 0)), uid=f"uid-{r['name']}",
-                           start=float(r.get("start", 0)), pods=pods)
+                           start=float(r.get("start", 0)), pods=pods,
+                           protected=protection(sc, r, len(pods)))
         for pod in pods:
             used[pod.node] += pod.req
         if q is not None:
@@ -184,7 +209,11 @@ def run_scenario(sc: dict[str, Any]) -> Outcome:
                 members = [m for m in range(k) if placed_at[m] >= 0]
                 if q is not None:
                     tree.admit(q, unit.reqs[members].sum(axis=0))
-                out.admitted[unit.key] = [node_names[placed_at[m]] for m in members]
+                nodes = {int(placed_at[m]) for m in members}
+                if any((used[n] + terminating[n] > alloc[n]).any() for n in nodes):
+                    out.nominated[unit.key] = [node_names[placed_at[m]] for m in members]
+                else:
+                    out.admitted[unit.key] = [node_names[placed_at[m]] for m in members]
                 running.append(RunningUnit(
                     key=unit.key, queue=q, priority=unit.priority, created=unit.created, uid=unit.uid,
                     start=now, pods=tuple(RunningPod(uid=unit.pods[m], node=int(placed_at[m]), req=unit.reqs[m],
@@ -210,6 +239,7 @@ def run_scenario(sc: dict[str, Any]) -> Outcome:
         for v in result.victims:
             for pod in v.pods:
                 used[pod.node] -= pod.req
+                terminating[pod.node] += pod.req
             if v.unit.queue is not None:
                 tree.release(v.unit.queue, sum((p.req for p in v.pods), start=np.zeros(len(COLUMNS), dtype=np.int64)))
             running.remove(v.unit)

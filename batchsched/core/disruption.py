@@ -1,0 +1,148 @@
+"""PodDisruptionBudgets, as far as preemption needs them: which running work may not be evicted.
+
+The Eviction API refuses (429) to evict a pod when a budget selecting it has no disruption
+left. Preemption must not choose such a victim: the preemptor would hold its nomination
+while the victim stays. So the scheduler mirrors the budgets (``policy/v1``) and marks a
+running unit *protected* when evicting all of its pods would exceed what a budget allows
+now (``status.disruptionsAllowed``); :func:`batchsched.core.preemption.select_victims`
+never picks a protected unit. A refusal that still happens (a race with the disruption
+controller) is reported by the eviction path and the preemption retried later.
+
+Selectors follow ``metav1.LabelSelector``: ``matchLabels`` and ``matchExpressions`` (In,
+NotIn, Exists, DoesNotExist) ANDed; in ``policy/v1`` an empty selector selects every pod
+of the budget's namespace and a missing one selects none.
+
+Pure: no I/O; one writer (the event loop) applies events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchsched.core.model import Pod, Requirement
+
+__all__ = ["DisruptionBook", "DisruptionBudget", "parse_pdb", "selector_matches"]
+
+
+@dataclass(slots=True, frozen=True)
+class DisruptionBudget:
+    namespace: str
+    name: str
+    uid: str = ""
+    #: None: the budget has no selector and selects nothing
+    match_labels: Mapping[str, str] | None = field(default_factory=dict)
+    expressions: tuple[Requirement, ...] = ()
+    allowed: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def selects(self, pod: Pod) -> bool:
+        if pod.namespace != self.namespace or self.match_labels is None:
+            return False
+        return selector_matches(self.match_labels, self.expressions, pod.labels)
+
+
+def selector_matches(
+    match_labels: Mapping[str, str], expressions: Iterable[Requirement], labels: Mapping[str, str]
+) -> bool:
+    for k, v in match_labels.items():
+        if labels.get(k) != v:
+            return False
+    for req in expressions:
+        op = req.operator
+        if op == "In":
+            if labels.get(req.key) not in req.values:
+                return False
+        elif op == "NotIn":
+            if req.key in labels and labels[req.key] in req.values:
+                return False
+        elif op == "Exists":
+            if req.key not in labels:
+                return False
+        elif op == "DoesNotExist":
+            if req.key in labels:
+                return False
+        else:
+            return False  # an operator the apiserver would not accept: select nothing
+    return True
+
+
+def parse_pdb(obj: Mapping[str, Any]) -> DisruptionBudget:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    selector = spec.get("selector")
+    match_labels: dict[str, str] | None = None
+    expressions: tuple[Requirement, ...] = ()
+    if isinstance(selector, Mapping):
+        match_labels = {str(k): str(v) for k, v in (selector.get("matchLabels") or {}).items()}
+        expressions = tuple(
+            Requirement(
+                key=str(e.get("key", "")),
+                operator=str(e.get("operator", "")),
+                values=tuple(str(v) for v in (e.get("values") or [])),
+            )
+            for e in (selector.get("matchExpressions") or [])
+            if isinstance(e, Mapping)
+        )
+    allowed = status.get("disruptionsAllowed")
+    return DisruptionBudget(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        match_labels=match_labels,
+        expressions=expressions,
+        # a budget the disruption controller has not looked at yet allows nothing
+        allowed=allowed if isinstance(allowed, int) and not isinstance(allowed, bool) else 0,
+    )
+
+
+class DisruptionBook:
+    """The budgets by namespace; :meth:`protecting` says whether pods may be evicted."""
+
+    def __init__(self) -> None:
+        self._by_ns: dict[str, dict[str, DisruptionBudget]] = {}
+        #: bumps on every change
+        self.version = 0
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._by_ns.values())
+
+    def get(self, namespace: str, name: str) -> DisruptionBudget | None:
+        return self._by_ns.get(namespace, {}).get(name)
+
+    def event(self, kind: str, budget: DisruptionBudget) -> None:
+        self.version += 1
+        if kind == "DELETED":
+            ns = self._by_ns.get(budget.namespace)
+            if ns is not None:
+                ns.pop(budget.name, None)
+                if not ns:
+                    del self._by_ns[budget.namespace]
+            return
+        self._by_ns.setdefault(budget.namespace, {})[budget.name] = budget
+
+    def replace(self, budgets: Iterable[DisruptionBudget]) -> None:
+        self.version += 1
+        self._by_ns = {}
+        for b in budgets:
+            self.event("ADDED", b)
+
+    def protecting(self, pods: Sequence[Pod]) -> str:
+        """Why evicting every pod of ``pods`` would be refused, or "" when it would not."""
+        if not self._by_ns:
+            return ""
+        namespaces = {p.namespace for p in pods}
+        for ns in sorted(namespaces):
+            for name in sorted(self._by_ns.get(ns, {})):
+                budget = self._by_ns[ns][name]
+                hit = sum(1 for p in pods if budget.selects(p))
+                if hit > budget.allowed:
+                    return (
+                        f"PodDisruptionBudget {budget.key} allows {budget.allowed} disruption(s) now"
+                    )
+        return ""

@@ -1,0 +1,370 @@
+"""What the cycle needs about queues, built from the mirror: :class:`QueueBook`.
+
+The book mirrors the Queue objects, the namespaces' labels (for the
+``batchsched.io/default-queue`` label) and the PodDisruptionBudgets, and keeps what lives
+across cycles: the nominations of preemptors waiting for their victims to terminate, and
+the usage history of fair share. Each cycle it builds the :class:`~batchsched.core.cycle.QueueInput`:
+
+- the queue tree over the snapshot's columns (uncharged: the cycle charges it);
+- the queue of each pending unit (:func:`~batchsched.core.queues.assign_queue`): the pod's
+  or PodGroup's label ``batchsched.io/queue``, a Volcano PodGroup's ``spec.queue``, the
+  namespace's default-queue label, the configured default;
+- the running units, lazily (only our pods: work of other schedulers is neither charged to
+  a queue nor preempted): one per PodGroup with members holding resources, one per other
+  pod; its queue (a running unit whose queue is gone counts as unqueued), priority, start
+  (the earliest ``status.startTime``), which members are elastic extras (beyond
+  ``minMember`` and every ``minTaskMember``, the last started first), and whether it is
+  protected from eviction (a pod terminating, or a PodDisruptionBudget without room);
+- the nominations still worth holding: a nomination is given up when it is older than the
+  timeout or a member of its unit is no longer pending (bound, deleted).
+
+Pure, like the rest of :mod:`batchsched.core`: the time is passed in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from batchsched.core.cycle import Nomination, Plan, QueueInput, Unit
+from batchsched.core.disruption import DisruptionBook, DisruptionBudget
+from batchsched.core.groups import ANNOTATION_TASK, VOLCANO, GroupBook, GroupKey, PodGroup
+from batchsched.core.model import GPU, Pod, PodUID
+from batchsched.core.preemption import RunningPod, RunningUnit
+from batchsched.core.queues import (
+    QueueName,
+    QueueProblem,
+    QueueTree,
+    UsageHistory,
+    assign_queue,
+)
+from batchsched.core.state import ClusterState, Snapshot
+
+__all__ = ["QueueBook", "QueueSettings"]
+
+_NATURAL = re.compile(r"(\d+)")
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in _NATURAL.split(name))
+
+
+@dataclass(slots=True, frozen=True)
+class QueueSettings:
+    """The configuration the book applies (see ``queues`` and ``preemption`` in the config)."""
+
+    default_queue: str = ""
+    #: aging bound of fair share (seconds); 0: none
+    max_wait: float = 0.0
+    #: usage history half-life (seconds); 0: no history
+    history_half_life: float = 0.0
+    history_weight: float = 1.0
+    preemption: bool = True
+    nomination_timeout: float = 300.0
+    max_searches: int = 64
+
+
+@dataclass(slots=True)
+class _Once:
+    """The running units, built at most once per cycle, and kept for the queue status."""
+
+    build: Callable[[], list[RunningUnit]]
+    value: list[RunningUnit] | None = None
+
+    def __call__(self) -> list[RunningUnit]:
+        if self.value is None:
+            self.value = self.build()
+        return self.value
+
+
+@dataclass(slots=True)
+class _Waiting:
+    queue: QueueName | QueueProblem | None
+    keys: set[str] = field(default_factory=set)
+
+
+class QueueBook:
+    """Queues, namespace labels, disruption budgets and nominations (one writer)."""
+
+    def __init__(self, settings: QueueSettings | None = None) -> None:
+        self.settings = settings or QueueSettings()
+        self.queue_objects: dict[str, Mapping[str, Any]] = {}
+        self.namespaces: dict[str, Mapping[str, str]] = {}
+        self.budgets = DisruptionBook()
+        self.nominations: dict[str, Nomination] = {}
+        s = self.settings
+        self.history = (
+            UsageHistory(s.history_half_life, weight=s.history_weight) if s.history_half_life > 0 else None
+        )
+        #: bumps when something that decides a unit's queue changed (queues, namespace labels)
+        self.generation = 0
+        #: unit key -> its queue (or problem), for units that were not placed when last tried
+        self.waiting: dict[str, QueueName | QueueProblem | None] = {}
+        #: the running units of the last :meth:`prepare` (after the cycle ran)
+        self.last_running: _Once | None = None
+        #: the running units last built, and what they were built from
+        self._running: tuple[tuple[Any, ...], list[RunningUnit]] | None = None
+
+    # -- mirror ----------------------------------------------------------------------------
+
+    def queue_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        old = self.queue_objects.get(name)
+        if kind == "DELETED":
+            self.queue_objects.pop(name, None)
+        else:
+            self.queue_objects[name] = obj
+        if kind == "DELETED" or old is None or old.get("spec") != obj.get("spec"):
+            self.generation += 1
+
+    def replace_queues(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.queue_objects = {str((o.get("metadata") or {}).get("name") or ""): o for o in items}
+        self.generation += 1
+
+    def namespace_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        if kind == "DELETED":
+            if self.namespaces.pop(name, None) is not None:
+                self.generation += 1
+            return
+        if self.namespaces.get(name) != labels:
+            self.namespaces[name] = labels
+            self.generation += 1
+
+    def replace_namespaces(self, items: Iterable[Mapping[str, Any]]) -> None:
+        fresh: dict[str, Mapping[str, str]] = {}
+        for o in items:
+            meta = o.get("metadata") or {}
+            fresh[str(meta.get("name") or "")] = {
+                str(k): str(v) for k, v in (meta.get("labels") or {}).items()
+            }
+        if fresh != self.namespaces:
+            self.namespaces = fresh
+            self.generation += 1
+
+    def budget_event(self, kind: str, budget: DisruptionBudget) -> None:
+        self.budgets.event(kind, budget)
+
+    def replace_budgets(self, budgets: Iterable[DisruptionBudget]) -> None:
+        self.budgets.replace(budgets)
+
+    # -- building the cycle's input -----------------------------------------------------------
+
+    def tree(self, columns: Sequence[str]) -> QueueTree:
+        return QueueTree.from_objects(self.queue_objects.values(), columns)
+
+    def queue_of(
+        self, pods: Sequence[Pod], group: PodGroup | None, tree: QueueTree
+    ) -> QueueName | QueueProblem | None:
+        labels: Mapping[str, str] = {}
+        if group is not None and group.labels.get("batchsched.io/queue"):
+            labels = group.labels
+        else:
+            labels = next((p.labels for p in pods if p.labels.get("batchsched.io/queue")), {})
+        namespace = group.namespace if group is not None else (pods[0].namespace if pods else "")
+        return assign_queue(
+            labels=labels,
+            podgroup_queue=group.queue or None if group is not None and group.api == VOLCANO else None,
+            namespace_labels=self.namespaces.get(namespace),
+            default_queue=self.settings.default_queue or None,
+            tree=tree,
+        )
+
+    def prepare(
+        self,
+        *,
+        state: ClusterState,
+        groups: GroupBook,
+        snap: Snapshot,
+        units: Sequence[Unit],
+        now: float,
+    ) -> QueueInput:
+        """The cycle's queue input for ``units`` (``now``: wall-clock seconds)."""
+        tree = self.tree(snap.columns)
+        queue_of: dict[str, QueueName | QueueProblem | None] = {}
+        for u in units:
+            if u.blocked:
+                continue
+            # even with no queue at all: work naming one is told it does not exist
+            q = self.queue_of(u.pods, groups.groups.get(GroupKey(u.key)), tree)
+            if q is not None:
+                queue_of[u.key] = q
+        self.nominations = self._live(state, now)
+        running = _Once(lambda: self.running(state=state, groups=groups, snap=snap, tree=tree, now=now))
+        self.last_running = running
+        s = self.settings
+        return QueueInput(
+            tree=tree,
+            queue_of=queue_of,
+            running=running,
+            nominations=tuple(self.nominations.values()),
+            now=now,
+            history=self.history,
+            max_wait=s.max_wait or None,
+            preemption=s.preemption,
+            max_searches=s.max_searches,
+        )
+
+    def _live(self, state: ClusterState, now: float) -> dict[str, Nomination]:
+        out: dict[str, Nomination] = {}
+        timeout = self.settings.nomination_timeout
+        for key, n in self.nominations.items():
+            if now - n.since > timeout:
+                continue
+            if not all(PodUID(uid) in state.pending for uid in n.pods):
+                continue
+            out[key] = n
+        return out
+
+    def expired(self, state: ClusterState, now: float) -> list[Nomination]:
+        """The nominations the next :meth:`prepare` gives up because they timed out."""
+        timeout = self.settings.nomination_timeout
+        return [
+            n for n in self.nominations.values()
+            if now - n.since > timeout and all(PodUID(u) in state.pending for u in n.pods)
+        ]
+
+    def running(
+        self,
+        *,
+        state: ClusterState,
+        groups: GroupBook,
+        snap: Snapshot,
+        tree: QueueTree,
+        now: float,
+    ) -> list[RunningUnit]:
+        """Every running or assumed unit of ours, as the cycle and preemption see it.
+
+        Kept while nothing they are built from changed (pods charged or changed, nodes,
+        groups and priority classes, queues, namespace labels, budgets)."""
+        key = (
+            state.charge_generation, snap.node_generation, len(snap.nodes), len(snap.columns),
+            groups.version, self.generation, self.budgets.version, id(state), id(groups),
+        )
+        if self._running is not None and self._running[0] == key:
+            return self._running[1]
+        out = self._build_running(state=state, groups=groups, snap=snap, tree=tree, now=now)
+        self._running = (key, out)
+        return out
+
+    def _build_running(
+        self,
+        *,
+        state: ClusterState,
+        groups: GroupBook,
+        snap: Snapshot,
+        tree: QueueTree,
+        now: float,
+    ) -> list[RunningUnit]:
+        rows: dict[str, int] = {n.name: i for i, n in enumerate(snap.nodes)}
+        width = len(snap.columns)
+        gpu = snap.columns.index(GPU) if GPU in snap.columns else -1
+        by_unit: dict[str, list[tuple[Pod, int, Any]]] = {}
+        unit_group: dict[str, PodGroup | None] = {}
+        for uid, (node, vec) in state.charges.items():
+            row = rows.get(node)
+            pod = state.pods.get(uid)
+            if row is None or pod is None or not state.ours(pod):
+                continue
+            group = groups.group_of(uid)
+            key = group.key if group is not None else pod.key
+            if len(vec) != width:
+                vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
+            by_unit.setdefault(key, []).append((pod, row, vec))
+            unit_group[key] = group
+        out: list[RunningUnit] = []
+        for key in sorted(by_unit):
+            members = by_unit[key]
+            group = unit_group[key]
+            pods = [m[0] for m in members]
+            q = self.queue_of(pods, group, tree)
+            queue = q if isinstance(q, str) else None
+            elastic = _elastic(pods, group)
+            protected = "terminating" if any(p.deleting for p in pods) else self.budgets.protecting(pods)
+            start = min((p.started for p in pods if p.started), default=now)
+            running_pods = tuple(
+                RunningPod(uid=pod.uid, node=row, req=vec, gpus=int(vec[gpu]) if gpu >= 0 else 0,
+                           elastic=pod.uid in elastic)
+                for pod, row, vec in sorted(members, key=lambda m: (m[0].created, _natural(m[0].name)))
+            )
+            if group is not None:
+                priority = groups.priority(group, pods)
+                created, unit_uid = group.created, group.uid or key
+            else:
+                priority, created, unit_uid = pods[0].priority, pods[0].created, str(pods[0].uid)
+            out.append(RunningUnit(
+                key=key, queue=queue, priority=priority, created=created, uid=unit_uid, start=start,
+                pods=running_pods, protected=protected,
+            ))
+        return out
+
+    def settle(self, plan: Plan, queue_of: Mapping[str, QueueName | QueueProblem | None]) -> None:
+        """After a cycle: keep its nominations, and which units wait in which queue."""
+        self.nominations = {n.unit: n for n in plan.nominations}
+        for key in plan.tried:
+            if key in plan.placed_units:
+                self.waiting.pop(key, None)
+            else:
+                self.waiting[key] = queue_of.get(key)
+        for key in plan.failed_units:
+            if key in queue_of:
+                self.waiting[key] = queue_of[key]
+
+    def drop(self, unit: str) -> Nomination | None:
+        """Give up ``unit``'s nomination (an eviction for it was refused, or it is gone)."""
+        return self.nominations.pop(unit, None)
+
+    # -- status ----------------------------------------------------------------------------
+
+    def statuses(self, tree: QueueTree, pending: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
+        """Each Queue's ``status`` from a charged tree (see :meth:`QueueTree.status`).
+
+        ``pending(unit key)``: whether the unit still has pods waiting (forgotten if not).
+        """
+        for key in [k for k in self.waiting if not pending(k)]:
+            del self.waiting[key]
+        waiting: Counter[str] = Counter()
+        misplaced: Counter[str] = Counter()
+        for q in self.waiting.values():
+            if isinstance(q, QueueProblem):
+                if q.reason == "QueueNotLeaf":
+                    misplaced[q.queue] += 1
+            elif q is not None:
+                waiting[q] += 1
+        admitted: Counter[str] = Counter()
+        running = self.last_running.value if self.last_running is not None else None
+        for w in running or ():
+            if w.queue is not None:
+                admitted[w.queue] += 1
+        return {
+            name: tree.status(name, pending=waiting[name], admitted=admitted[name], misplaced=misplaced[name])
+            for name in sorted(self.queue_objects)
+            if name
+        }
+
+
+def _elastic(pods: Sequence[Pod], group: PodGroup | None) -> set[str]:
+    """The members beyond the group's quorum (``minMember`` and each task's minimum),
+    the last started first."""
+    if group is None or group.invalid or len(pods) <= group.min_member:
+        return set()
+    tasks = Counter(p.annotations.get(ANNOTATION_TASK, "") for p in pods)
+    out: set[str] = set()
+    taken: Counter[str] = Counter()
+    newest_first = sorted(pods, key=lambda p: (p.started, p.created, _natural(p.name)), reverse=True)
+    for pod in newest_first:
+        if len(pods) - len(out) <= group.min_member:
+            break
+        task = pod.annotations.get(ANNOTATION_TASK, "")
+        if tasks[task] - taken[task] <= group.min_task_member.get(task, 0):
+            continue
+        out.add(pod.uid)
+        taken[task] += 1
+    return out
