@@ -265,13 +265,21 @@ async def _gangs(kube: KubeClient) -> int:
             held = sum(1 for p in mine if p["spec"].get("nodeName") and p["status"].get("phase") not in ("Succeeded", "Failed"))
             done = sum(1 for p in mine if p["status"].get("phase") == "Succeeded")
             state[job] = (held, done, workers + 1)
-            if 0 < held < workers + 1:
-                print(f"  PARTIAL GANG: {job} holds {held} of {workers + 1} pods")
+            # members finish one by one, but none may be bound while another still waits
+            if 0 < held + done < workers + 1:
+                print(f"  PARTIAL GANG: {job} has {held + done} of {workers + 1} pods placed")
                 return 1
         now = time.monotonic() - start
         changed = False
         for job, (held, done, n) in state.items():
-            phase = "running whole" if held == n else ("finished" if done == n else "waiting whole")
+            if held == n:
+                phase = "running whole"
+            elif done == n:
+                phase = "finished"
+            elif held + done == n:
+                phase = "finishing"
+            else:
+                phase = "waiting whole"
             if not timeline[job] or timeline[job][-1][1] != phase:
                 timeline[job].append((now, phase))
                 changed = True
@@ -282,7 +290,7 @@ async def _gangs(kube: KubeClient) -> int:
             waiting = next(j for j, (h, d, _) in state.items() if h == 0 and d == 0)
             group = await kube.get(f"{XK8S}/namespaces/{GANG_NAMESPACE}/podgroups/{waiting}")
             conds = (group.get("status") or {}).get("conditions") or []
-            if conds:
+            if conds and not str(conds[-1].get("message", "")).startswith("waiting for pods"):
                 print(f"  {waiting} PodGroup status: phase {group['status'].get('phase')}: {conds[-1].get('message')}")
                 shown_wait = True
         if all(d == n for _, d, n in state.values()):
@@ -294,6 +302,136 @@ async def _gangs(kube: KubeClient) -> int:
         print("  the gangs did not both finish in time")
         return 1
     print("both jobs ran whole, one after the other; neither ever held part of the GPUs.")
+    return await _queues(kube)
+
+
+QUEUES = "/apis/batchsched.io/v1alpha1/queues"
+TEAM_NAMESPACE = "teams"
+BIG_MODELS = ["G2", "G3"]
+
+
+def _team_pod(name: str, queue: str, *, group: str = "", priority: str = "default-priority") -> dict[str, Any]:
+    labels = {"batchsched.io/queue": queue}
+    if group:
+        labels["scheduling.x-k8s.io/pod-group"] = group
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": {"batchsched.io/sim-duration": "600s"}},
+        "spec": {
+            "schedulerName": "batchsched",
+            "priorityClassName": priority,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": BIG_MODELS}]}]}}},
+            "containers": [{"name": "train", "image": "trainer:latest", "resources": {
+                "requests": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}}],
+        },
+    }
+
+
+async def _team_gang(kube: KubeClient, name: str, queue: str, size: int, priority: str) -> None:
+    await kube.create(f"{XK8S}/namespaces/{TEAM_NAMESPACE}/podgroups", {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": name, "labels": {"batchsched.io/queue": queue}}, "spec": {"minMember": size}})
+    for i in range(size):
+        await kube.create(f"/api/v1/namespaces/{TEAM_NAMESPACE}/pods", _team_pod(f"{name}-{i}", queue, group=name, priority=priority))
+
+
+async def _running_by(kube: KubeClient) -> dict[str, int]:
+    items, _ = await kube.list(f"/api/v1/namespaces/{TEAM_NAMESPACE}/pods")
+    out: Counter[str] = Counter()
+    for p in items:
+        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp") \
+                and p["status"].get("phase") not in ("Succeeded", "Failed"):
+            out[p["metadata"]["labels"].get("scheduling.x-k8s.io/pod-group") or p["metadata"]["name"]] += 1
+    return dict(out)
+
+
+async def _settle(kube: KubeClient, seconds: float = 3.0) -> dict[str, int]:
+    last: dict[str, int] = {}
+    stable = time.monotonic()
+    deadline = time.monotonic() + 60
+    while time.monotonic() - stable < seconds and time.monotonic() < deadline:
+        now = await _running_by(kube)
+        if now != last:
+            last, stable = now, time.monotonic()
+        await asyncio.sleep(0.3)
+    return last
+
+
+async def _queue_line(kube: KubeClient, name: str) -> str:
+    q = await kube.get(f"{QUEUES}/{name}")
+    st = q.get("status") or {}
+
+    def gpu(field: str) -> str:
+        value = (st.get(field) or {}).get("nvidia.com/gpu", 0)
+        return str(value)
+
+    return (f"{name}: nominal {gpu('nominal')} GPUs, using {gpu('used')}, borrowed {gpu('borrowed')}, "
+            f"lent {gpu('lent')}")
+
+
+async def _print_queues(kube: KubeClient) -> None:
+    await asyncio.sleep(2.5)  # queue status is written every couple of seconds
+    for name in ("team-nlp", "team-vision"):
+        print("    " + await _queue_line(kube, name))
+
+
+async def _queues(kube: KubeClient) -> int:
+    """Two teams share the 8-GPU nodes through queues: borrowing, reclaim, priority preemption."""
+    print("\nphase 3: queues. team-nlp and team-vision each get 80 of the 160 GPUs on the 8-GPU nodes, "
+          "and may borrow what the other leaves idle")
+    while True:  # the gangs of phase 2 must be done
+        items, _ = await kube.list(f"/api/v1/namespaces/{GANG_NAMESPACE}/pods")
+        if all(p["status"].get("phase") in ("Succeeded", "Failed") for p in items):
+            break
+        await asyncio.sleep(1)
+    with contextlib.suppress(ConflictError):
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": TEAM_NAMESPACE}})
+    await kube.create(QUEUES, {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue",
+                               "metadata": {"name": "research"}, "spec": {}})
+    for team in ("team-nlp", "team-vision"):
+        await kube.create(QUEUES, {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue", "metadata": {"name": team},
+                                   "spec": {"parent": "research", "weight": 1,
+                                            "resources": [{"name": "nvidia.com/gpu", "nominal": 80}]}})
+    await asyncio.sleep(1.5)
+
+    print("  1. team-nlp starts two low-priority hyper-parameter sweeps, gangs of 10 x 8 GPUs: all 160 GPUs, "
+          "80 of them borrowed from idle team-vision")
+    await _team_gang(kube, "nlp-sweep-a", "team-nlp", 10, "low-priority")
+    await _team_gang(kube, "nlp-sweep-b", "team-nlp", 10, "low-priority")
+    running = await _settle(kube)
+    print(f"    running: {running}")
+    await _print_queues(kube)
+    ok = running.get("nlp-sweep-a") == 10 and running.get("nlp-sweep-b") == 10
+
+    print("  2. team-vision submits a training gang of 10 x 8 GPUs, within its own 80: batchsched reclaims "
+          "the GPUs team-nlp borrowed, evicting one sweep whole")
+    await _team_gang(kube, "vision-train", "team-vision", 10, "default-priority")
+    running = await _settle(kube)
+    print(f"    running: {running}")
+    await _print_queues(kube)
+    ok = ok and running.get("vision-train") == 10 and sum(v for k, v in running.items() if k.startswith("nlp")) == 10
+    evicted = [k for k in ("nlp-sweep-a", "nlp-sweep-b") if not running.get(k)]
+    if evicted:
+        events, _ = await kube.list(f"/api/v1/namespaces/{TEAM_NAMESPACE}/events",
+                                    fieldSelector=f"involvedObject.name={evicted[0]}-0")
+        why = next((e["message"] for e in events if e.get("reason") == "Preempted"), "")
+        if why:
+            print(f"    {evicted[0]}-0: {why}")
+
+    print("  3. team-nlp needs an urgent evaluation job (high priority, 2 x 8 GPUs); the cluster is full and "
+          "team-nlp is at its nominal, so batchsched preempts its own low-priority sweep, as a whole gang")
+    await _team_gang(kube, "nlp-urgent-eval", "team-nlp", 2, "high-priority")
+    running = await _settle(kube)
+    print(f"    running: {running}")
+    await _print_queues(kube)
+    ok = ok and running.get("nlp-urgent-eval") == 2 and running.get("vision-train") == 10 \
+        and not any(running.get(k) for k in ("nlp-sweep-a", "nlp-sweep-b"))
+    if not ok:
+        print("  the queue phase did not end as expected")
+        return 1
+    print("borrowed GPUs went back to their owner, and the urgent job displaced a whole low-priority gang, "
+          "never part of one.")
     return 0
 
 
