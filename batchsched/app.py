@@ -51,6 +51,7 @@ from batchsched.core.model import PodUID, parse_node, parse_pod
 from batchsched.core.queuebook import QueueBook, QueueSettings
 from batchsched.core.queues import QUEUE_LABEL
 from batchsched.core.state import ClusterState
+from batchsched.core.topology import CLUSTER, TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import KubeError, NotFoundError
@@ -88,6 +89,7 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
     return (
         group.min_member, dict(group.min_resources), dict(group.min_task_member),
         group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
+        group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
     )
 
 
@@ -120,7 +122,7 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.identity = identity or config.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.state = ClusterState(config.scheduler_names)
-        self.cycle = Cycle(config.scoring_config())
+        self.cycle = Cycle(config.scoring_config(), levels=config.topology_levels())
         self.binder = Binder(
             client, concurrency=config.binder.concurrency, retries=config.binder.retries,
             on_result=self._bind_result,
@@ -131,6 +133,7 @@ class Scheduler:
             default_timeout=gang.default_schedule_timeout_seconds,
             initial_backoff=gang.initial_backoff_seconds,
             max_backoff=gang.max_backoff_seconds,
+            levels=config.topology_levels(),
         )
         self.evictor = Evictor(client, concurrency=gang.eviction_concurrency, on_result=self._evict_result)
         self.group_status = GroupStatusWriter(client)
@@ -328,7 +331,7 @@ class Scheduler:
         uid = PodUID(b.uid)
         if outcome == "bound":
             if self.config.status.scheduled_events:
-                self.status.pod_scheduled(pod_ref(b.namespace, b.name, b.uid), b.node)
+                self.status.pod_scheduled(pod_ref(b.namespace, b.name, b.uid), b.node, where=b.where)
             return
         self._assumed_at.pop(uid, None)
         self.state.forget(uid)
@@ -580,8 +583,9 @@ class Scheduler:
                     )
                     extra = placed[key] - unit.min_count
                     more = f" and {extra} elastic member(s)" if unit.min_count and extra > 0 else ""
+                    where = self._placed_where(unit, plan.placed_where.get(key, ""))
                     self.status.event(group_ref(group), type="Normal", reason="Scheduled",
-                                      message=f"placed {what}{more}")
+                                      message=f"placed {what}{more}{where}")
             elif key in plan.nominated:
                 # it preempted others (or waits for them to go): retried in the next cycles
                 self._unit_message[key] = ("WaitingForPreemption", plan.nominated[key])
@@ -594,6 +598,16 @@ class Scheduler:
                 self._unit_message[key] = (reason, failed[key])
                 if not unit.blocked and key not in plan.deferred:
                     self._group_attempts[key] = (gen, now)
+
+    def _placed_where(self, unit: Unit, where: str) -> str:
+        """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
+        if not where:
+            return ""
+        if where != CLUSTER:
+            return f" within {where}"
+        level = unit.topology_level
+        name = self.cycle.levels.name(level) if level is not None else "domain"
+        return f" across the cluster (no single {name} had room for it)"
 
     def _sync_groups(self, now: float) -> None:
         """Write the status of the groups that changed (and, now and then, of every group)."""

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from batchsched.core.scoring import ScoringConfig
+from batchsched.core.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
 
 
 class ConfigError(ValueError):
@@ -107,6 +108,13 @@ class PreemptionSection:
 
 
 @dataclass(slots=True, frozen=True)
+class TopologySection:
+    #: node label keys of the topology levels, narrowest first; gangs name a level by the
+    #: key's last segment (``batchsched.io/topology: rack``)
+    levels: tuple[str, ...] = (RACK_LABEL, BLOCK_LABEL)
+
+
+@dataclass(slots=True, frozen=True)
 class Config:
     scheduler_names: tuple[str, ...] = ("batchsched",)
     scoring: ScoringSection = field(default_factory=ScoringSection)
@@ -117,11 +125,18 @@ class Config:
     gang: GangSection = field(default_factory=GangSection)
     queues: QueuesSection = field(default_factory=QueuesSection)
     preemption: PreemptionSection = field(default_factory=PreemptionSection)
+    topology: TopologySection = field(default_factory=TopologySection)
     metrics_address: str = "127.0.0.1:10351"
     identity: str = ""
 
     def scoring_config(self) -> ScoringConfig:
         return _scoring(self.scoring)
+
+    def topology_levels(self) -> TopologyLevels:
+        try:
+            return TopologyLevels(self.topology.levels)
+        except ValueError as exc:
+            raise ConfigError(f"config: topology.levels: {exc}") from None
 
 
 def _camel(name: str) -> str:
@@ -237,6 +252,7 @@ def _validate(cfg: Config) -> None:
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")
     cfg.scoring_config()
+    cfg.topology_levels()
 
 
 def parse_config(data: Any) -> Config:

@@ -477,6 +477,10 @@ class GroupBuilder:
         self._obj["metadata"]["creationTimestamp"] = _timestamp(when)
         return self
 
+    def annotate(self, annotations: Mapping[str, str] | None = None, /, **kw: str) -> Self:
+        self._obj["metadata"].setdefault("annotations", {}).update(_merged(annotations, kw))
+        return self
+
     def min_member(self, value: Any) -> Self:
         """Any JSON value, so malformed groups can be built too; ``None`` removes it."""
         if value is None:

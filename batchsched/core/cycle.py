@@ -21,11 +21,16 @@ The algorithm, in order:
    (best effort, one kernel call); any other unit is handed over alone with ``min_count``
    = its quorum, so the kernel places all of its first ``min_count`` members or none, and
    its extra (elastic) members only as room allows. A queued unit is first admitted by
-   quota (its quorum, then as many extras as quota allows).
+   quota (its quorum, then as many extras as quota allows). A gang with a topology policy
+   (:attr:`Unit.topology_level`) goes through
+   :func:`~batchsched.core.topology.place_gang_topology` instead of the bare kernel: its
+   quorum inside one rack (or block...), else anywhere (preferred) or nowhere (required);
+   the rest of a required gang whose members already hold nodes stays in their domain.
 4. A unit whose quorum does not fit (by quota or on the nodes) may preempt: the running
    units it may evict (lower priority in its queue, borrowers of its cohort, lower-priority
    unqueued work; never protected units, never units admitted in this cycle) go to
-   :func:`~batchsched.core.preemption.select_victims`. A preemption removes the victims
+   :func:`~batchsched.core.preemption.select_victims` (checking room with the gang's
+   topology, so the room freed is room it can use). A preemption removes the victims
    from this cycle's view, charges the quorum to the nodes the search named and records a
    :class:`Nomination`; the unit is bound in a later cycle, once its victims are gone.
 5. Each placed member becomes a :class:`Binding`; each pod that could not be placed
@@ -72,6 +77,14 @@ from batchsched.core.queues import (
 )
 from batchsched.core.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.state import Snapshot
+from batchsched.core.topology import (
+    CLUSTER,
+    DomainCache,
+    Domains,
+    TopologyLevels,
+    place_gang_topology,
+    topology_placer,
+)
 
 IntArray = npt.NDArray[np.int64]
 
@@ -88,6 +101,13 @@ class Unit:
     uid: str
     #: why the unit may not be placed at all, when that is known before placement
     blocked: str = ""
+    #: the topology level its quorum is kept inside (see :mod:`batchsched.core.topology`),
+    #: None for no topology policy; required (else preferred) by ``topology_required``
+    topology_level: int | None = None
+    topology_required: bool = False
+    #: nodes of members already holding resources, in member order (a required topology
+    #: keeps the rest of the gang in their domain)
+    placed_on: tuple[str, ...] = ()
 
     @property
     def single(self) -> bool:
@@ -116,6 +136,8 @@ class Binding:
     name: str
     node: str
     unit: str
+    #: the topology domain its gang was placed in (``rack r-3``); empty when none was asked
+    where: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -216,6 +238,9 @@ class Plan:
     failed_units: dict[str, str] = field(default_factory=dict)
     #: unit key -> number of members placed, for units that were placed
     placed_units: dict[str, int] = field(default_factory=dict)
+    #: unit key -> where a placed unit with a topology policy went: a domain (``rack r-3``)
+    #: or :data:`~batchsched.core.topology.CLUSTER` (a preferred topology that fell back)
+    placed_where: dict[str, str] = field(default_factory=dict)
     #: unit key -> condition reason for failed units whose reason is not "Unschedulable"
     reasons: dict[str, str] = field(default_factory=dict)
     #: preemptions decided in this cycle
@@ -237,11 +262,17 @@ Kernel = Callable[..., int]
 
 
 class Cycle:
-    """Holds what survives between cycles (node filter, scoring arrays) and runs one."""
+    """Holds what survives between cycles (node filter, scoring arrays, topology domains)
+    and runs one. ``levels``: the topology levels gangs may ask for (the default ones when
+    None)."""
 
-    def __init__(self, scoring: ScoringConfig, *, use_jit: bool = True) -> None:
+    def __init__(
+        self, scoring: ScoringConfig, *, use_jit: bool = True, levels: TopologyLevels | None = None
+    ) -> None:
         scoring.validate()
         self.scoring = scoring
+        self.levels = levels if levels is not None else TopologyLevels()
+        self._domain_cache = DomainCache()
         self._place: Kernel = kernels.place_members if use_jit else reference.place_members
         self._insufficient: Callable[..., Any] = (
             kernels.insufficient_counts if use_jit else reference.insufficient_counts
@@ -259,6 +290,9 @@ class Cycle:
             self._filter_key = key
             self._rows = {n.name: i for i, n in enumerate(snap.nodes)}
         return self._filter
+
+    def _topology(self, snap: Snapshot) -> Domains:
+        return self._domain_cache.get(snap.nodes, self.levels)
 
     def _scoring_arrays(self, columns: tuple[str, ...]) -> ScoringArrays:
         if self._arrays is None or columns != self._arrays_columns:
@@ -329,6 +363,8 @@ class _Layout:
     sig: IntArray
     masks: npt.NDArray[np.bool_]
     static: IntArray
+    #: the topology domain the masks were narrowed to (``rack r-3``), when they were
+    domain: str = ""
 
 
 class _Candidates:
@@ -436,6 +472,9 @@ class _Walk:
         self.kernel_time = 0.0
         self.preempt_time = 0.0
         self.layouts: dict[str, _Layout] = {}
+        #: unit key -> its layout narrowed to the domain its placed members are in
+        self.narrowed: dict[str, _Layout] = {}
+        self._domains: Domains | None = None
         self.requests: dict[str, IntArray | None] = {}
         self.running: list[RunningUnit] | None = None
         self.candidates: _Candidates | None = None
@@ -579,6 +618,40 @@ class _Walk:
             self.layouts[key] = out
         return out
 
+    def domains(self) -> Domains:
+        """The topology domains of the snapshot's nodes (built once, when first needed)."""
+        if self._domains is None:
+            self._domains = self.cycle._topology(self.snap)
+        return self._domains
+
+    def unit_layout(self, unit: Unit) -> _Layout:
+        """:meth:`layout` of the unit's pods; for a gang that must stay inside one domain
+        and already has members placed there, with its masks narrowed to that domain."""
+        lay = self.layout(unit.pods, unit.key)
+        level = unit.topology_level
+        if level is None or not unit.topology_required or not unit.placed_on:
+            return lay
+        narrowed = self.narrowed.get(unit.key)
+        if narrowed is not None:
+            return narrowed
+        # the domain of the first placed member on a known node that has the level's label
+        rows = (self.rows.get(name, -1) for name in unit.placed_on)
+        narrowed = next((n for n in (self._narrow(lay, level, r) for r in rows if r >= 0) if n), None)
+        if narrowed is None:
+            return lay  # nothing to keep to: place the rest as a gang of its own
+        self.narrowed[unit.key] = narrowed
+        return narrowed
+
+    def _narrow(self, lay: _Layout, level: int, row: int) -> _Layout | None:
+        """``lay`` with its masks narrowed to the domain of ``level`` holding node ``row``;
+        None when the node has no label for that level."""
+        domains = self.domains()
+        domain = domains.domain_of(level, row)
+        if domain < 0:
+            return None
+        return _Layout(lay.reqs, lay.sig, lay.masks & domains.nodes_of(level, domain),
+                       lay.static, domains.label(level, domain))
+
     def quorum_vector(self, unit: Unit) -> IntArray:
         reqs = self.request_matrix(unit.pods, unit.key)
         if reqs is None:
@@ -618,6 +691,42 @@ class _Walk:
         self.kernel_time += time.perf_counter() - k0
         return int(placed)
 
+    def _place(self, unit: Unit, lay: _Layout, k: int, mc: int, out: IntArray) -> tuple[int, str]:
+        """Place the first ``k`` members of ``unit``, the first ``mc`` all or none:
+        ``(members placed, where)``.
+
+        Without a topology policy, and for elastic extras alone (``mc == 0``: their quorum
+        is placed, the masks keep them to its domain when it must be kept), the kernel
+        places them as they are, and ``where`` is the domain the masks were narrowed to
+        (if any). A gang with a policy goes through :func:`place_gang_topology`: ``where``
+        is the domain it got, or :data:`CLUSTER`, or when nothing was placed, why."""
+        assert lay.reqs is not None
+        reqs = np.ascontiguousarray(lay.reqs[:k])
+        sig = lay.sig[:k]
+        level = unit.topology_level
+        if level is None or mc == 0:
+            placed = self._kernel(reqs, lay, sig, mc, out)
+            return placed, lay.domain if placed else ""
+        k0 = time.perf_counter()
+        placed, where = place_gang_topology(
+            self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, self.arrays, mc, out,
+            self.domains(), required_level=level if unit.topology_required else None,
+            place=self.cycle._place, columns=self.snap.columns,
+        )
+        self.kernel_time += time.perf_counter() - k0
+        return placed, where
+
+    def _placer(self, unit: Unit) -> Kernel:
+        """The placement the victim search checks room with: topology-aware for a gang with
+        a policy, so that the room it frees is room the gang can use."""
+        level = unit.topology_level
+        if level is None:
+            return self.cycle._place
+        return topology_placer(
+            self.domains(), required_level=level if unit.topology_required else None,
+            place=self.cycle._place, columns=self.snap.columns,
+        )
+
     def _fail(self, unit: Unit, message: str, pods: Sequence[Pod] | None = None, reason: str = "") -> None:
         plan = self.plan
         plan.failed_units[unit.key] = message
@@ -626,9 +735,9 @@ class _Walk:
         for pod in unit.pods if pods is None else pods:
             plan.unschedulable.append(Unschedulable(pod, message, unit.key, reason or "Unschedulable"))
 
-    def _bind(self, unit: Unit, pod: Pod, row: int) -> None:
+    def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "") -> None:
         self.plan.bindings.append(
-            Binding(pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key)
+            Binding(pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key, where)
         )
 
     # -- the walk ---------------------------------------------------------------------------
@@ -673,7 +782,7 @@ class _Walk:
             if unit.blocked:
                 self._fail(unit, unit.blocked)
                 order.skipped(unit)
-            elif unit.single and q is None:
+            elif unit.single and q is None and unit.topology_level is None:
                 more = order.more(_alike(unit.pods[0].constraint_key()))
                 plan.tried.extend(u.key for u in more)
                 self._singles(order, [unit, *more])
@@ -705,7 +814,7 @@ class _Walk:
     def _try_place(self, q: QueueName | None, unit: Unit) -> bool:
         """Place ``unit`` if quota and nodes allow, recording bindings; nothing on failure."""
         pods = unit.pods
-        lay = self.layout(pods, unit.key)
+        lay = self.unit_layout(unit)
         if lay.reqs is None or any(p.invalid for p in pods[: max(1, unit.min_count)]):
             return False
         mc = 1 if unit.single else unit.min_count
@@ -713,15 +822,18 @@ class _Walk:
         if k == 0:
             return False
         out = np.full(k, -1, dtype=np.int64)
-        placed = self._kernel(np.ascontiguousarray(lay.reqs[:k]), lay, lay.sig[:k], mc, out)
+        placed, where = self._place(unit, lay, k, mc, out)
         if placed == 0:
             return False
-        self._admitted(q, unit, lay, out, k)
+        self._admitted(q, unit, lay, out, k, where)
         return True
 
-    def _admitted(self, q: QueueName | None, unit: Unit, lay: _Layout, out: IntArray, k: int) -> None:
+    def _admitted(
+        self, q: QueueName | None, unit: Unit, lay: _Layout, out: IntArray, k: int, where: str = ""
+    ) -> None:
         """Record the placed members of ``unit`` (``out``: node per member of the first
-        ``k``); extras that did not fit, or that quota refused, are told why.
+        ``k``; ``where``: the topology domain they are in, if any); extras that did not
+        fit, or that quota refused, are told why.
 
         Members placed on capacity that preempted pods still hold (they are terminating)
         are not bound yet: the unit gets a nomination on those nodes instead."""
@@ -745,16 +857,24 @@ class _Walk:
             )
             return
         plan.placed_units[unit.key] = len(members)
+        if where:
+            plan.placed_where[unit.key] = where
+        domain = "" if where == CLUSTER else where
+        level = unit.topology_level
+        told = lay
+        if domain and unit.topology_required and level is not None and not lay.domain and rows:
+            # the extras left out were held to the gang's domain: explain them there
+            told = self._narrow(lay, level, rows[0]) or lay
         for m, pod in enumerate(unit.pods):
             if m < k and out[m] >= 0:
-                self._bind(unit, pod, int(out[m]))
+                self._bind(unit, pod, int(out[m]), domain)
                 continue
             if pod.invalid:
                 message = f"pod {pod.key} cannot be scheduled: {pod.invalid}"
             elif m >= k and q is not None:
                 message = self.tree.admissible(q, lay.reqs[m]) or "its queue has no room for it"
             else:
-                message = self.explain(pod, lay.reqs[m], lay.masks[lay.sig[m]])
+                message = self._explain_member(pod, told, m)
             plan.unschedulable.append(
                 Unschedulable(pod, f"elastic member beyond the gang's quorum: {message}", unit.key)
             )
@@ -803,7 +923,7 @@ class _Walk:
             self._fail(unit, f"pod {invalid.key} cannot be scheduled: {invalid.invalid}")
             order.skipped(unit)
             return
-        lay = self.layout(pods, unit.key)
+        lay = self.unit_layout(unit)
         reqs = lay.reqs
         if reqs is None:
             k = 0
@@ -812,11 +932,11 @@ class _Walk:
         else:
             k = self.tree.admissible_prefix(q, reqs, mc)
         out = np.full(len(pods), -1, dtype=np.int64)
-        placed = 0
+        placed, where = 0, ""
         if reqs is not None and k > 0:
-            placed = self._kernel(np.ascontiguousarray(reqs[:k]), lay, lay.sig[:k], mc, out)
+            placed, where = self._place(unit, lay, k, mc, out)
         if placed:
-            self._admitted(q, unit, lay, out, k)
+            self._admitted(q, unit, lay, out, k, where)
             order.admitted(unit)
             return
         if mc == 0:
@@ -827,8 +947,7 @@ class _Walk:
                 elif reqs is not None and m >= k and q is not None:
                     why = self.tree.admissible(q, reqs[m]) or f"queue {q} has no room for it"
                 else:
-                    req = None if reqs is None else reqs[m]
-                    why = self.explain(pod, req, lay.masks[lay.sig[m]])
+                    why = self._explain_member(pod, lay, m)
                 message = f"elastic member beyond the gang's quorum: {why}"
                 self.plan.failed_units.setdefault(unit.key, message)
                 self.plan.unschedulable.append(Unschedulable(pod, message, unit.key))
@@ -837,6 +956,11 @@ class _Walk:
         # the quorum is not placed: by quota, or on the nodes
         if reqs is not None and k == 0 and q is not None and len(pods) >= mc:
             reason = self.tree.admissible(q, reqs[:mc].sum(axis=0)) or f"queue {q} has no room for it"
+        elif unit.topology_required and where and len(pods) >= mc:
+            # no domain of the required level holds the quorum: ``where`` says why
+            reason = where if not lay.domain else (
+                f"its placed members are in {lay.domain}, where the rest must go: {where}"
+            )
         elif unit.single:
             reason = self.explain(pods[0], None if reqs is None else reqs[0], lay.masks[lay.sig[0]])
         else:
@@ -851,6 +975,16 @@ class _Walk:
                 return
         self._fail(unit, _with_preemption(reason, why))
         order.skipped(unit)
+
+    def _explain_member(self, pod: Pod, lay: _Layout, m: int) -> str:
+        """Why member ``m`` of a unit fits no node it may use (its domain's, when narrowed)."""
+        req = None if lay.reqs is None else lay.reqs[m]
+        mask = lay.masks[lay.sig[m]]
+        if not lay.domain:
+            return self.explain(pod, req, mask)
+        # not cached: the cache is keyed by the pod's constraints, which do not narrow
+        detail = self.explain(pod, req, mask, self.used)
+        return f"its gang is placed in {lay.domain} and must stay there: {detail}"
 
     # -- preemption ------------------------------------------------------------------------
 
@@ -883,6 +1017,7 @@ class _Walk:
             q, unit.priority, mc, lay.reqs[:mc].tobytes(), lay.sig[:mc].tobytes(),
             tuple(p.constraint_key() for p in unit.pods[:mc]),
             (unit.created, unit.uid) if policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY else None,
+            unit.topology_level, unit.topology_required, lay.domain,
         )
         seen = self.memo.get(memo_key)
         if seen is not None:
@@ -902,7 +1037,7 @@ class _Walk:
         )
         result = select_victims(
             preemptor, cands, alloc=self.snap.alloc, used=self.used, tree=self.tree,
-            scoring=self.arrays, now=qi.now, place=self.cycle._place,
+            scoring=self.arrays, now=qi.now, place=self._placer(unit),
         )
         if isinstance(result, NoPreemption):
             why = result.reason
@@ -911,9 +1046,9 @@ class _Walk:
         self.memo.clear()  # capacity was freed: earlier failures may not hold any more
         if not result.victims:  # it fits after all (room freed by an earlier preemption)
             out = np.full(len(unit.pods), -1, dtype=np.int64)
-            placed = self._kernel(np.ascontiguousarray(lay.reqs[:mc]), lay, lay.sig[:mc], mc, out)
+            placed, where = self._place(unit, lay, mc, mc, out)
             if placed:
-                self._admitted(q, unit, lay, out, mc)
+                self._admitted(q, unit, lay, out, mc, where)
                 return True, ""
             return False, ""
         self._apply(q, unit, lay, mc, result.victims, result.nodes)
@@ -962,7 +1097,9 @@ def _with_preemption(reason: str, why: str) -> str:
 
 def _alike(ckey: tuple[Any, ...]) -> Callable[[Unit], bool]:
     """Units that may join a run of single pods with these constraints."""
-    return lambda u: u.single and not u.blocked and u.pods[0].constraint_key() == ckey
+    return lambda u: (
+        u.single and not u.blocked and u.topology_level is None and u.pods[0].constraint_key() == ckey
+    )
 
 
 def _victim_message(unit: Unit, q: QueueName | None, nodes: str, v: Victim) -> str:

@@ -22,7 +22,11 @@ per group with pending members:
 - otherwise the unit's ``min_count`` is what is still missing from the quorum (members
   already bound, assumed or finished count), so a gang whose bindings partly failed is
   retried as the remainder of the same gang; the members of each task's quorum come first;
-  members beyond the quorum follow as elastic extras.
+  members beyond the quorum follow as elastic extras;
+- its topology policy (:func:`~batchsched.core.topology.topology_policy`) is read from the
+  PodGroup's annotations, or when the PodGroup asks nothing, from its quorum's first pod's;
+  a bad value blocks the unit with the reason ``InvalidTopology``. A gang required to stay
+  in one domain also carries the nodes its placed members hold, so the rest joins them.
 
 No partial gang survives (:meth:`GroupBook.check`): a group that holds resources with
 fewer than ``minMember`` members placed is given ``scheduleTimeoutSeconds`` to become
@@ -45,6 +49,12 @@ from batchsched.core.cycle import Eviction, Unit
 from batchsched.core.model import PODS, Pod, PodUID, parse_time
 from batchsched.core.quantity import QuantityError, format_units, to_units
 from batchsched.core.state import ClusterState, Snapshot
+from batchsched.core.topology import (
+    TOPOLOGY_ANNOTATION,
+    TOPOLOGY_PREFERRED_ANNOTATION,
+    TopologyLevels,
+    topology_policy,
+)
 
 __all__ = [
     "ANNOTATION_GROUP",
@@ -122,6 +132,8 @@ class PodGroup:
     invalid: str = ""
     observed: GroupStatus = field(default_factory=GroupStatus)
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: ``metadata.annotations`` (the gang's topology policy is read from them)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> GroupKey:
@@ -237,8 +249,16 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
         resource_version=str(meta.get("resourceVersion") or ""),
         invalid="; ".join(problems),
         observed=_observed(status if isinstance(status, Mapping) else {}),
-        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        labels=_strings(meta.get("labels")),
+        annotations=_strings(meta.get("annotations")),
     )
+
+
+def _strings(raw: Any) -> dict[str, str]:
+    """A string map of the metadata (labels, annotations); anything else is no map."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in raw.items()}
 
 
 def group_ref(pod: Pod) -> tuple[str, str] | None:
@@ -360,8 +380,10 @@ class GroupBook:
         default_timeout: float = 300.0,
         initial_backoff: float = 10.0,
         max_backoff: float = 300.0,
+        levels: TopologyLevels | None = None,
     ) -> None:
         self.default_timeout = default_timeout
+        self.levels = levels if levels is not None else TopologyLevels()
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
         self.groups: dict[GroupKey, PodGroup] = {}
@@ -568,10 +590,18 @@ class GroupBook:
                 units.append(_blocked(key, pods, priority, group.created, group.uid, blocked))
                 continue
             ordered, min_count = _quorum_first(group, t)
+            try:
+                level, required = topology_policy(_topology_annotations(group, ordered), self.levels)
+            except ValueError as exc:
+                self.blocked_reasons[key] = "InvalidTopology"
+                units.append(_blocked(key, pods, priority, group.created, group.uid, str(exc)))
+                continue
             units.append(
                 Unit(
                     key=key, pods=tuple(ordered), min_count=min_count, priority=priority,
-                    created=group.created, uid=group.uid or key,
+                    created=group.created, uid=group.uid or key, topology_level=level,
+                    topology_required=required,
+                    placed_on=_placed_on(state, t) if required else (),
                 )
             )
         return units
@@ -707,6 +737,21 @@ def _short_of(group: PodGroup, t: Tally, free: Mapping[str, int]) -> str:
     if not short:
         return ""
     return f"gang {group.display} needs minResources the cluster does not have free: " + ", ".join(short)
+
+
+def _topology_annotations(group: PodGroup, ordered: list[Pod]) -> Mapping[str, str]:
+    """Where the gang's topology policy is read: its PodGroup, or when that asks nothing,
+    the first member of its quorum (for tools that cannot annotate the PodGroup)."""
+    ann = group.annotations
+    if TOPOLOGY_ANNOTATION in ann or TOPOLOGY_PREFERRED_ANNOTATION in ann or not ordered:
+        return ann
+    return ordered[0].annotations
+
+
+def _placed_on(state: ClusterState, t: Tally) -> tuple[str, ...]:
+    """The nodes of the members holding resources, in member order."""
+    nodes = (p.node_name or state.assumed.get(p.uid, "") for p in sorted(t.holding, key=_member_order))
+    return tuple(n for n in nodes if n)
 
 
 def _quorum_first(group: PodGroup, t: Tally) -> tuple[list[Pod], int]:

@@ -196,15 +196,17 @@ class StatusWriter:
         if not waiting and ref.uid not in self._busy:
             self._queue.put_nowait(ref.uid)
 
-    def pod_scheduled(self, ref: ObjectRef, node: str) -> None:
-        """Record that a pod was bound: a ``Scheduled`` Event; its unschedulable state is
+    def pod_scheduled(self, ref: ObjectRef, node: str, *, where: str = "") -> None:
+        """Record that a pod was bound: a ``Scheduled`` Event (saying the topology domain
+        its gang was placed in, ``where``, when there is one); its unschedulable state is
         forgotten (and a condition patch still waiting is dropped)."""
         self.forget(ref.uid)
+        within = f" within {where}, with its gang" if where else ""
         self.event(
             ref,
             type="Normal",
             reason="Scheduled",
-            message=f"Successfully assigned {ref.namespace}/{ref.name} to {node}",
+            message=f"Successfully assigned {ref.namespace}/{ref.name} to {node}{within}",
         )
 
     def forget(self, uid: str) -> None:

@@ -108,6 +108,11 @@ def test_default_config_is_the_shipped_file() -> None:
         ({"leaderElection": {"renewDeadlineSeconds": 30}}, "retryPeriodSeconds < renewDeadlineSeconds"),
         ({"metricsAddress": "nowhere"}, "metricsAddress"),
         ({"status": {"scheduledEvents": "yes"}}, "expected true or false"),
+        ({"topology": {"levels": "batchsched.io/rack"}}, "topology.levels: expected a list"),
+        ({"topology": {"levels": []}}, "topology.levels: topology needs at least one level"),
+        ({"topology": {"levels": ["a.io/rack", "b.io/rack"]}}, "topology.levels: topology levels need distinct names"),
+        ({"topology": {"levels": ["a.io/"]}}, "topology.levels: topology level keys must not be empty"),
+        ({"topology": {"levels": [3]}}, "topology.levels[0]: expected a string"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(data: object, fragment: str) -> None:
@@ -115,6 +120,13 @@ def test_bad_config_is_one_line_naming_the_key(data: object, fragment: str) -> N
         parse_config(data)
     message = str(err.value)
     assert fragment in message and "\n" not in message
+
+
+def test_topology_levels_come_from_the_config() -> None:
+    assert parse_config(None).topology_levels().names == ("rack", "block")
+    levels = parse_config({"topology": {"levels": ["example.com/switch", "example.com/pod"]}}).topology_levels()
+    assert levels.keys == ("example.com/switch", "example.com/pod")
+    assert levels.names == ("switch", "pod")
 
 
 def test_unreadable_config_file(tmp_path: Path) -> None:
