@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--concurrency", type=_csv_ints, default=[1, 16, 64, 256])
     y = sub.add_parser("cycle", help="cycle and kernel benchmarks, no apiserver")
     y.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
+    q = sub.add_parser("queues", help="cycle time with queues (50 queues, 10,000 pending groups, 5,000 nodes)")
+    q.add_argument("rest", nargs=argparse.REMAINDER, help="options of perf/queuebench.py (--nodes, --groups, ...)")
     sub.add_parser("report", help="rewrite the report from the results folder")
     sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
     return p
@@ -157,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd_ceiling(out, args.nodes, args.binds, args.concurrency)
     elif args.command == "cycle":
         cmd_cycle(out, args.quick)
+    elif args.command == "queues":
+        from perf.queuebench import main as queues_main
+
+        write_json(out / "queues.json", queues_main(args.rest))
+        return 0
     written = write_report(out)
     log(f"report: {written['report.md']}")
     return 0

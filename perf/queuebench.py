@@ -1,8 +1,8 @@
 """Cycle time with queues: 50 queues, 10,000 pending groups of 1-8 pods, 5,000 nodes.
 
-Not collected by pytest (``bench_*.py``). Run::
+Run::
 
-    python -m tests.bench_queue_cycle [--nodes 5000] [--groups 10000] [--queues 50] [--repeats 3]
+    python -m perf queues [--nodes 5000] [--groups 10000] [--queues 50] [--repeats 3]
 
 Two clusters are measured, both with 5,000 nodes of 8 GPUs, 64 cpu and 512Gi:
 
@@ -149,19 +149,23 @@ def measure(nodes: int, groups: int, queues: int, *, busy: bool, repeats: int) -
     return {"cluster": "busy" if busy else "empty", **summary, "first_s": first, "steady_s": steady}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> list[Any]:
+    ap = argparse.ArgumentParser(prog="python -m perf queues", description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--groups", type=int, default=10_000)
     ap.add_argument("--queues", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", choices=("empty", "busy"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     kernels.warm_up()
+    results = []
     for busy in (False, True):
         if args.only and args.only != ("busy" if busy else "empty"):
             continue
-        print(measure(args.nodes, args.groups, args.queues, busy=busy, repeats=args.repeats), flush=True)
+        result = measure(args.nodes, args.groups, args.queues, busy=busy, repeats=args.repeats)
+        print(result, flush=True)
+        results.append(result)
+    return results
 
 
 if __name__ == "__main__":
