@@ -19,6 +19,7 @@ from collections.abc import Callable
 from batchsched.core.cycle import Binding
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
+from batchsched.kube.tasks import TaskSet
 
 log = logging.getLogger("batchsched.binder")
 
@@ -38,32 +39,18 @@ class Binder:
         self.retries = retries
         self.on_result = on_result
         self._sem = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._tasks = TaskSet()
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
     def submit(self, binding: Binding) -> None:
-        task = asyncio.get_running_loop().create_task(self._bind(binding))
-        self._tasks.add(task)
-        self._idle.clear()
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not self._tasks:
-            self._idle.set()
+        self._tasks.spawn(self._bind(binding))
 
     async def drain(self, timeout: float) -> bool:
         """Wait for every binding in flight; False if some were still running at the timeout."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await self._tasks.drain(timeout)
 
     async def _bind(self, b: Binding) -> None:
         body = {

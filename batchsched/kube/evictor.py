@@ -29,6 +29,7 @@ from batchsched.core.cycle import Eviction
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
+from batchsched.kube.tasks import TaskSet
 
 __all__ = ["Evictor"]
 
@@ -54,32 +55,18 @@ class Evictor:
         self.on_result = on_result
         self._clock = clock
         self._sem = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._tasks = TaskSet()
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
     def submit(self, eviction: Eviction) -> None:
-        task = asyncio.get_running_loop().create_task(self._evict(eviction))
-        self._tasks.add(task)
-        self._idle.clear()
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not self._tasks:
-            self._idle.set()
+        self._tasks.spawn(self._evict(eviction))
 
     async def drain(self, timeout: float) -> bool:
         """Wait for every eviction in flight; False if some were still running at the timeout."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await self._tasks.drain(timeout)
 
     async def _mark(self, e: Eviction) -> bool:
         """Set the victim's ``DisruptionTarget`` condition; False when the pod is gone."""
