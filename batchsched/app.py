@@ -1,7 +1,7 @@
 """The running scheduler: watches in, one cycle loop, binder and status writers out.
 
 Everything here is I/O and wiring; decisions are made by :class:`batchsched.core.cycle.Cycle`
-over a snapshot of :class:`batchsched.core.state.ClusterState`. The event loop is the
+over a snapshot of :class:`batchsched.core.mirror.ClusterState`. The event loop is the
 single writer of the state: watch callbacks and bind results mutate it between cycles,
 and a cycle runs synchronously, so it never sees a half-applied event.
 
@@ -34,10 +34,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from batchsched.config import Config, ConfigError, load_config
-from batchsched.core import kernels
-from batchsched.core.cycle import Binding, Cycle, Eviction, Plan, QueueInput, Unit, single_unit
+from batchsched.core.cycle import Cycle
 from batchsched.core.disruption import parse_pdb
-from batchsched.core.groups import (
+from batchsched.core.gangs import (
     VOLCANO,
     XK8S,
     GroupBook,
@@ -47,11 +46,16 @@ from batchsched.core.groups import (
     free_capacity,
     parse_podgroup,
 )
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import PodUID, parse_node, parse_pod
-from batchsched.core.queuebook import QueueBook, QueueSettings
-from batchsched.core.queues import QUEUE_LABEL
-from batchsched.core.state import ClusterState
-from batchsched.core.topology import CLUSTER, TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
+from batchsched.core.placement import kernels
+from batchsched.core.placement.topology import (
+    CLUSTER,
+    TOPOLOGY_ANNOTATION,
+    TOPOLOGY_PREFERRED_ANNOTATION,
+)
+from batchsched.core.plan import Binding, Eviction, Plan, Unit, single_unit
+from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import KubeError, NotFoundError

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from batchsched.core.scoring import ScoringConfig
-from batchsched.core.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.placement.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
 
 
 class ConfigError(ValueError):

@@ -1,6 +1,6 @@
 """Cycle and kernel benchmarks, no apiserver: synthetic clusters through the real code.
 
-* **cycle**: a :class:`~batchsched.core.state.ClusterState` of N nodes (8 GPUs each, a
+* **cycle**: a :class:`~batchsched.core.mirror.ClusterState` of N nodes (8 GPUs each, a
   third of their GPUs already taken by bound pods) and P pending pods (1, 2, 4 or 8 GPUs,
   three priorities), through what the scheduler does each cycle: build the units
   (``single_unit``), take the snapshot, run :meth:`Cycle.run`. Time is split into
@@ -36,11 +36,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batchsched.core import kernels, reference
-from batchsched.core.cycle import Cycle, Unit, single_unit
+from batchsched.core.cycle import Cycle
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID
-from batchsched.core.scoring import ScoringConfig
-from batchsched.core.state import ClusterState
+from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import Unit, single_unit
 from perf import procstat
 
 NODE_ALLOC = {"cpu": 96_000, "memory": 1024 * 2**30, "pods": 110, GPU: 8}
@@ -162,7 +163,7 @@ def bench_gang(nodes: int, size: int, *, repeats: int = 5) -> dict[str, Any]:
 
 def bench_warmup() -> dict[str, Any]:
     code = (
-        "import json, time; t = time.perf_counter(); from batchsched.core import kernels; "
+        "import json, time; t = time.perf_counter(); from batchsched.core.placement import kernels; "
         "i = time.perf_counter() - t; w = kernels.warm_up(); "
         "print(json.dumps({'import_s': round(i, 3), 'warm_up_s': round(w, 3)}))"
     )

@@ -28,13 +28,14 @@ import statistics
 import time
 from typing import Any
 
-from batchsched.core import kernels
-from batchsched.core.cycle import Cycle, Unit, single_unit
-from batchsched.core.groups import GroupBook, PodGroup
+from batchsched.core.cycle import Cycle
+from batchsched.core.gangs import GroupBook, PodGroup
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID
-from batchsched.core.queuebook import QueueBook, QueueSettings
-from batchsched.core.scoring import ScoringConfig
-from batchsched.core.state import ClusterState
+from batchsched.core.placement import kernels
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import Unit, single_unit
+from batchsched.core.queues import QueueBook, QueueSettings
 
 GIB = 2**30
 

@@ -19,7 +19,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
-from batchsched.core.groups import (
+from batchsched.core.gangs import (
     ANNOTATION_GROUP,
     ANNOTATION_TASK,
     LABEL_VOLCANO,

@@ -23,7 +23,7 @@ The algorithm, in order:
    its extra (elastic) members only as room allows. A queued unit is first admitted by
    quota (its quorum, then as many extras as quota allows). A gang with a topology policy
    (:attr:`Unit.topology_level`) goes through
-   :func:`~batchsched.core.topology.place_gang_topology` instead of the bare kernel: its
+   :func:`~batchsched.core.placement.topology.place_gang_topology` instead of the bare kernel: its
    quorum inside one rack (or block...), else anywhere (preferred) or nowhere (required);
    the rest of a required gang whose members already hold nodes stays in their domain.
 4. A unit whose quorum does not fit (by quota or on the nodes) may preempt: the running
@@ -48,36 +48,18 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from batchsched.core import kernels, reference
+from batchsched.core.mirror import Snapshot
 from batchsched.core.model import Pod
-from batchsched.core.predicates import NodeFilter
-from batchsched.core.preemption import (
-    NoPreemption,
-    Preemptor,
-    RunningUnit,
-    Victim,
-    VictimKind,
-    select_victims,
-)
-from batchsched.core.quantity import format_units
-from batchsched.core.queues import (
-    FairOrder,
-    QueueName,
-    QueueProblem,
-    QueueTree,
-    ReclaimPolicy,
-    UsageHistory,
-    WithinQueuePolicy,
-)
-from batchsched.core.scoring import ScoringArrays, ScoringConfig
-from batchsched.core.state import Snapshot
-from batchsched.core.topology import (
+from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.predicates import NodeFilter
+from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
+from batchsched.core.placement.topology import (
     CLUSTER,
     DomainCache,
     Domains,
@@ -85,177 +67,30 @@ from batchsched.core.topology import (
     place_gang_topology,
     topology_placer,
 )
+from batchsched.core.plan import (
+    Binding,
+    Nomination,
+    Plan,
+    PreemptionRecord,
+    RunningUnit,
+    Unit,
+    Unschedulable,
+    Victim,
+    VictimKind,
+)
+from batchsched.core.preemption import NoPreemption, Preemptor, select_victims
+from batchsched.core.quantity import format_units
+from batchsched.core.queues import (
+    FairOrder,
+    QueueInput,
+    QueueName,
+    QueueProblem,
+    QueueTree,
+    ReclaimPolicy,
+    WithinQueuePolicy,
+)
 
 IntArray = npt.NDArray[np.int64]
-
-
-@dataclass(slots=True, frozen=True)
-class Unit:
-    """Pods placed together: the first ``min_count`` all or none, the rest as room allows."""
-
-    key: str
-    pods: tuple[Pod, ...]
-    min_count: int
-    priority: int
-    created: float
-    uid: str
-    #: why the unit may not be placed at all, when that is known before placement
-    blocked: str = ""
-    #: the topology level its quorum is kept inside (see :mod:`batchsched.core.topology`),
-    #: None for no topology policy; required (else preferred) by ``topology_required``
-    topology_level: int | None = None
-    topology_required: bool = False
-    #: nodes of members already holding resources, in member order (a required topology
-    #: keeps the rest of the gang in their domain)
-    placed_on: tuple[str, ...] = ()
-
-    @property
-    def single(self) -> bool:
-        return len(self.pods) == 1 and self.min_count == 1
-
-    @property
-    def display(self) -> str:
-        """``namespace/name`` of the pod or group (the key without its API prefix)."""
-        return self.key.rsplit(":", 1)[-1]
-
-    def order(self) -> tuple[int, float, str]:
-        return (-self.priority, self.created, self.uid)
-
-
-def single_unit(pod: Pod) -> Unit:
-    return Unit(
-        key=pod.key, pods=(pod,), min_count=1, priority=pod.priority,
-        created=pod.created, uid=pod.uid,
-    )
-
-
-@dataclass(slots=True, frozen=True)
-class Binding:
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    unit: str
-    #: the topology domain its gang was placed in (``rack r-3``); empty when none was asked
-    where: str = ""
-
-
-@dataclass(slots=True, frozen=True)
-class Eviction:
-    """A bound pod to remove through the Eviction API, with the reason told to its owner.
-
-    ``preemptor`` is the unit key of the preemptor for an eviction by preemption (empty for
-    a gang that timed out); such an eviction first sets the pod's ``DisruptionTarget``
-    condition with ``reason`` as its message.
-    """
-
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    unit: str
-    reason: str
-    preemptor: str = ""
-
-
-@dataclass(slots=True, frozen=True)
-class Unschedulable:
-    pod: Pod
-    message: str
-    unit: str
-    #: the ``PodScheduled`` condition's reason
-    reason: str = "Unschedulable"
-
-
-@dataclass(slots=True, frozen=True)
-class Nomination:
-    """Capacity held for a unit that preempted others, until it is bound or given up.
-
-    The quorum's members (``pods``, by UID) are charged on ``nodes`` (one per member) and
-    to ``queue`` in every cycle, and the pods evicted for it (``victims``, by UID) are
-    treated as gone, so a smaller unit cannot take the freed capacity while the victims
-    terminate. The caller drops a nomination after a timeout, when the unit is gone, or
-    when an eviction was refused.
-    """
-
-    unit: str
-    queue: QueueName | None
-    pods: tuple[str, ...]
-    nodes: tuple[str, ...]
-    requests: tuple[Mapping[str, int], ...]
-    victims: frozenset[str]
-    since: float
-    priority: int = 0
-
-
-@dataclass(slots=True, frozen=True)
-class PreemptionRecord:
-    """A preemption decided by the cycle: what to evict, for whom, and what to tell people."""
-
-    preemptor: Unit
-    queue: QueueName | None
-    nodes: tuple[str, ...]
-    victims: tuple[Victim, ...]
-    #: per victim, the message of its Events and its ``DisruptionTarget`` condition
-    messages: tuple[str, ...]
-    #: the message of the preemptor's Event
-    summary: str
-
-
-Running = Sequence[RunningUnit] | Callable[[], Sequence[RunningUnit]]
-
-
-@dataclass(slots=True)
-class QueueInput:
-    """What the cycle needs to know about queues, running work and earlier preemptions.
-
-    ``tree``: the valid queues over the snapshot's columns, *not* charged yet (the cycle
-    charges ``running`` and the nominations to it, and keeps charging what it admits: after
-    the cycle it holds the usage the queues' status reports). ``queue_of``: per pending unit
-    key, its queue, a :class:`QueueProblem`, or None (unqueued; also for missing keys).
-    ``running``: every running or assumed unit (each with its queue: a valid leaf or None),
-    or a function giving them, called at most once (only when needed). ``now``: seconds,
-    on the clock of the pods' creation and start times.
-    """
-
-    tree: QueueTree
-    queue_of: Mapping[str, QueueName | QueueProblem | None] = field(default_factory=dict)
-    running: Running = ()
-    nominations: Sequence[Nomination] = ()
-    now: float = 0.0
-    history: UsageHistory | None = None
-    max_wait: float | None = None
-    preemption: bool = True
-    #: victim searches per cycle at most; units beyond are retried in the next cycle
-    max_searches: int = 64
-
-
-@dataclass(slots=True)
-class Plan:
-    bindings: list[Binding] = field(default_factory=list)
-    unschedulable: list[Unschedulable] = field(default_factory=list)
-    #: unit key -> message, for units that were not placed (gang status)
-    failed_units: dict[str, str] = field(default_factory=dict)
-    #: unit key -> number of members placed, for units that were placed
-    placed_units: dict[str, int] = field(default_factory=dict)
-    #: unit key -> where a placed unit with a topology policy went: a domain (``rack r-3``)
-    #: or :data:`~batchsched.core.topology.CLUSTER` (a preferred topology that fell back)
-    placed_where: dict[str, str] = field(default_factory=dict)
-    #: unit key -> condition reason for failed units whose reason is not "Unschedulable"
-    reasons: dict[str, str] = field(default_factory=dict)
-    #: preemptions decided in this cycle
-    preemptions: list[PreemptionRecord] = field(default_factory=list)
-    #: every nomination alive after this cycle (carried over and new)
-    nominations: list[Nomination] = field(default_factory=list)
-    #: unit key -> why it waits, for units holding a nomination
-    nominated: dict[str, str] = field(default_factory=dict)
-    #: units whose victim search was skipped (search budget spent): retry them soon
-    deferred: set[str] = field(default_factory=set)
-    #: unit keys in the order they were tried
-    tried: list[str] = field(default_factory=list)
-    #: victim searches made
-    searches: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 Kernel = Callable[..., int]

@@ -16,7 +16,7 @@ import logging
 import random
 from collections.abc import Callable
 
-from batchsched.core.cycle import Binding
+from batchsched.core.plan import Binding
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.tasks import TaskSet

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Callable
 
-from batchsched.core.cycle import Eviction
+from batchsched.core.plan import Eviction
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.status import MESSAGE_LIMIT, rfc3339

@@ -1,6 +1,6 @@
 """PodGroup status: what users read of a gang (phase, counts, why it waits), coalesced.
 
-The loop computes each group's desired :class:`~batchsched.core.groups.GroupStatus`
+The loop computes each group's desired :class:`~batchsched.core.gangs.GroupStatus`
 whenever something about the group changed and calls :meth:`GroupStatusWriter.update`,
 which never blocks. Writes are coalesced per group:
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from batchsched.core.groups import VOLCANO, GroupKey, GroupStatus, PodGroup, condition_type
+from batchsched.core.gangs import VOLCANO, GroupKey, GroupStatus, PodGroup, condition_type
 from batchsched.kube.client import JSON, KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.status import MESSAGE_LIMIT, ObjectRef, rfc3339

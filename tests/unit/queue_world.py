@@ -11,13 +11,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchsched.core.cycle import Cycle, Plan, QueueInput, Unit, single_unit
+from batchsched.core.cycle import Cycle
 from batchsched.core.disruption import parse_pdb
-from batchsched.core.groups import GroupBook, parse_podgroup
+from batchsched.core.gangs import GroupBook, parse_podgroup
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Pod, PodUID, parse_node, parse_pod
-from batchsched.core.queuebook import QueueBook, QueueSettings
-from batchsched.core.scoring import ScoringConfig
-from batchsched.core.state import ClusterState
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import Plan, Unit, single_unit
+from batchsched.core.queues import QueueBook, QueueInput, QueueSettings
 from tests.builders import make_group, make_node, make_pod
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchsched.core.cycle import Cycle, single_unit
+from batchsched.core.cycle import Cycle
+from batchsched.core.mirror import ClusterState, StateError
 from batchsched.core.model import PodUID
-from batchsched.core.scoring import ScoringConfig
-from batchsched.core.state import ClusterState, StateError
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import single_unit
 from tests.builders import make_node, make_pod
 
 

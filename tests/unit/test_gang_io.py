@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from batchsched.core.cycle import Eviction
-from batchsched.core.groups import GroupStatus
+from batchsched.core.gangs import GroupStatus
+from batchsched.core.plan import Eviction
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.groupstatus import GroupStatusWriter

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsched.core.cycle import Cycle, Plan, Unit, single_unit
-from batchsched.core.groups import (
+from batchsched.core.cycle import Cycle
+from batchsched.core.gangs import (
     VOLCANO,
     XK8S,
     GroupBook,
@@ -22,9 +22,10 @@ from batchsched.core.groups import (
     group_ref,
     parse_podgroup,
 )
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Node, Pod, PodUID
-from batchsched.core.scoring import ScoringConfig
-from batchsched.core.state import ClusterState
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import Plan, Unit, single_unit
 from tests.builders import make_group, make_node, make_pod
 
 # -- a small world: the mirror, the book, a cycle ---------------------------------------------

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsched.core import kernels, reference
-from batchsched.core.scoring import (
+from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MOST_ALLOCATED,
     RTCR,

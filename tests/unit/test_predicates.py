@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsched.core.model import GPU, Node, Pod, Taint, Toleration
-from batchsched.core.predicates import (
+from batchsched.core.placement.predicates import (
     REASON_AFFINITY,
     REASON_DELETING,
     REASON_NOT_READY,

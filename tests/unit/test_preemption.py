@@ -14,18 +14,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from batchsched.core import kernels, reference
-from batchsched.core.preemption import (
-    NoPreemption,
-    Preemption,
-    Preemptor,
-    RunningPod,
-    RunningUnit,
-    VictimKind,
-    select_victims,
-)
+from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import RunningPod, RunningUnit, VictimKind
+from batchsched.core.preemption import NoPreemption, Preemption, Preemptor, select_victims
 from batchsched.core.queues import QueueName, QueueTree
-from batchsched.core.scoring import ScoringConfig
 
 COLUMNS = ("cpu", "memory", "pods", "nvidia.com/gpu")
 GPU = "nvidia.com/gpu"

@@ -3,7 +3,7 @@
 The declarative scenarios of ``tests/scenarios/queue-*.yaml`` (see
 ``test_queue_scenarios.py`` for the format) run here with their pods, PodGroups, queues,
 namespaces and PodDisruptionBudgets as objects in the mirror, through
-:class:`~batchsched.core.queuebook.QueueBook` and :meth:`Cycle.run`, and must give the same
+:class:`~batchsched.core.queues.QueueBook` and :meth:`Cycle.run`, and must give the same
 admissions, nominations, evictions and reasons as the reference runner.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from batchsched.core import kernels
-from batchsched.core.queuebook import QueueSettings
+from batchsched.core.placement import kernels
+from batchsched.core.queues import QueueSettings
 from tests.unit.queue_world import Outcome, QueueWorld
 from tests.unit.test_queue_scenarios import SCENARIOS, pdb_object, pod_specs, queue_object
 

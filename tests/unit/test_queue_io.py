@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from batchsched.core.cycle import Eviction
+from batchsched.core.plan import Eviction
 from batchsched.kube.errors import KubeError, NotFoundError, TemporaryError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.queuestatus import QueueStatusWriter

@@ -20,8 +20,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsched.core import kernels
 from batchsched.core.model import GPU, PodUID
+from batchsched.core.placement import kernels
 from tests.builders import make_pod
 from tests.unit.queue_world import QueueWorld
 from tests.unit.test_queue_scenarios import queue_object

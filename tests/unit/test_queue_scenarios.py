@@ -53,16 +53,12 @@ import numpy as np
 import pytest
 import yaml
 
-from batchsched.core import kernels
 from batchsched.core.disruption import DisruptionBook, parse_pdb
 from batchsched.core.model import Pod, PodUID
-from batchsched.core.preemption import (
-    NoPreemption,
-    Preemptor,
-    RunningPod,
-    RunningUnit,
-    select_victims,
-)
+from batchsched.core.placement import kernels
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import RunningPod, RunningUnit
+from batchsched.core.preemption import NoPreemption, Preemptor, select_victims
 from batchsched.core.quantity import to_units
 from batchsched.core.queues import (
     QUEUE_LABEL,
@@ -72,7 +68,6 @@ from batchsched.core.queues import (
     QueueTree,
     assign_queue,
 )
-from batchsched.core.scoring import ScoringConfig
 
 SCENARIOS = sorted((Path(__file__).parent.parent / "scenarios").glob("queue-*.yaml"))
 COLUMNS = ("cpu", "memory", "pods", "nvidia.com/gpu")

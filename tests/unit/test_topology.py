@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsched.core import kernels, reference
 from batchsched.core.model import GPU, Node, NodeName
-from batchsched.core.scoring import BoolArray, IntArray, ScoringArrays, ScoringConfig
-from batchsched.core.topology import (
+from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays, ScoringConfig
+from batchsched.core.placement.topology import (
     BLOCK_LABEL,
     CLUSTER,
     RACK_LABEL,

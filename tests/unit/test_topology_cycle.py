@@ -16,18 +16,19 @@ from typing import Any
 import pytest
 
 from batchsched.core import cycle as cycle_module
-from batchsched.core.cycle import Cycle, Plan, Unit, single_unit
-from batchsched.core.groups import GroupBook, GroupKey, free_capacity
+from batchsched.core.cycle import Cycle
+from batchsched.core.gangs import GroupBook, GroupKey, free_capacity
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Node, Pod, PodUID
-from batchsched.core.scoring import ScoringConfig
-from batchsched.core.state import ClusterState
-from batchsched.core.topology import (
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.placement.topology import (
     BLOCK_LABEL,
     CLUSTER,
     RACK_LABEL,
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_PREFERRED_ANNOTATION,
 )
+from batchsched.core.plan import Plan, Unit, single_unit
 from tests.builders import make_group, make_node, make_pod
 from tests.unit.queue_world import QueueWorld
 

@@ -1,11 +1,11 @@
-"""Plain-Python twins of the placement kernels in :mod:`batchsched.core.kernels`.
+"""Plain-Python twins of the placement kernels in :mod:`batchsched.core.placement.kernels`.
 
 Same names, signatures and results, written the obvious way: exact Python integers, every
 node re-evaluated for every member, no caches. They are the specification the property
 tests hold the numba kernels to, and a readable fallback when debugging a placement; they
 are far too slow for a real cluster.
 
-See :mod:`batchsched.core.kernels` for the argument layout and units.
+See :mod:`batchsched.core.placement.kernels` for the argument layout and units.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from batchsched.core.scoring import (
+from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
     MOST_ALLOCATED,

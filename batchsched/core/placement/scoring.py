@@ -3,8 +3,8 @@
 :class:`ScoringConfig` holds the strategy the way a ``KubeSchedulerConfiguration`` writes it
 (``scoringStrategy``: a type, weighted resources and, for RequestedToCapacityRatio, a shape
 of ``utilization -> score`` points with scores in 0..10). :meth:`ScoringConfig.arrays` turns
-it into the plain integer arrays the placement kernels in :mod:`batchsched.core.kernels`
-(and their twins in :mod:`batchsched.core.reference`) take, for one resource column order.
+it into the plain integer arrays the placement kernels in :mod:`batchsched.core.placement.kernels`
+(and their twins in :mod:`batchsched.core.placement.reference`) take, for one resource column order.
 
 The default bin-packs GPUs: RequestedToCapacityRatio on ``nvidia.com/gpu`` with the shape
 0:0, 100:10, so the fuller a node's GPUs would be after placing the pod, the higher it

@@ -56,20 +56,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
-from batchsched.core import kernels
+from batchsched.core.placement import kernels
+from batchsched.core.placement.scoring import ScoringArrays
+from batchsched.core.plan import QueueName, RunningPod, RunningUnit, Victim, VictimKind
 from batchsched.core.quantity import format_units
 from batchsched.core.queues import (
-    QueueName,
     QueueTree,
     ReclaimPolicy,
     WithinQueuePolicy,
 )
-from batchsched.core.scoring import ScoringArrays
 
 __all__ = [
     "NoPreemption",
@@ -90,40 +89,8 @@ SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(slots=True, frozen=True)
-class RunningPod:
-    uid: str
-    node: int
-    """The node's row in the snapshot arrays."""
-    req: IntArray
-    """The request vector charged to that node (snapshot columns)."""
-    gpus: int = 0
-    elastic: bool = False
-    """An elastic extra of its gang (beyond the quorum): the first to go."""
-
-
-@dataclass(slots=True, frozen=True)
-class RunningUnit:
-    """A running gang or single pod, as a preemption candidate."""
-
-    key: str
-    queue: QueueName | None
-    priority: int
-    created: float
-    uid: str
-    start: float
-    pods: tuple[RunningPod, ...]
-    protected: str = ""
-    """Why it may not be evicted at all (a PodDisruptionBudget that allows no disruption,
-    pods already terminating); empty when it may. Such units are never victims."""
-
-    @property
-    def gpus(self) -> int:
-        return sum(p.gpus for p in self.pods)
-
-
-@dataclass(slots=True, frozen=True)
 class Preemptor:
-    """The pending unit, laid out as :func:`batchsched.core.kernels.place_members` takes it.
+    """The pending unit, laid out as :func:`batchsched.core.placement.kernels.place_members` takes it.
 
     Only its quorum (the first ``min_count`` members) is a reason to evict anyone.
     """
@@ -140,25 +107,6 @@ class Preemptor:
     min_count: int = 1
     name: str = ""
     """How messages name it (``namespace/name``); the key when empty."""
-
-
-class VictimKind(StrEnum):
-    PRIORITY = "Priority"
-    RECLAIM = "Reclaim"
-
-
-@dataclass(slots=True, frozen=True)
-class Victim:
-    unit: RunningUnit
-    pods: tuple[RunningPod, ...]
-    kind: VictimKind
-    gpu_hours: float
-    message: str
-    """Why, for the Event and the ``DisruptionTarget`` condition."""
-
-    @property
-    def whole(self) -> bool:
-        return len(self.pods) == len(self.unit.pods)
 
 
 @dataclass(slots=True, frozen=True)

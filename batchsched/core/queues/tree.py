@@ -54,11 +54,12 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, NewType, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from batchsched.core.plan import QueueName
 from batchsched.core.quantity import QuantityError, format_units, to_units
 
 __all__ = [
@@ -86,7 +87,6 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
-QueueName = NewType("QueueName", str)
 
 API_VERSION = "batchsched.io/v1alpha1"
 KIND = "Queue"

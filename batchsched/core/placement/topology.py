@@ -7,7 +7,7 @@ where they sit with labels, one label key per *level*, narrowest first
 A *domain* is the set of nodes sharing one value of one level's label.
 
 :func:`place_gang_topology` wraps the placement kernel
-(:func:`batchsched.core.kernels.place_members`, or its twin): for each level, narrowest
+(:func:`batchsched.core.placement.kernels.place_members`, or its twin): for each level, narrowest
 first, it tries the level's domains one by one with the members' masks restricted to the
 domain's nodes, and keeps the first domain that holds the gang's quorum (members
 ``0..min_count-1``). Domains are tried tightest first: least free of the quorum's dominant
@@ -42,8 +42,8 @@ from typing import Final, Protocol
 import numpy as np
 
 from batchsched.core.model import PODS, Node
+from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays
 from batchsched.core.quantity import format_units
-from batchsched.core.scoring import BoolArray, IntArray, ScoringArrays
 
 __all__ = [
     "BLOCK_LABEL",
@@ -71,7 +71,7 @@ CLUSTER: Final = "cluster"
 
 
 class PlaceMembers(Protocol):
-    """The signature of :func:`batchsched.core.kernels.place_members` (and of its twin)."""
+    """The signature of :func:`batchsched.core.placement.kernels.place_members` (and of its twin)."""
 
     def __call__(
         self,
@@ -307,7 +307,7 @@ def place_gang_topology(
 ) -> tuple[int, str]:
     """Place a gang inside one domain, narrowest level first; ``(members placed, where)``.
 
-    Arguments as :func:`batchsched.core.kernels.place_members` takes them (``arrays`` holds
+    Arguments as :func:`batchsched.core.placement.kernels.place_members` takes them (``arrays`` holds
     the scoring ones), with ``domains`` built for the same node rows and ``place`` the
     kernel or its twin. ``columns`` names the resource columns, for messages.
 

@@ -12,12 +12,12 @@ resources (``nvidia.com/gpu``, ...) as counts. All quantities are non-negative `
   taints, ... already evaluated) and of ``static_score[S, N]`` (other score plugins, added to
   the resource score). Members with the same constraints share a signature.
 - ``weights[R]``, ``scalar[R]``, ``shape_u[K]``, ``shape_s[K]``, ``strategy``: the scoring
-  strategy from :meth:`batchsched.core.scoring.ScoringConfig.arrays`.
+  strategy from :meth:`batchsched.core.placement.scoring.ScoringConfig.arrays`.
 
 Scores follow kube-scheduler's NodeResourcesFit strategies exactly, in integer arithmetic
 (RequestedToCapacityRatio, LeastAllocated, MostAllocated; 0..100 per node).
 
-Every kernel has a plain-Python twin of the same name in :mod:`batchsched.core.reference`;
+Every kernel has a plain-Python twin of the same name in :mod:`batchsched.core.placement.reference`;
 the property tests hold them equal. Arrays must be C-contiguous with the dtypes above, or
 numba compiles (and caches) another specialisation. Call :func:`warm_up` before the
 scheduler reports ready so no cycle pays for compilation.
@@ -30,7 +30,7 @@ import time
 import numpy as np
 from numba import njit
 
-from batchsched.core.scoring import (
+from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
     MOST_ALLOCATED,

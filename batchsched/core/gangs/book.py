@@ -11,7 +11,7 @@ Three ways a pod says it belongs to a gang, all recognised without changing the 
   the PodGroup of that name in the pod's namespace: Volcano's if there is one, else
   scheduler-plugins'.
 
-:class:`GroupBook` mirrors the groups (one writer, like :class:`~batchsched.core.state.ClusterState`)
+:class:`GroupBook` mirrors the groups (one writer, like :class:`~batchsched.core.mirror.ClusterState`)
 and indexes pods by the group they name. Each cycle it builds one :class:`~batchsched.core.cycle.Unit`
 per group with pending members:
 
@@ -23,7 +23,7 @@ per group with pending members:
   already bound, assumed or finished count), so a gang whose bindings partly failed is
   retried as the remainder of the same gang; the members of each task's quorum come first;
   members beyond the quorum follow as elastic extras;
-- its topology policy (:func:`~batchsched.core.topology.topology_policy`) is read from the
+- its topology policy (:func:`~batchsched.core.placement.topology.topology_policy`) is read from the
   PodGroup's annotations, or when the PodGroup asks nothing, from its quorum's first pod's;
   a bad value blocks the unit with the reason ``InvalidTopology``. A gang required to stay
   in one domain also carries the nodes its placed members hold, so the rest joins them.
@@ -45,16 +45,16 @@ from typing import Any, NewType
 
 import numpy as np
 
-from batchsched.core.cycle import Eviction, Unit
+from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import PODS, Pod, PodUID, parse_time
-from batchsched.core.quantity import QuantityError, format_units, to_units
-from batchsched.core.state import ClusterState, Snapshot
-from batchsched.core.topology import (
+from batchsched.core.placement.topology import (
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_PREFERRED_ANNOTATION,
     TopologyLevels,
     topology_policy,
 )
+from batchsched.core.plan import Eviction, Unit
+from batchsched.core.quantity import QuantityError, format_units, to_units
 
 __all__ = [
     "ANNOTATION_GROUP",

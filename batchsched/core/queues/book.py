@@ -31,21 +31,48 @@ from typing import Any
 
 import numpy as np
 
-from batchsched.core.cycle import Nomination, Plan, QueueInput, Unit
 from batchsched.core.disruption import DisruptionBook, DisruptionBudget
-from batchsched.core.groups import ANNOTATION_TASK, VOLCANO, GroupBook, GroupKey, PodGroup
+from batchsched.core.gangs import ANNOTATION_TASK, VOLCANO, GroupBook, GroupKey, PodGroup
+from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import GPU, Pod, PodUID
-from batchsched.core.preemption import RunningPod, RunningUnit
-from batchsched.core.queues import (
-    QueueName,
+from batchsched.core.plan import Nomination, Plan, QueueName, RunningPod, RunningUnit, Unit
+from batchsched.core.queues.tree import (
     QueueProblem,
     QueueTree,
     UsageHistory,
     assign_queue,
 )
-from batchsched.core.state import ClusterState, Snapshot
 
-__all__ = ["QueueBook", "QueueSettings"]
+__all__ = ["QueueBook", "QueueInput", "QueueSettings"]
+
+Running = Sequence[RunningUnit] | Callable[[], Sequence[RunningUnit]]
+
+
+@dataclass(slots=True)
+class QueueInput:
+    """What the cycle needs to know about queues, running work and earlier preemptions.
+
+    ``tree``: the valid queues over the snapshot's columns, *not* charged yet (the cycle
+    charges ``running`` and the nominations to it, and keeps charging what it admits: after
+    the cycle it holds the usage the queues' status reports). ``queue_of``: per pending unit
+    key, its queue, a :class:`QueueProblem`, or None (unqueued; also for missing keys).
+    ``running``: every running or assumed unit (each with its queue: a valid leaf or None),
+    or a function giving them, called at most once (only when needed). ``now``: seconds,
+    on the clock of the pods' creation and start times.
+    """
+
+    tree: QueueTree
+    queue_of: Mapping[str, QueueName | QueueProblem | None] = field(default_factory=dict)
+    running: Running = ()
+    nominations: Sequence[Nomination] = ()
+    now: float = 0.0
+    history: UsageHistory | None = None
+    max_wait: float | None = None
+    preemption: bool = True
+    #: victim searches per cycle at most; units beyond are retried in the next cycle
+    max_searches: int = 64
+
+
 
 _NATURAL = re.compile(r"(\d+)")
 

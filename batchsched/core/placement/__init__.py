@@ -1,0 +1,2 @@
+"""Placement: the numba kernels and their plain-Python twins, scoring, node filters and
+topology domains."""

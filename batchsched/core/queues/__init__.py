@@ -1,0 +1,50 @@
+"""Queues: the Queue CRD, the quota tree with borrowing and lending, fair order, and the
+book that mirrors queues, namespaces and disruption budgets for the cycle."""
+
+from batchsched.core.queues.book import QueueBook, QueueInput, QueueSettings
+from batchsched.core.queues.tree import (
+    API_VERSION,
+    DEFAULT_QUEUE_LABEL,
+    KIND,
+    QUEUE_LABEL,
+    UNLIMITED,
+    FairOrder,
+    Queue,
+    QueueError,
+    QueueName,
+    QueueProblem,
+    QueueReport,
+    QueueTree,
+    Quota,
+    QuotaBookkeepingError,
+    ReclaimPolicy,
+    UsageHistory,
+    WithinQueuePolicy,
+    assign_queue,
+    parse_queue,
+)
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_QUEUE_LABEL",
+    "KIND",
+    "QUEUE_LABEL",
+    "UNLIMITED",
+    "FairOrder",
+    "Queue",
+    "QueueBook",
+    "QueueError",
+    "QueueInput",
+    "QueueName",
+    "QueueProblem",
+    "QueueReport",
+    "QueueSettings",
+    "QueueTree",
+    "Quota",
+    "QuotaBookkeepingError",
+    "ReclaimPolicy",
+    "UsageHistory",
+    "WithinQueuePolicy",
+    "assign_queue",
+    "parse_queue",
+]
