@@ -1,0 +1,247 @@
+"""The PodGroup APIs users already run, read into one value, and how a pod names its group.
+
+Three ways a pod says it belongs to a gang, all recognised without changing the job:
+
+- scheduler-plugins ``scheduling.x-k8s.io/v1alpha1`` PodGroup; pods labelled
+  ``scheduling.x-k8s.io/pod-group: NAME`` (the Kubeflow training operator's non-volcano
+  path, Kubeflow Trainer's coscheduling plugin, KubeRay);
+- Volcano ``scheduling.volcano.sh/v1beta1`` PodGroup; pods annotated
+  ``scheduling.k8s.io/group-name: NAME`` or labelled ``scheduling.volcano.sh/group-name``;
+- the old kube-batch annotation ``scheduling.k8s.io/group-name`` alone, resolved against
+  the PodGroup of that name in the pod's namespace: Volcano's if there is one, else
+  scheduler-plugins'.
+
+:func:`parse_podgroup` reads either PodGroup API into a :class:`PodGroup` and never raises
+on an object the apiserver accepted; :func:`group_ref` reads which group a pod names. The
+book (:mod:`batchsched.core.gangs.book`) joins the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NewType
+
+from batchsched.core.model import Pod, parse_time
+from batchsched.core.quantity import QuantityError, to_units
+
+__all__ = [
+    "ANNOTATION_GROUP",
+    "ANNOTATION_TASK",
+    "API_VERSIONS",
+    "LABEL_VOLCANO",
+    "LABEL_XK8S",
+    "VOLCANO",
+    "XK8S",
+    "GroupKey",
+    "GroupStatus",
+    "PodGroup",
+    "group_ref",
+    "parse_podgroup",
+]
+
+GroupKey = NewType("GroupKey", str)
+
+XK8S = "scheduling.x-k8s.io"
+VOLCANO = "scheduling.volcano.sh"
+API_VERSIONS = {XK8S: f"{XK8S}/v1alpha1", VOLCANO: f"{VOLCANO}/v1beta1"}
+_SHORT = {XK8S: "x-k8s", VOLCANO: "volcano"}
+
+LABEL_XK8S = "scheduling.x-k8s.io/pod-group"
+LABEL_VOLCANO = "scheduling.volcano.sh/group-name"
+ANNOTATION_GROUP = "scheduling.k8s.io/group-name"
+ANNOTATION_TASK = "volcano.sh/task-spec"
+
+_ANY = "any"  # a kube-batch annotation: Volcano's group, else scheduler-plugins'
+_INT32_MAX = 2**31 - 1
+
+#: the condition types batchsched reads and writes, per API
+_COND_XK8S = "PodGroupScheduled"
+_COND_VOLCANO_OK = "Scheduled"
+_COND_VOLCANO_WAIT = "Unschedulable"
+
+
+# -- the PodGroup value -------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class GroupStatus:
+    """What a PodGroup's status says, in the terms batchsched writes it (times aside)."""
+
+    phase: str = ""
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    schedule_start: str = ""
+    #: the condition batchsched owns: placed (True) or not, why, and a message for people
+    scheduled: bool = False
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class PodGroup:
+    api: str
+    namespace: str
+    name: str
+    uid: str = ""
+    created: float = 0.0
+    min_member: int = 1
+    min_resources: Mapping[str, int] = field(default_factory=dict)
+    min_task_member: Mapping[str, int] = field(default_factory=dict)
+    #: seconds a partly placed group may wait to become whole; None = the configured default
+    schedule_timeout: float | None = None
+    #: Volcano's ``spec.queue`` (scheduler-plugins' PodGroup has none)
+    queue: str = ""
+    priority_class: str = ""
+    resource_version: str = ""
+    #: why the group cannot be used (it is reported, its pods are never placed)
+    invalid: str = ""
+    observed: GroupStatus = field(default_factory=GroupStatus)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: ``metadata.annotations`` (the gang's topology policy is read from them)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> GroupKey:
+        return GroupKey(f"{_SHORT.get(self.api, self.api)}:{self.namespace}/{self.name}")
+
+    @property
+    def display(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def api_version(self) -> str:
+        return API_VERSIONS.get(self.api, self.api)
+
+
+def _positive_int(value: Any, what: str) -> tuple[int, str]:
+    if value is None:
+        return 0, f"{what} must be a positive integer, got none"
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0, f"{what} must be a positive integer, got {value!r}"
+    if not 0 < value <= _INT32_MAX:
+        return 0, f"{what} must be a positive integer, got {value}"
+    return value, ""
+
+
+def _observed(status: Mapping[str, Any]) -> GroupStatus:
+    def count(name: str) -> int:
+        v = status.get(name)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    scheduled, reason, message = False, "", ""
+    for c in status.get("conditions") or []:
+        if not isinstance(c, Mapping):
+            continue
+        ctype = c.get("type")
+        if ctype in (_COND_XK8S, _COND_VOLCANO_OK, _COND_VOLCANO_WAIT):
+            scheduled = ctype != _COND_VOLCANO_WAIT and c.get("status") == "True"
+            reason, message = str(c.get("reason") or ""), str(c.get("message") or "")
+            break
+    start = status.get("scheduleStartTime")
+    return GroupStatus(
+        phase=str(status.get("phase") or ""),
+        running=count("running"),
+        succeeded=count("succeeded"),
+        failed=count("failed"),
+        schedule_start=str(start) if isinstance(start, str) else "",
+        scheduled=scheduled,
+        reason=reason,
+        message=message,
+    )
+
+
+def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
+    """A PodGroup of either API; never raises on an object the apiserver accepted.
+
+    A malformed spec (``minMember`` missing, zero, negative or not an integer; a
+    ``minResources`` quantity that does not parse; a negative ``minTaskMember``) makes the
+    group :attr:`PodGroup.invalid`.
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    problems: list[str] = []
+    if not isinstance(spec, Mapping):
+        spec, problems = {}, ["spec is not an object"]
+    min_member, problem = _positive_int(spec.get("minMember"), "spec.minMember")
+    if problem:
+        problems.append(problem)
+    min_resources: dict[str, int] = {}
+    raw = spec.get("minResources") or {}
+    if not isinstance(raw, Mapping):
+        problems.append("spec.minResources must map resource names to quantities")
+    else:
+        for name, value in raw.items():
+            try:
+                units = to_units(str(name), value)
+            except QuantityError:
+                problems.append(f"spec.minResources.{name}: {value!r} is not a quantity")
+                continue
+            if units < 0:
+                problems.append(f"spec.minResources.{name}: {value!r} is negative")
+            elif units:
+                min_resources[str(name)] = units
+    min_task: dict[str, int] = {}
+    if api == VOLCANO:
+        raw_tasks = spec.get("minTaskMember") or {}
+        if not isinstance(raw_tasks, Mapping):
+            problems.append("spec.minTaskMember must map task names to counts")
+        else:
+            for task, value in raw_tasks.items():
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    problems.append(f"spec.minTaskMember.{task} must be a whole number >= 0, got {value!r}")
+                elif value:
+                    min_task[str(task)] = value
+    timeout: float | None = None
+    raw_timeout = spec.get("scheduleTimeoutSeconds")
+    if raw_timeout is not None:
+        if isinstance(raw_timeout, bool) or not isinstance(raw_timeout, int):
+            problems.append(f"spec.scheduleTimeoutSeconds must be an integer, got {raw_timeout!r}")
+        elif raw_timeout > 0:
+            timeout = float(raw_timeout)
+    return PodGroup(
+        api=api,
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        created=parse_time(meta.get("creationTimestamp")),
+        min_member=min_member or 1,
+        min_resources=min_resources,
+        min_task_member=min_task,
+        schedule_timeout=timeout,
+        queue=str(spec.get("queue") or ""),
+        priority_class=str(spec.get("priorityClassName") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        invalid="; ".join(problems),
+        observed=_observed(status if isinstance(status, Mapping) else {}),
+        labels=_strings(meta.get("labels")),
+        annotations=_strings(meta.get("annotations")),
+    )
+
+
+def _strings(raw: Any) -> dict[str, str]:
+    """A string map of the metadata (labels, annotations); anything else is no map."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def group_ref(pod: Pod) -> tuple[str, str] | None:
+    """``(api or "any", group name)`` the pod names, or None for a pod of no group.
+
+    The scheduler-plugins label wins over Volcano's label, which wins over the kube-batch
+    annotation (shared by Volcano and the old kube-batch, resolved when the groups are known).
+    """
+    name = pod.labels.get(LABEL_XK8S)
+    if name:
+        return XK8S, name
+    name = pod.labels.get(LABEL_VOLCANO)
+    if name:
+        return VOLCANO, name
+    name = pod.annotations.get(ANNOTATION_GROUP)
+    if name:
+        return _ANY, name
+    return None
+

@@ -1,0 +1,131 @@
+"""A group's members counted by where they are, and the status batchsched writes from that.
+
+:class:`Tally` is what the book counts for one group (holding, bound, pending, finished);
+:func:`desired_status` turns it into the PodGroup status of the group's API, and
+:func:`condition_type` names the condition batchsched owns on each API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchsched.core.gangs.podgroup import (
+    _COND_VOLCANO_OK,
+    _COND_VOLCANO_WAIT,
+    _COND_XK8S,
+    VOLCANO,
+    XK8S,
+    GroupStatus,
+    PodGroup,
+)
+from batchsched.core.model import Pod
+
+__all__ = ["Tally", "condition_type", "desired_status"]
+
+
+# -- counting members ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Tally:
+    """One group's members by where they are."""
+
+    #: bound and unfinished, or assumed: they hold resources now
+    holding: list[Pod] = field(default_factory=list)
+    #: bound (not only assumed) and unfinished: the members an eviction can remove
+    bound: list[Pod] = field(default_factory=list)
+    succeeded: int = 0
+    failed: int = 0
+    running: int = 0
+    #: ours, unbound, not deleting: the ones a cycle may place (gated ones too)
+    pending: list[Pod] = field(default_factory=list)
+    placed_by_task: dict[str, int] = field(default_factory=dict)
+    #: members of another scheduler (not counted above)
+    foreign: int = 0
+
+    @property
+    def ours(self) -> bool:
+        """The group is ours to place and police: some member is ours, or none exists yet."""
+        return not self.foreign or bool(self.holding or self.pending or self.succeeded or self.failed)
+
+    @property
+    def placed(self) -> int:
+        """Members that count for the quorum: holding resources, or run to success."""
+        return len(self.holding) + self.succeeded
+
+    @property
+    def schedulable(self) -> list[Pod]:
+        return [p for p in self.pending if not p.gated]
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+def condition_type(api: str, scheduled: bool) -> str:
+    if api == VOLCANO:
+        return _COND_VOLCANO_OK if scheduled else _COND_VOLCANO_WAIT
+    return _COND_XK8S
+
+
+def desired_status(
+    group: PodGroup,
+    t: Tally,
+    *,
+    waiting: str,
+    reason: str,
+    admitted: bool,
+    schedule_start: str,
+) -> GroupStatus:
+    """The status batchsched writes for a group.
+
+    scheduler-plugins phases: Pending (nothing placed), Scheduling (placement under way:
+    some members placed, or the quorum placed and not yet running), Running (``minMember``
+    running or succeeded), Finished (``minMember`` succeeded, none running), Failed (members
+    failed and the rest cannot make the quorum). Volcano phases: Pending (not admitted),
+    Inqueue (admitted: the training operator now creates the pods; placement under way),
+    Running, Completed.
+
+    ``waiting``/``reason`` say why the group is not placed (from the last cycle); they are
+    ignored once the quorum is placed.
+    """
+    n = group.min_member
+    running, succeeded, failed = t.running, t.succeeded, t.failed
+    placed = t.placed >= n
+    if group.api == VOLCANO:
+        if succeeded >= n and running == 0:
+            phase = "Completed"
+        elif running + succeeded >= n:
+            phase = "Running"
+        elif admitted or t.placed or group.observed.phase in ("Inqueue", "Running", "Completed"):
+            phase = "Inqueue"
+        else:
+            phase = "Pending"
+    elif succeeded >= n and running == 0:
+        phase = "Finished"
+    elif running + succeeded >= n:
+        phase = "Running"
+    elif failed and not t.pending and t.placed < n:
+        phase = "Failed"
+    elif t.placed:
+        phase = "Scheduling"
+    else:
+        phase = "Pending"
+    if group.invalid:
+        message, why = f"PodGroup {group.display} is invalid: {group.invalid}", "InvalidPodGroup"
+        placed = False
+    elif placed:
+        why = "Scheduled"
+        message = f"{t.placed} of {n} required members placed"
+    else:
+        why = reason or "WaitingForMembers"
+        message = waiting or f"waiting for pods: {t.placed + len(t.schedulable)} of {n} required members exist"
+    return GroupStatus(
+        phase=phase,
+        running=running,
+        succeeded=succeeded,
+        failed=failed,
+        schedule_start=(group.observed.schedule_start or schedule_start) if group.api == XK8S else "",
+        scheduled=placed,
+        reason=why,
+        message=message,
+    )
