@@ -45,7 +45,6 @@ the order is priority, age, UID, as kube-scheduler's.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -54,6 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from batchsched.core import explain
 from batchsched.core.mirror import Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
@@ -74,19 +74,20 @@ from batchsched.core.plan import (
     PreemptionRecord,
     RunningUnit,
     Unit,
+    UnitResult,
+    UnitStatus,
     Unschedulable,
     Victim,
     VictimKind,
+    blocked_status,
 )
-from batchsched.core.preemption import NoPreemption, Preemptor, select_victims
-from batchsched.core.quantity import format_units
+from batchsched.core.preemption import Candidates, NoPreemption, Preemptor, select_victims
 from batchsched.core.queues import (
     FairOrder,
     QueueInput,
     QueueName,
     QueueProblem,
     QueueTree,
-    ReclaimPolicy,
     WithinQueuePolicy,
 )
 
@@ -145,17 +146,15 @@ class Cycle:
         reqs: IntArray | None,
         sig: IntArray,
         masks: npt.NDArray[np.bool_],
-        explain: Callable[..., str],
+        why: Callable[..., str],
         snap: Snapshot,
         used: IntArray,
     ) -> str:
         """Why a gang was not placed: how many members fit at most, and what stopped the rest."""
         if len(pods) < unit.min_count:
-            return (
-                f"waiting for pods: {len(pods)} of {unit.min_count} required members exist"
-            )
+            return explain.members_missing(len(pods), unit.min_count)
         if reqs is None:
-            return explain(pods[0], None, masks[sig[0]])
+            return why(pods[0], None, masks[sig[0]])
         # how many of the quorum fit on their own (best effort, on a scratch copy)
         scratch_used = used.copy()
         out = np.full(len(pods), -1, dtype=np.int64)
@@ -166,7 +165,7 @@ class Cycle:
         )
         first_missing = int(np.argmax(out < 0)) if placeable < len(pods) else 0
         # the first member that did not fit, next to the members placed before it
-        detail = explain(
+        detail = why(
             pods[first_missing], reqs[first_missing], masks[sig[first_missing]], scratch_used
         )
         need = {}
@@ -174,11 +173,7 @@ class Cycle:
             total = int(reqs[: unit.min_count, c].sum())
             if total and name != "pods":
                 need[name] = total
-        needs = ", ".join(f"{format_units(k, v)} {k}" for k, v in sorted(need.items()))
-        return (
-            f"gang needs {unit.min_count} pods ({needs}) placed together; "
-            f"only {placeable} fit now. Member {pods[first_missing].name}: {detail}"
-        )
+        return explain.gang_short(unit.min_count, need, placeable, pods[first_missing].name, detail)
 
 
 @dataclass(slots=True, eq=False)
@@ -200,89 +195,6 @@ class _Layout:
     static: IntArray
     #: the topology domain the masks were narrowed to (``rack r-3``), when they were
     domain: str = ""
-
-
-class _Candidates:
-    """Running units that may be preemption victims, indexed so that a preemptor only
-    hands :func:`select_victims` the units its rules could allow (it filters them again)."""
-
-    def __init__(self, running: Sequence[RunningUnit], tree: QueueTree) -> None:
-        self.tree = tree
-        self.by_queue: dict[QueueName | None, list[RunningUnit]] = {}
-        self._prio: dict[QueueName | None, list[int]] = {}
-        self.leaves: dict[QueueName, list[QueueName]] = {}
-        #: leaf -> (its usage generation, the columns in which it uses more than its nominal)
-        self._over: dict[QueueName, tuple[int, npt.NDArray[np.bool_]]] = {}
-        for w in running:
-            if not w.protected and w.pods:
-                self.by_queue.setdefault(w.queue, []).append(w)
-        for q in list(self.by_queue):
-            self._index(q)
-            if q is not None:
-                self.leaves.setdefault(tree.root(q), []).append(q)
-        for leaves in self.leaves.values():
-            leaves.sort()
-
-    def _index(self, q: QueueName | None) -> None:
-        units = self.by_queue[q]
-        units.sort(key=lambda w: (w.priority, w.created, w.uid))
-        self._prio[q] = [w.priority for w in units]
-
-    def _below(self, q: QueueName | None, priority: int, *, equal: bool = False) -> list[RunningUnit]:
-        """The units of ``q`` with a lower priority (or equal, with ``equal``): a new list."""
-        units = self.by_queue.get(q)
-        if not units:
-            return []
-        prio = self._prio[q]
-        end = bisect.bisect_right(prio, priority) if equal else bisect.bisect_left(prio, priority)
-        return units[:end]
-
-    def _borrowing(self, v: QueueName) -> npt.NDArray[np.bool_]:
-        gen = self.tree.queue_generation(v)
-        seen = self._over.get(v)
-        if seen is None or seen[0] != gen:
-            seen = (gen, self.tree.usage_vector(v) > self.tree.nominal_vector(v))
-            self._over[v] = seen
-        return seen[1]
-
-    def for_unit(self, queue: QueueName | None, priority: int, x: IntArray) -> list[RunningUnit]:
-        out = self._below(None, priority)
-        if queue is None:
-            return out
-        q = self.tree.queue(queue)
-        if q.within_queue is WithinQueuePolicy.LOWER_PRIORITY:
-            out.extend(self._below(queue, priority))
-        elif q.within_queue is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY:
-            out.extend(self._below(queue, priority, equal=True))
-        if q.reclaim is ReclaimPolicy.NEVER:
-            return out
-        asks: npt.NDArray[np.bool_] | None = None
-        for v in self.leaves.get(self.tree.root(queue), ()):
-            if v == queue:
-                continue
-            over = self._borrowing(v)
-            if not over.any():
-                continue
-            if asks is None:
-                asks = self.tree.managed(queue) & (x > 0)
-            if not bool((asks & over).any()):
-                continue  # only queues borrowing something the preemptor asks for
-            if q.reclaim is ReclaimPolicy.LOWER_PRIORITY:
-                out.extend(self._below(v, priority))
-            else:
-                out.extend(self.by_queue[v])
-        return out
-
-    def remove(self, victim: Victim) -> None:
-        """A victim was chosen: it is gone, or only its evicted pods are."""
-        q = victim.unit.queue
-        units = self.by_queue.get(q, [])
-        rest = [w for w in units if w is not victim.unit]
-        if not victim.whole:
-            gone = {id(p) for p in victim.pods}
-            rest.append(replace(victim.unit, pods=tuple(p for p in victim.unit.pods if id(p) not in gone)))
-        self.by_queue[q] = rest
-        self._index(q)
 
 
 class _Walk:
@@ -312,7 +224,7 @@ class _Walk:
         self._domains: Domains | None = None
         self.requests: dict[str, IntArray | None] = {}
         self.running: list[RunningUnit] | None = None
-        self.candidates: _Candidates | None = None
+        self.candidates: Candidates | None = None
         self.victims: set[str] = set()
         for n in self.qi.nominations:
             self.victims.update(n.victims)
@@ -505,7 +417,7 @@ class _Walk:
             return cached
         if req is None:
             missing = sorted(set(pod.requests) - set(self.col))
-            message = f"0/{len(self.snap.nodes)} nodes fit: no node has any {', '.join(missing)}."
+            message = explain.no_node_has(len(self.snap.nodes), missing)
         else:
             counts = self.cycle._insufficient(
                 self.snap.alloc, self.used if usage is None else usage, req, mask
@@ -562,13 +474,15 @@ class _Walk:
             place=self.cycle._place, columns=self.snap.columns,
         )
 
-    def _fail(self, unit: Unit, message: str, pods: Sequence[Pod] | None = None, reason: str = "") -> None:
+    def _fail(
+        self, unit: Unit, message: str, *, reason: str = "",
+        status: UnitStatus = UnitStatus.UNSCHEDULABLE,
+    ) -> None:
         plan = self.plan
-        plan.failed_units[unit.key] = message
-        if reason:
-            plan.reasons[unit.key] = reason
-        for pod in unit.pods if pods is None else pods:
-            plan.unschedulable.append(Unschedulable(pod, message, unit.key, reason or "Unschedulable"))
+        reason = reason or "Unschedulable"
+        plan.record(unit.key, UnitResult(status, reason, message))
+        for pod in unit.pods:
+            plan.unschedulable.append(Unschedulable(pod, message, unit.key, reason))
 
     def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "") -> None:
         self.plan.bindings.append(
@@ -604,7 +518,7 @@ class _Walk:
                 continue
             q = None if u.blocked else qi.queue_of.get(u.key)
             if isinstance(q, QueueProblem):
-                self._fail(u, q.message, reason=q.reason)
+                self._fail(u, q.message, reason=q.reason, status=UnitStatus.UNRESOLVABLE)
                 continue
             by_queue.setdefault(q, []).append(u)
         order: FairOrder[Unit] = FairOrder(
@@ -615,7 +529,7 @@ class _Walk:
         for q, unit in order:
             plan.tried.append(unit.key)
             if unit.blocked:
-                self._fail(unit, unit.blocked)
+                self._fail(unit, unit.blocked, reason=unit.blocked_reason, status=blocked_status(unit))
                 order.skipped(unit)
             elif unit.single and q is None and unit.topology_level is None:
                 more = order.more(_alike(unit.pods[0].constraint_key()))
@@ -637,10 +551,9 @@ class _Walk:
         if left:
             # keep holding: its nodes are not free until the victims are gone
             self.plan.nominations.append(n)
-            nodes = ", ".join(sorted(set(n.nodes)))
-            self.plan.nominated[unit.key] = (
-                f"waiting for {len(left)} preempted pod(s) to terminate; node(s) {nodes} are held for it"
-            )
+            self.plan.record(unit.key, UnitResult(
+                UnitStatus.WAITING, "WaitingForPreemption", explain.waiting_for_victims(len(left), n.nodes),
+            ))
             return True
         self._charge(n.queue, h.rows, h.reqs, -1)
         # placed, or given up: the victims are gone and still it does not fit, start over
@@ -686,14 +599,11 @@ class _Walk:
                 requests=tuple(dict(unit.pods[m].requests) for m in members),
                 victims=frozenset(waiting), since=self.qi.now, priority=unit.priority,
             ))
-            held = ", ".join(sorted(set(names)))
-            self.plan.nominated[unit.key] = (
-                f"waiting for {len(waiting)} preempted pod(s) to terminate; node(s) {held} are held for it"
-            )
+            self.plan.record(unit.key, UnitResult(
+                UnitStatus.WAITING, "WaitingForPreemption", explain.waiting_for_victims(len(waiting), names),
+            ))
             return
-        plan.placed_units[unit.key] = len(members)
-        if where:
-            plan.placed_where[unit.key] = where
+        plan.record(unit.key, UnitResult(UnitStatus.SCHEDULED, "Scheduled", placed=len(members), where=where))
         domain = "" if where == CLUSTER else where
         level = unit.topology_level
         told = lay
@@ -705,21 +615,21 @@ class _Walk:
                 self._bind(unit, pod, int(out[m]), domain)
                 continue
             if pod.invalid:
-                message = f"pod {pod.key} cannot be scheduled: {pod.invalid}"
+                message = explain.invalid_pod(pod.key, pod.invalid)
             elif m >= k and q is not None:
-                message = self.tree.admissible(q, lay.reqs[m]) or "its queue has no room for it"
+                message = self.tree.admissible(q, lay.reqs[m]) or explain.QUEUE_FULL_ANY
             else:
                 message = self._explain_member(pod, told, m)
             plan.unschedulable.append(
-                Unschedulable(pod, f"elastic member beyond the gang's quorum: {message}", unit.key)
+                Unschedulable(pod, explain.elastic_member(message), unit.key)
             )
 
     def _singles(self, order: FairOrder[Unit], batch: list[Unit]) -> None:
         """A run of unqueued single pods with the same constraints: one kernel call."""
         pods = [u.pods[0] for u in batch]
         if len(pods) == 1 and pods[0].invalid:
-            message = f"pod {pods[0].key} cannot be scheduled: {pods[0].invalid}"
-            self._fail(batch[0], message)
+            message = explain.invalid_pod(pods[0].key, pods[0].invalid)
+            self._fail(batch[0], message, status=UnitStatus.UNRESOLVABLE)
             order.skipped(batch[0])
             return
         lay = self.layout(pods, batch[0].key if len(batch) == 1 else None)
@@ -744,7 +654,7 @@ class _Walk:
                 if preempted:
                     order.admitted(u)
                     continue
-                message = _with_preemption(message, why)
+                message = explain.with_preemption(message, why)
             self._fail(u, message)
             order.skipped(u)
 
@@ -755,7 +665,7 @@ class _Walk:
         core = pods[:mc] if not unit.single else pods
         invalid = next((p for p in core if p.invalid), None)
         if invalid is not None:
-            self._fail(unit, f"pod {invalid.key} cannot be scheduled: {invalid.invalid}")
+            self._fail(unit, explain.invalid_pod(invalid.key, invalid.invalid), status=UnitStatus.UNRESOLVABLE)
             order.skipped(unit)
             return
         lay = self.unit_layout(unit)
@@ -778,24 +688,23 @@ class _Walk:
             # the quorum is placed already; of the extras waiting, none fits (or quota refuses)
             for m, pod in enumerate(pods):
                 if pod.invalid:
-                    why = f"pod {pod.key} cannot be scheduled: {pod.invalid}"
+                    why = explain.invalid_pod(pod.key, pod.invalid)
                 elif reqs is not None and m >= k and q is not None:
-                    why = self.tree.admissible(q, reqs[m]) or f"queue {q} has no room for it"
+                    why = self.tree.admissible(q, reqs[m]) or explain.queue_full(q)
                 else:
                     why = self._explain_member(pod, lay, m)
-                message = f"elastic member beyond the gang's quorum: {why}"
-                self.plan.failed_units.setdefault(unit.key, message)
+                message = explain.elastic_member(why)
+                self.plan.record(unit.key, UnitResult(UnitStatus.UNSCHEDULABLE, "Unschedulable", message),
+                                 keep_first=True)
                 self.plan.unschedulable.append(Unschedulable(pod, message, unit.key))
             order.skipped(unit)
             return
         # the quorum is not placed: by quota, or on the nodes
         if reqs is not None and k == 0 and q is not None and len(pods) >= mc:
-            reason = self.tree.admissible(q, reqs[:mc].sum(axis=0)) or f"queue {q} has no room for it"
+            reason = self.tree.admissible(q, reqs[:mc].sum(axis=0)) or explain.queue_full(q)
         elif unit.topology_required and where and len(pods) >= mc:
             # no domain of the required level holds the quorum: ``where`` says why
-            reason = where if not lay.domain else (
-                f"its placed members are in {lay.domain}, where the rest must go: {where}"
-            )
+            reason = where if not lay.domain else explain.rest_in_domain(lay.domain, where)
         elif unit.single:
             reason = self.explain(pods[0], None if reqs is None else reqs[0], lay.masks[lay.sig[0]])
         else:
@@ -808,7 +717,7 @@ class _Walk:
             if preempted:
                 order.admitted(unit)
                 return
-        self._fail(unit, _with_preemption(reason, why))
+        self._fail(unit, explain.with_preemption(reason, why))
         order.skipped(unit)
 
     def _explain_member(self, pod: Pod, lay: _Layout, m: int) -> str:
@@ -819,7 +728,7 @@ class _Walk:
             return self.explain(pod, req, mask)
         # not cached: the cache is keyed by the pod's constraints, which do not narrow
         detail = self.explain(pod, req, mask, self.used)
-        return f"its gang is placed in {lay.domain} and must stay there: {detail}"
+        return explain.stays_in_domain(lay.domain, detail)
 
     # -- preemption ------------------------------------------------------------------------
 
@@ -831,7 +740,7 @@ class _Walk:
         if not qi.preemption or lay.reqs is None:
             return False, ""
         if self.candidates is None:
-            self.candidates = _Candidates(self._load_running(), self.tree)
+            self.candidates = Candidates(self._load_running(), self.tree)
         if not self.candidates.by_queue:
             return False, ""  # nothing runs that anyone may evict
         mc = 1 if unit.single else unit.min_count
@@ -906,13 +815,9 @@ class _Walk:
         core = lay.reqs[:mc]
         self._charge(q, list(nodes), core, 1)
         names = tuple(self.snap.nodes[n].name for n in nodes)
-        held = ", ".join(sorted(set(names)))
-        messages = tuple(_victim_message(unit, q, held, v) for v in victims)
+        messages = tuple(_victim_message(unit, q, names, v) for v in victims)
         npods = sum(len(v.pods) for v in victims)
-        whom = ", ".join(v.unit.key.rsplit(":", 1)[-1] for v in victims)
-        summary = (
-            f"preempting {npods} pod(s) of {whom} to place its {mc} pod(s) on node(s) {held}"
-        )
+        summary = explain.preempting(npods, (v.unit.key.rsplit(":", 1)[-1] for v in victims), mc, names)
         self.plan.preemptions.append(PreemptionRecord(unit, q, names, tuple(victims), messages, summary))
         self.plan.nominations.append(Nomination(
             unit=unit.key, queue=q, pods=tuple(p.uid for p in unit.pods[:mc]), nodes=names,
@@ -920,14 +825,7 @@ class _Walk:
             victims=frozenset(p.uid for v in victims for p in v.pods), since=self.qi.now,
             priority=unit.priority,
         ))
-        self.plan.nominated[unit.key] = summary
-
-
-def _with_preemption(reason: str, why: str) -> str:
-    """A unit's message, with why preemption did not help when a search was made."""
-    if not why:
-        return reason
-    return f"{reason.rstrip('.')}; preemption does not help: {why}"
+        self.plan.record(unit.key, UnitResult(UnitStatus.PREEMPTING, "Preempting", summary))
 
 
 def _alike(ckey: tuple[Any, ...]) -> Callable[[Unit], bool]:
@@ -937,17 +835,11 @@ def _alike(ckey: tuple[Any, ...]) -> Callable[[Unit], bool]:
     )
 
 
-def _victim_message(unit: Unit, q: QueueName | None, nodes: str, v: Victim) -> str:
+def _victim_message(unit: Unit, q: QueueName | None, nodes: Sequence[str], v: Victim) -> str:
     """What a victim's pods and group are told (Event and DisruptionTarget condition)."""
-    who = f"Preempted by {unit.display} (priority {unit.priority})"
-    w = v.unit
-    part = "" if v.whole else f" (only its {len(v.pods)} elastic extra pod(s))"
-    if v.kind is VictimKind.RECLAIM:
-        detail = v.message.split(": ", 1)[-1].split("; only its", 1)[0]
-        return f"{who} to give queue {q} back its nominal quota: {detail}{part}"
-    if w.priority < unit.priority:
-        why = f"its priority {w.priority} is lower"
-    else:
-        why = f"it has the same priority {w.priority} and is newer"
-    where = f" in queue {w.queue}" if w.queue is not None else ""
-    return f"{who} to make room on node(s) {nodes}: {why}{where}{part}"
+    return explain.preempted(
+        preemptor=unit.display, priority=unit.priority, nodes=nodes,
+        reclaim_for=q if v.kind is VictimKind.RECLAIM else None, borrowed=v.borrowed,
+        victim_priority=v.unit.priority, victim_queue=v.unit.queue,
+        extras=None if v.whole else len(v.pods),
+    )

@@ -72,6 +72,8 @@ class Victim:
     gpu_hours: float
     message: str
     """Why, for the Event and the ``DisruptionTarget`` condition."""
+    borrowed: str = ""
+    """For a reclaim: the resource its queue was borrowing."""
 
     @property
     def whole(self) -> bool:
@@ -91,6 +93,8 @@ class Unit:
     uid: str
     #: why the unit may not be placed at all, when that is known before placement
     blocked: str = ""
+    #: the machine-readable reason of ``blocked`` (a condition reason: ``GangBackoff``...)
+    blocked_reason: str = ""
     #: the topology level its quorum is kept inside (see :mod:`batchsched.core.placement.topology`),
     #: None for no topology policy; required (else preferred) by ``topology_required``
     topology_level: int | None = None
@@ -192,25 +196,58 @@ class PreemptionRecord:
     summary: str
 
 
+class UnitStatus(StrEnum):
+    """What became of a unit in one cycle (in the spirit of kube-scheduler's status codes).
+
+    ``UNSCHEDULABLE`` may change when capacity or quota does; ``UNRESOLVABLE`` needs the
+    user to change something (an invalid pod or group, an unknown queue); ``WAITING``
+    needs time, not capacity (members still arriving, a back-off, victims terminating).
+    """
+
+    SCHEDULED = "Scheduled"
+    PREEMPTING = "Preempting"
+    WAITING = "Waiting"
+    UNSCHEDULABLE = "Unschedulable"
+    UNRESOLVABLE = "UnschedulableAndUnresolvable"
+
+
+#: which result wins when a cycle records two for one unit
+_RANK = {
+    UnitStatus.SCHEDULED: 3, UnitStatus.PREEMPTING: 2, UnitStatus.WAITING: 2,
+    UnitStatus.UNSCHEDULABLE: 1, UnitStatus.UNRESOLVABLE: 1,
+}
+
+
+@dataclass(slots=True, frozen=True)
+class UnitResult:
+    """One unit's outcome: a status, a stable reason (the ``PodScheduled`` or PodGroup
+    condition reason), the message a person reads, and for a placed unit how many members
+    went and where (a topology domain such as ``rack r-3``, or
+    :data:`~batchsched.core.placement.topology.CLUSTER` when a preferred one fell back)."""
+
+    status: UnitStatus
+    reason: str
+    message: str = ""
+    placed: int = 0
+    where: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return _RANK[self.status] == 1
+
+
 @dataclass(slots=True)
 class Plan:
+    """The decisions of one cycle."""
+
     bindings: list[Binding] = field(default_factory=list)
     unschedulable: list[Unschedulable] = field(default_factory=list)
-    #: unit key -> message, for units that were not placed (gang status)
-    failed_units: dict[str, str] = field(default_factory=dict)
-    #: unit key -> number of members placed, for units that were placed
-    placed_units: dict[str, int] = field(default_factory=dict)
-    #: unit key -> where a placed unit with a topology policy went: a domain (``rack r-3``)
-    #: or :data:`~batchsched.core.placement.topology.CLUSTER` (a preferred topology that fell back)
-    placed_where: dict[str, str] = field(default_factory=dict)
-    #: unit key -> condition reason for failed units whose reason is not "Unschedulable"
-    reasons: dict[str, str] = field(default_factory=dict)
+    #: unit key -> what became of it in this cycle (every unit tried or reported)
+    results: dict[str, UnitResult] = field(default_factory=dict)
     #: preemptions decided in this cycle
     preemptions: list[PreemptionRecord] = field(default_factory=list)
     #: every nomination alive after this cycle (carried over and new)
     nominations: list[Nomination] = field(default_factory=list)
-    #: unit key -> why it waits, for units holding a nomination
-    nominated: dict[str, str] = field(default_factory=dict)
     #: units whose victim search was skipped (search budget spent): retry them soon
     deferred: set[str] = field(default_factory=set)
     #: unit keys in the order they were tried
@@ -219,4 +256,63 @@ class Plan:
     searches: int = 0
     timings: dict[str, float] = field(default_factory=dict)
 
+    def record(self, key: str, result: UnitResult, *, keep_first: bool = False) -> None:
+        """Set ``key``'s result: placed beats preempting or waiting beats failed; within a
+        rank the last word wins (the first with ``keep_first``)."""
+        old = self.results.get(key)
+        if old is not None:
+            new_rank, old_rank = _RANK[result.status], _RANK[old.status]
+            if new_rank < old_rank or (new_rank == old_rank and keep_first):
+                return
+        self.results[key] = result
 
+    # views of ``results`` by status, for readers that want one kind
+    @property
+    def failed_units(self) -> dict[str, str]:
+        """unit key -> message, for units that were not placed."""
+        return {k: r.message for k, r in self.results.items() if r.failed}
+
+    @property
+    def reasons(self) -> dict[str, str]:
+        """unit key -> condition reason, for failed units whose reason is not Unschedulable."""
+        return {
+            k: r.reason for k, r in self.results.items() if r.failed and r.reason != "Unschedulable"
+        }
+
+    @property
+    def placed_units(self) -> dict[str, int]:
+        """unit key -> number of members placed."""
+        return {k: r.placed for k, r in self.results.items() if r.status is UnitStatus.SCHEDULED}
+
+    @property
+    def placed_where(self) -> dict[str, str]:
+        """unit key -> the domain a placed unit with a topology policy went to."""
+        return {
+            k: r.where for k, r in self.results.items()
+            if r.status is UnitStatus.SCHEDULED and r.where
+        }
+
+    @property
+    def nominated(self) -> dict[str, str]:
+        """unit key -> why it waits, for units holding capacity after a preemption."""
+        return {
+            k: r.message for k, r in self.results.items()
+            if r.status in (UnitStatus.PREEMPTING, UnitStatus.WAITING) and r.reason in _HOLDING
+        }
+
+
+_HOLDING = ("Preempting", "WaitingForPreemption")
+
+#: reasons a unit is held back before placement that time alone resolves
+_WAITING_REASONS = frozenset({"GangBackoff", "WaitingForMembers", "PodGroupNotFound"})
+#: reasons that need the user to change an object
+_UNRESOLVABLE_REASONS = frozenset({"InvalidPodGroup", "InvalidTopology"})
+
+
+def blocked_status(unit: Unit) -> UnitStatus:
+    """The status of a unit held back before placement (:attr:`Unit.blocked`)."""
+    if unit.blocked_reason in _WAITING_REASONS:
+        return UnitStatus.WAITING
+    if unit.blocked_reason in _UNRESOLVABLE_REASONS:
+        return UnitStatus.UNRESOLVABLE
+    return UnitStatus.UNSCHEDULABLE

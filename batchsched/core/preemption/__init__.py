@@ -1,5 +1,6 @@
 """Preemption and reclaim: who may be evicted and the victim search."""
 
+from batchsched.core.preemption.candidates import Candidates
 from batchsched.core.preemption.victims import (
     NoPreemption,
     Preemption,
@@ -7,4 +8,4 @@ from batchsched.core.preemption.victims import (
     select_victims,
 )
 
-__all__ = ["NoPreemption", "Preemption", "Preemptor", "select_victims"]
+__all__ = ["Candidates", "NoPreemption", "Preemption", "Preemptor", "select_victims"]

@@ -132,6 +132,7 @@ class _Piece:
     vec: IntArray
     gpu_hours: float
     message: str = ""
+    borrowed: str = ""
     cost: tuple[float, int, int, float, str, int] = field(default=(0.0, 0, 0, 0.0, "", 0))
 
 
@@ -252,17 +253,18 @@ class _Search:
             vec = np.zeros(width, dtype=np.int64)
             for pod in pods:
                 vec += pod.req
-            message = kind[1]
+            message, borrowed = kind[1], ""
             if kind[0] is VictimKind.RECLAIM:
                 assert w.queue is not None
                 col = self._borrowed_resource(w.queue, vec)
                 if col < 0:
                     continue
-                message = f"{message}: queue {w.queue} was borrowing {self.columns[col]}"
+                borrowed = self.columns[col]
+                message = f"{message}: queue {w.queue} was borrowing {borrowed}"
             if not whole:
                 message = f"{message}; only its {len(pods)} elastic extra pod(s)"
             gpu_hours = sum(pod.gpus for pod in pods) * span
-            piece = _Piece(w, pods, whole, kind[0], vec, gpu_hours, message)
+            piece = _Piece(w, pods, whole, kind[0], vec, gpu_hours, message, borrowed)
             piece.cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
             self.pieces.append(piece)
 
@@ -403,7 +405,7 @@ class _Search:
         if failure or out is None:  # pruning only keeps sets that pass: a bug
             raise AssertionError(f"preemption search lost its solution: {message}")
         chosen.sort(key=lambda c: c.cost)
-        victims = tuple(Victim(pc.unit, pc.pods, pc.kind, pc.gpu_hours, pc.message) for pc in chosen)
+        victims = tuple(Victim(pc.unit, pc.pods, pc.kind, pc.gpu_hours, pc.message, pc.borrowed) for pc in chosen)
         return Preemption(
             victims=victims,
             nodes=tuple(int(n) for n in out),

@@ -1,0 +1,161 @@
+"""What batchsched tells people: the text of conditions and Events about units.
+
+Every sentence a user reads about why a unit waits, what preempted it, or what became of
+its gang is built here, from plain values, so that the wording is in one place and the
+policies that decide it (the cycle, preemption, the session) stay free of prose. Messages
+about one node's fit (``0/40 nodes fit: ...``) are built next to the node filters in
+:mod:`batchsched.core.placement.predicates`, and those about a PodGroup's own fields
+next to its parser.
+
+Messages are stable: tests assert their exact text, and users grep for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from batchsched.core.quantity import format_units
+
+
+def _nodes(names: Iterable[str]) -> str:
+    return ", ".join(sorted(set(names)))
+
+
+# -- a unit that did not get placed ---------------------------------------------------------
+
+
+def invalid_pod(pod_key: str, why: str) -> str:
+    return f"pod {pod_key} cannot be scheduled: {why}"
+
+
+def elastic_member(why: str) -> str:
+    return f"elastic member beyond the gang's quorum: {why}"
+
+
+def queue_full(queue: str) -> str:
+    return f"queue {queue} has no room for it"
+
+
+QUEUE_FULL_ANY = "its queue has no room for it"
+
+
+def members_missing(present: int, required: int) -> str:
+    return f"waiting for pods: {present} of {required} required members exist"
+
+
+def gang_short(quorum: int, needs: Mapping[str, int], placeable: int, member: str, detail: str) -> str:
+    """A gang's quorum does not fit: what it needs in all, how many fit, and why the first
+    member that did not fit failed."""
+    need = ", ".join(f"{format_units(k, v)} {k}" for k, v in sorted(needs.items()))
+    return (
+        f"gang needs {quorum} pods ({need}) placed together; "
+        f"only {placeable} fit now. Member {member}: {detail}"
+    )
+
+
+def no_node_has(total_nodes: int, missing: Iterable[str]) -> str:
+    return f"0/{total_nodes} nodes fit: no node has any {', '.join(missing)}."
+
+
+def stays_in_domain(domain: str, detail: str) -> str:
+    return f"its gang is placed in {domain} and must stay there: {detail}"
+
+
+def rest_in_domain(domain: str, why: str) -> str:
+    return f"its placed members are in {domain}, where the rest must go: {why}"
+
+
+def with_preemption(reason: str, why: str) -> str:
+    """A unit's message, with why preemption did not help when a search was made."""
+    if not why:
+        return reason
+    return f"{reason.rstrip('.')}; preemption does not help: {why}"
+
+
+# -- preemption ------------------------------------------------------------------------------
+
+
+def waiting_for_victims(left: int, nodes: Iterable[str]) -> str:
+    return f"waiting for {left} preempted pod(s) to terminate; node(s) {_nodes(nodes)} are held for it"
+
+
+def preempting(pods: int, whom: Iterable[str], quorum: int, nodes: Iterable[str]) -> str:
+    """The preemptor's Event: whom it evicts and where its quorum goes."""
+    return (
+        f"preempting {pods} pod(s) of {', '.join(whom)} to place its {quorum} pod(s) "
+        f"on node(s) {_nodes(nodes)}"
+    )
+
+
+def preempted(
+    *,
+    preemptor: str,
+    priority: int,
+    nodes: Iterable[str],
+    reclaim_for: str | None,
+    borrowed: str,
+    victim_priority: int,
+    victim_queue: str | None,
+    extras: int | None,
+) -> str:
+    """What a victim's pods and group are told (Event and ``DisruptionTarget`` condition).
+
+    ``reclaim_for``: the preemptor's queue when this is a reclaim (``borrowed``: the
+    resource the victim's queue was borrowing); ``extras``: the number of elastic pods
+    evicted when only those go."""
+    who = f"Preempted by {preemptor} (priority {priority})"
+    part = "" if extras is None else f" (only its {extras} elastic extra pod(s))"
+    if reclaim_for is not None:
+        return (
+            f"{who} to give queue {reclaim_for} back its nominal quota: "
+            f"queue {victim_queue} was borrowing {borrowed}{part}"
+        )
+    if victim_priority < priority:
+        why = f"its priority {victim_priority} is lower"
+    else:
+        why = f"it has the same priority {victim_priority} and is newer"
+    where = f" in queue {victim_queue}" if victim_queue is not None else ""
+    return f"{who} to make room on node(s) {_nodes(nodes)}: {why}{where}{part}"
+
+
+def preemption_blocked(victim: str, *, budget: bool, error: str) -> str:
+    why = "a PodDisruptionBudget allows no disruption of it now" if budget else f"the eviction failed: {error}"
+    return f"could not preempt {victim} ({why}); the preemption is given up and retried later"
+
+
+def nomination_expired(nodes: Iterable[str], timeout: float) -> str:
+    return (
+        f"gave up the capacity held for it on node(s) {_nodes(nodes)} "
+        f"after {timeout:g} s; it is tried again as usual"
+    )
+
+
+# -- gangs -------------------------------------------------------------------------------------
+
+
+def gang_placed(*, quorum: int, min_member: int, extra: int, where: str) -> str:
+    """The PodGroup's ``Scheduled`` Event. ``where``: see :func:`placed_where`."""
+    what = f"{quorum} members as one gang (quorum {min_member})" if quorum else "elastic members"
+    more = f" and {extra} elastic member(s)" if quorum and extra > 0 else ""
+    return f"placed {what}{more}{where}"
+
+
+def placed_where(domain: str, *, fell_back: bool, level_name: str) -> str:
+    """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
+    if not domain:
+        return ""
+    if not fell_back:
+        return f" within {domain}"
+    return f" across the cluster (no single {level_name} had room for it)"
+
+
+def member_evicted(member: str, node: str, why: str) -> str:
+    return f"evicted member {member} from node {node}: {why}"
+
+
+def member_eviction_failed(member: str, error: str) -> str:
+    return f"could not evict member {member} (will retry): {error}"
+
+
+def invalid_group(group: str, why: str) -> str:
+    return f"PodGroup {group} is invalid, its pods are not scheduled: {why}"

@@ -1,0 +1,109 @@
+"""Who may be evicted for a pending unit: the one rule, and an index of running work by it.
+
+The rule (:func:`~batchsched.core.preemption.victims.select_victims` documents it in full
+and applies it to each candidate): within the preemptor's queue, by its ``withinQueue``
+policy; from the other queues of its tree, only work running on borrowed capacity, by its
+``reclaimWithinCohort`` policy; unqueued work by anyone of a higher priority; never
+protected work. :class:`Candidates` indexes the running units by queue and priority so
+that a preemptor hands the search only the units this rule could allow: it narrows, the
+search decides.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import numpy.typing as npt
+
+from batchsched.core.plan import QueueName, RunningUnit, Victim
+from batchsched.core.queues import QueueTree, ReclaimPolicy, WithinQueuePolicy
+
+__all__ = ["Candidates"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+class Candidates:
+    """Running units that may be preemption victims, indexed so that a preemptor only
+    hands :func:`select_victims` the units its rules could allow (it filters them again)."""
+
+    def __init__(self, running: Sequence[RunningUnit], tree: QueueTree) -> None:
+        self.tree = tree
+        self.by_queue: dict[QueueName | None, list[RunningUnit]] = {}
+        self._prio: dict[QueueName | None, list[int]] = {}
+        self.leaves: dict[QueueName, list[QueueName]] = {}
+        #: leaf -> (its usage generation, the columns in which it uses more than its nominal)
+        self._over: dict[QueueName, tuple[int, npt.NDArray[np.bool_]]] = {}
+        for w in running:
+            if not w.protected and w.pods:
+                self.by_queue.setdefault(w.queue, []).append(w)
+        for q in list(self.by_queue):
+            self._index(q)
+            if q is not None:
+                self.leaves.setdefault(tree.root(q), []).append(q)
+        for leaves in self.leaves.values():
+            leaves.sort()
+
+    def _index(self, q: QueueName | None) -> None:
+        units = self.by_queue[q]
+        units.sort(key=lambda w: (w.priority, w.created, w.uid))
+        self._prio[q] = [w.priority for w in units]
+
+    def _below(self, q: QueueName | None, priority: int, *, equal: bool = False) -> list[RunningUnit]:
+        """The units of ``q`` with a lower priority (or equal, with ``equal``): a new list."""
+        units = self.by_queue.get(q)
+        if not units:
+            return []
+        prio = self._prio[q]
+        end = bisect.bisect_right(prio, priority) if equal else bisect.bisect_left(prio, priority)
+        return units[:end]
+
+    def _borrowing(self, v: QueueName) -> npt.NDArray[np.bool_]:
+        gen = self.tree.queue_generation(v)
+        seen = self._over.get(v)
+        if seen is None or seen[0] != gen:
+            seen = (gen, self.tree.usage_vector(v) > self.tree.nominal_vector(v))
+            self._over[v] = seen
+        return seen[1]
+
+    def for_unit(self, queue: QueueName | None, priority: int, x: IntArray) -> list[RunningUnit]:
+        out = self._below(None, priority)
+        if queue is None:
+            return out
+        q = self.tree.queue(queue)
+        if q.within_queue is WithinQueuePolicy.LOWER_PRIORITY:
+            out.extend(self._below(queue, priority))
+        elif q.within_queue is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY:
+            out.extend(self._below(queue, priority, equal=True))
+        if q.reclaim is ReclaimPolicy.NEVER:
+            return out
+        asks: npt.NDArray[np.bool_] | None = None
+        for v in self.leaves.get(self.tree.root(queue), ()):
+            if v == queue:
+                continue
+            over = self._borrowing(v)
+            if not over.any():
+                continue
+            if asks is None:
+                asks = self.tree.managed(queue) & (x > 0)
+            if not bool((asks & over).any()):
+                continue  # only queues borrowing something the preemptor asks for
+            if q.reclaim is ReclaimPolicy.LOWER_PRIORITY:
+                out.extend(self._below(v, priority))
+            else:
+                out.extend(self.by_queue[v])
+        return out
+
+    def remove(self, victim: Victim) -> None:
+        """A victim was chosen: it is gone, or only its evicted pods are."""
+        q = victim.unit.queue
+        units = self.by_queue.get(q, [])
+        rest = [w for w in units if w is not victim.unit]
+        if not victim.whole:
+            gone = {id(p) for p in victim.pods}
+            rest.append(replace(victim.unit, pods=tuple(p for p in victim.unit.pods if id(p) not in gone)))
+        self.by_queue[q] = rest
+        self._index(q)
