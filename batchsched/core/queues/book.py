@@ -36,12 +36,9 @@ from batchsched.core.gangs import ANNOTATION_TASK, VOLCANO, GroupBook, GroupKey,
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import GPU, Pod, PodUID
 from batchsched.core.plan import Nomination, Plan, QueueName, RunningPod, RunningUnit, Unit
-from batchsched.core.queues.tree import (
-    QueueProblem,
-    QueueTree,
-    UsageHistory,
-    assign_queue,
-)
+from batchsched.core.queues.assign import QueueProblem, assign_queue
+from batchsched.core.queues.fair import UsageHistory
+from batchsched.core.queues.tree import QueueTree
 
 __all__ = ["QueueBook", "QueueInput", "QueueSettings"]
 

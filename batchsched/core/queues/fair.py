@@ -1,0 +1,299 @@
+"""Fair share: which queue's unit to try next, and the usage history shares decay over.
+
+Fair share (:class:`FairOrder`): among queues with work waiting, heads that fit within
+their queue's nominal go first; then the next unit comes from the queue with the lowest
+weighted dominant-resource share, ``max over managed resources of
+(U + w_h * past) / max(N, 1)``, divided by the queue's weight, where ``past`` is the
+time-decayed usage kept by :class:`UsageHistory` (optional). Unqueued work has share 0.
+Within a queue: priority, then age, then UID; a unit that waited longer than ``max_wait``
+goes first. Ties between queues: share, priority, creation time, UID.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from batchsched.core.plan import QueueName
+from batchsched.core.queues.tree import FloatArray, IntArray, QueueTree
+
+__all__ = ["FairOrder", "Orderable", "UsageHistory"]
+
+
+# -- history ----------------------------------------------------------------------------
+
+
+class UsageHistory:
+    """Each queue's usage averaged over time with exponential decay (``half_life`` seconds).
+
+    :meth:`record` is called with a queue's usage vector whenever it may have changed
+    (once per cycle is enough); the usage is taken to have stayed at the recorded value
+    until the next record. :meth:`decayed` is the time-weighted average, in the same
+    units as usage: a queue that held 8 GPUs for long reads 8, and half a half-life after
+    it released them, about 5.7. Pure: the time is passed in; going back in time counts
+    as no time passing.
+    """
+
+    def __init__(self, half_life: float, *, weight: float = 1.0) -> None:
+        if not half_life > 0:
+            raise ValueError(f"half_life must be positive, got {half_life}")
+        self.half_life = half_life
+        self.weight = weight
+        self._avg: dict[str, FloatArray] = {}
+        self._last: dict[str, tuple[FloatArray, float]] = {}
+
+    def _decay(self, since: float, now: float) -> float:
+        return float(2.0 ** (-max(0.0, now - since) / self.half_life))
+
+    @staticmethod
+    def _pad(a: FloatArray, n: int) -> FloatArray:
+        if len(a) >= n:
+            return a
+        return np.pad(a, (0, n - len(a)))
+
+    def decayed(self, queue: str, now: float) -> FloatArray:
+        last = self._last.get(queue)
+        if last is None:
+            return np.zeros(0, dtype=np.float64)
+        vec, when = last
+        avg = self._avg[queue]
+        n = max(len(vec), len(avg))
+        k = self._decay(when, now)
+        out: FloatArray = self._pad(avg, n) * k + self._pad(vec, n) * (1.0 - k)
+        return out
+
+    def record(self, queue: str, vector: npt.ArrayLike, now: float) -> None:
+        vec = np.asarray(vector, dtype=np.float64).copy()
+        if queue in self._last:
+            self._avg[queue] = self.decayed(queue, now)
+            now = max(now, self._last[queue][1])
+        else:
+            self._avg[queue] = np.zeros(len(vec), dtype=np.float64)
+        self._last[queue] = (vec, now)
+
+    def forget(self, queue: str) -> None:
+        self._avg.pop(queue, None)
+        self._last.pop(queue, None)
+
+
+# -- fair order -------------------------------------------------------------------------
+
+
+class Orderable(Protocol):
+    """What :class:`FairOrder` reads of a unit (the cycle's units have these fields)."""
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def created(self) -> float: ...
+
+    @property
+    def uid(self) -> str: ...
+
+
+U = TypeVar("U", bound=Orderable)
+
+TOP_PRIORITY = 2**63
+"""The priority an aged unit is ordered with, above every real one (int32 in Kubernetes)."""
+
+
+class FairOrder(Generic[U]):
+    """Which unit to try next: a merge of the queues driven by their current shares.
+
+    ``for queue, unit in order:`` yields the head of the queue with the lowest share (ties:
+    the head's priority, creation time, UID); the caller then calls :meth:`admitted` after
+    charging the unit to the tree (:meth:`QueueTree.admit`), or :meth:`skipped`. A unit that
+    gets neither counts as skipped. Shares are re-read from the tree whenever its usage
+    changed (admissions, releases of preempted work), so the order follows the shares as
+    they move during a cycle.
+
+    ``units``: the pending units per queue (``None`` for unqueued work, share 0); every other
+    key must be a valid leaf of ``tree``. ``max_wait``: a unit older than this (seconds,
+    by ``now - created``) goes ahead of everything else in its queue, oldest first.
+
+    For unqueued work, :meth:`more` hands out the run of units that will come next anyway
+    (the cycle places a run of alike single pods with one kernel call).
+
+    ``request``: a unit's quota request (its quorum's summed request vector). When given,
+    heads that fit within their queue's nominal go before heads that would borrow (as in
+    Kueue), whatever the shares: otherwise a borrower admitted early in a cycle would be
+    reclaimed later in the same cycle by a queue that was only asking for its nominal.
+    """
+
+    def __init__(
+        self,
+        tree: QueueTree,
+        units: Mapping[QueueName | None, Iterable[U]],
+        *,
+        now: float,
+        history: UsageHistory | None = None,
+        max_wait: float | None = None,
+        request: Callable[[U], IntArray] | None = None,
+    ) -> None:
+        self.tree = tree
+        self.now = now
+        self.history = history
+        self.max_wait = max_wait
+        self.request = request
+        self._queues: dict[QueueName | None, list[U]] = {}
+        for q, us in units.items():
+            if q is not None and tree.leaf_problem(q) is not None:
+                raise ValueError(f"FairOrder got units for {q}, which is not a valid leaf queue")
+            ordered = sorted(us, key=self._within_key)
+            if ordered:
+                self._queues[q] = ordered
+        self._pos: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
+        self._stamp: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
+        self._gen: dict[QueueName | None, int] = {}
+        self._heap: list[tuple[int, float, int, float, str, int, int]] = []
+        self._names: list[QueueName | None] = list(self._queues)
+        self._slot = {q: s for s, q in enumerate(self._names)}
+        self._mark = 0
+        self._current: tuple[QueueName | None, U] | None = None
+        #: units handed out by :meth:`more` after the current one, not reported yet
+        self._run: list[U] = []
+        self.admitted_count: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
+        self.skipped_count: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
+        _, self._mark = tree.changes_since(0)
+        for q in self._queues:
+            self._push(q)
+
+    def aged(self, unit: U) -> bool:
+        return self.max_wait is not None and self.now - unit.created > self.max_wait
+
+    def _within_key(self, unit: U) -> tuple[int, int, float, str]:
+        if self.aged(unit):
+            return (0, 0, unit.created, unit.uid)
+        return (1, -unit.priority, unit.created, unit.uid)
+
+    def share(self, queue: QueueName | None) -> float:
+        if queue is None:
+            return 0.0
+        past = None
+        weight = 0.0
+        if self.history is not None:
+            past, weight = self.history.decayed(queue, self.now), self.history.weight
+        return self.tree.share(queue, past, weight)
+
+    def borrows(self, queue: QueueName | None, unit: U) -> bool:
+        """Whether admitting ``unit`` would take ``queue`` above its nominal."""
+        if queue is None or self.request is None:
+            return False
+        return self.tree.would_borrow(queue, np.asarray(self.request(unit), dtype=np.int64))
+
+    def _push(self, queue: QueueName | None) -> None:
+        self._stamp[queue] += 1
+        pos = self._pos[queue]
+        units = self._queues[queue]
+        if queue is not None:
+            self._gen[queue] = self.tree.queue_generation(queue)
+        if pos >= len(units):
+            return
+        head = units[pos]
+        prio = TOP_PRIORITY if self.aged(head) else head.priority
+        heapq.heappush(
+            self._heap,
+            (
+                int(self.borrows(queue, head)), self.share(queue), -prio, head.created, head.uid,
+                self._stamp[queue], self._slot[queue],
+            ),
+        )
+
+    def _refresh(self) -> None:
+        """Re-key the queues whose usage changed since their entry was computed."""
+        changed, self._mark = self.tree.changes_since(self._mark)
+        names: Iterable[QueueName | None] = self._names if changed is None else dict.fromkeys(changed)
+        for q in names:
+            if (
+                q is not None
+                and q in self._slot
+                and self._pos[q] < len(self._queues[q])
+                and self.tree.queue_generation(q) != self._gen.get(q)
+            ):
+                self._push(q)
+
+    def _advance(self, queue: QueueName | None) -> None:
+        self._pos[queue] += 1
+        if self._run:
+            self._current = (queue, self._run.pop(0))
+            return
+        self._current = None
+        self._push(queue)
+
+    def more(self, same: Callable[[U], bool], limit: int | None = None) -> list[U]:
+        """The unqueued units that will be yielded right after the one just yielded, while
+        ``same`` holds (at most ``limit``), so the caller can place a run of alike single
+        pods in one kernel call.
+
+        Only for unqueued work (the ``None`` bucket): its share is always 0 and admitting it
+        changes no queue, so what comes next is known now: the following units of the bucket,
+        as long as each sorts before the head of every other queue. Empty otherwise. The
+        caller then reports the yielded unit and each of these, in order, with
+        :meth:`admitted` or :meth:`skipped`; the iteration resumes after the last.
+        """
+        if self._current is None or self._current[0] is not None or self._run:
+            return []
+        self._refresh()
+        while self._heap:  # drop used-up entries so the top is the best other queue's head
+            stamp, slot = self._heap[0][-2:]
+            if stamp == self._stamp[self._names[slot]]:
+                break
+            heapq.heappop(self._heap)
+        other = self._heap[0][:5] if self._heap else None
+        units = self._queues[None]
+        out: list[U] = []
+        pos = self._pos[None] + 1
+        while pos < len(units) and (limit is None or len(out) < limit):
+            unit = units[pos]
+            prio = TOP_PRIORITY if self.aged(unit) else unit.priority
+            if (other is not None and (0, 0.0, -prio, unit.created, unit.uid) > other) or not same(unit):
+                break
+            out.append(unit)
+            pos += 1
+        self._run = list(out)
+        return out
+
+    def __iter__(self) -> Iterator[tuple[QueueName | None, U]]:
+        while True:
+            if self._current is not None:
+                self.skipped(self._current[1])
+            self._refresh()
+            while self._heap:
+                stamp, slot = self._heap[0][-2:]
+                q = self._names[slot]
+                if stamp == self._stamp[q]:
+                    break
+                heapq.heappop(self._heap)
+            if not self._heap:
+                return
+            q = self._names[heapq.heappop(self._heap)[-1]]
+            self._stamp[q] += 1  # the popped entry is used up
+            unit = self._queues[q][self._pos[q]]
+            self._current = (q, unit)
+            yield q, unit
+
+    def _done(self, unit: U) -> QueueName | None:
+        if self._current is None or self._current[1] is not unit:
+            raise ValueError(
+                "admitted()/skipped() must be called for the unit just yielded (or handed out by more())"
+            )
+        return self._current[0]
+
+    def admitted(self, unit: U) -> None:
+        q = self._done(unit)
+        self.admitted_count[q] += 1
+        self._advance(q)
+
+    def skipped(self, unit: U) -> None:
+        q = self._done(unit)
+        self.skipped_count[q] += 1
+        self._advance(q)
+
+    def remaining(self) -> dict[QueueName | None, list[U]]:
+        """The units not yielded yet, per queue (for pending counts)."""
+        return {q: us[self._pos[q]:] for q, us in self._queues.items() if self._pos[q] < len(us)}
