@@ -57,7 +57,7 @@ from batchsched.core import explain
 from batchsched.core.mirror import Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
-from batchsched.core.placement.predicates import NodeFilter
+from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import (
     CLUSTER,

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsched.core.model import GPU, Node, Pod, Taint, Toleration
+from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.placement.predicates import (
     REASON_AFFINITY,
     REASON_DELETING,
     REASON_NOT_READY,
     REASON_UNSCHEDULABLE,
-    NodeFilter,
     explain,
     matches_affinity,
     matches_term,
