@@ -139,6 +139,12 @@ class Cycle:
     def run(self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None) -> Plan:
         return _Walk(self, snap, units, queues).run()
 
+    def account(self, snap: Snapshot, queues: QueueInput) -> QueueTree:
+        """Charge running work and the nominations to ``queues.tree`` and record the usage
+        history, as a cycle does before it walks: the usage Queue statuses report when no
+        cycle ran. Returns the charged tree."""
+        return _Walk(self, snap, (), queues).account()
+
     def _gang_message(
         self,
         unit: Unit,
@@ -491,8 +497,9 @@ class _Walk:
 
     # -- the walk ---------------------------------------------------------------------------
 
-    def run(self) -> Plan:
-        qi, plan, tree = self.qi, self.plan, self.tree
+    def account(self) -> QueueTree:
+        """Step 1: running work, nominations and the usage history charged to the tree."""
+        qi, tree = self.qi, self.tree
         if tree.names or qi.nominations:
             self._load_running()
         self._hold()
@@ -500,6 +507,11 @@ class _Walk:
             for name in tree.names:
                 if tree.is_leaf(name):
                     qi.history.record(name, tree.usage_vector(name), qi.now)
+        return tree
+
+    def run(self) -> Plan:
+        qi, plan, tree = self.qi, self.plan, self.tree
+        self.account()
         by_key = {u.key: u for u in self.units}
         first = [h for h in self.held.values() if h.nomination.unit in by_key
                  and not by_key[h.nomination.unit].blocked]

@@ -141,9 +141,8 @@ def gang_placed(*, quorum: int, min_member: int, extra: int, where: str) -> str:
 
 
 def placed_where(domain: str, *, fell_back: bool, level_name: str) -> str:
-    """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
-    if not domain:
-        return ""
+    """`` within rack r-3``: the end of a placed gang's message; ``fell_back``: a preferred
+    topology found no single domain (``level_name``: rack, block...)."""
     if not fell_back:
         return f" within {domain}"
     return f" across the cluster (no single {level_name} had room for it)"

@@ -130,6 +130,11 @@ def parse_time(value: str | None) -> float:
         return 0.0
 
 
+def format_time(ts: float) -> str:
+    """A ``metav1.Time`` string (whole seconds, UTC) for a Unix time."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _units(resources: Mapping[str, Any] | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for name, value in (resources or {}).items():

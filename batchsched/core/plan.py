@@ -27,6 +27,17 @@ IntArray = npt.NDArray[np.int64]
 QueueName = NewType("QueueName", str)
 
 @dataclass(slots=True, frozen=True)
+class ObjectRef:
+    """Which object an Event is about (and, for pods, which pod a condition is written to)."""
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(slots=True, frozen=True)
 class RunningPod:
     uid: str
     node: int

@@ -266,7 +266,7 @@ def test_min_resources_blocks_a_gang_the_cluster_cannot_hold() -> None:
     assert u.blocked == (
         "gang default/g needs minResources the cluster does not have free: 16 nvidia.com/gpu (free: 12)"
     )
-    assert w.book.blocked_reasons["x-k8s:default/g"] == "InsufficientMinResources"  # type: ignore[index]
+    assert u.blocked_reason == "InsufficientMinResources"
     w.pod(_with(running, phase="Succeeded"))
     assert not w.unit("x-k8s:default/g").blocked
 

@@ -17,7 +17,7 @@ import pytest
 
 from batchsched.core import cycle as cycle_module
 from batchsched.core.cycle import Cycle
-from batchsched.core.gangs import GroupBook, GroupKey, free_capacity
+from batchsched.core.gangs import GroupBook, free_capacity
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Node, Pod, PodUID
 from batchsched.core.placement.scoring import ScoringConfig
@@ -201,7 +201,7 @@ def test_a_bad_topology_annotation_blocks_the_gang_with_a_clear_message(
     key = w.gang("train", 4, annotations=annotations)
     [unit] = [u for u in w.units() if u.key == key]
     assert unit.blocked == message
-    assert w.book.blocked_reasons == {GroupKey(key): "InvalidTopology"}
+    assert unit.blocked_reason == "InvalidTopology"
     plan = w.run()
     assert plan.bindings == []
     assert plan.failed_units == {key: message}

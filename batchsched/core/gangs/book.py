@@ -143,8 +143,6 @@ class GroupBook:
         #: (namespace, group name) -> uids of the pods naming it
         self._named: dict[tuple[str, str], set[PodUID]] = {}
         self._timers: dict[GroupKey, _Timer] = {}
-        #: unit key -> why it is blocked, as a condition reason, from the last :meth:`units`
-        self.blocked_reasons: dict[GroupKey, str] = {}
         #: bumps whenever a group or a priority class changes
         self.version = 0
 
@@ -303,7 +301,6 @@ class GroupBook:
         """
         units: list[Unit] = []
         free_now: Mapping[str, int] | None = None
-        self.blocked_reasons = {}
         # only groups with a pending member have anything to place
         missing: dict[tuple[str, str], list[Pod]] = {}
         waiting: set[GroupKey] = set()
@@ -318,9 +315,8 @@ class GroupBook:
                 waiting.add(group.key)
         for (ns, name), named in sorted(missing.items()):
             key = GroupKey(f"missing:{ns}/{name}")
-            self.blocked_reasons[key] = "PodGroupNotFound"
             units.append(_blocked(key, tuple(sorted(named, key=_member_order)), 0, 0.0, "",
-                                  f"waiting for PodGroup {ns}/{name} to exist"))
+                                  f"waiting for PodGroup {ns}/{name} to exist", "PodGroupNotFound"))
         for key in sorted(waiting):
             group = self.groups[key]
             t = self.tally(group, state)
@@ -336,15 +332,13 @@ class GroupBook:
                     free_now = free() if free is not None else {}
                 reason, blocked = "InsufficientMinResources", _short_of(group, t, free_now)
             if blocked:
-                self.blocked_reasons[key] = reason
-                units.append(_blocked(key, pods, priority, group.created, group.uid, blocked))
+                units.append(_blocked(key, pods, priority, group.created, group.uid, blocked, reason))
                 continue
             ordered, min_count = _quorum_first(group, t)
             try:
                 level, required = topology_policy(_topology_annotations(group, ordered), self.levels)
             except ValueError as exc:
-                self.blocked_reasons[key] = "InvalidTopology"
-                units.append(_blocked(key, pods, priority, group.created, group.uid, str(exc)))
+                units.append(_blocked(key, pods, priority, group.created, group.uid, str(exc), "InvalidTopology"))
                 continue
             units.append(
                 Unit(
@@ -464,9 +458,11 @@ class GroupBook:
             ))
 
 
-def _blocked(key: GroupKey, pods: tuple[Pod, ...], priority: int, created: float, uid: str, why: str) -> Unit:
+def _blocked(
+    key: GroupKey, pods: tuple[Pod, ...], priority: int, created: float, uid: str, why: str, reason: str,
+) -> Unit:
     return Unit(key=key, pods=pods, min_count=len(pods), priority=priority, created=created,
-                uid=uid or key, blocked=why)
+                uid=uid or key, blocked=why, blocked_reason=reason)
 
 
 def _short_of(group: PodGroup, t: Tally, free: Mapping[str, int]) -> str:

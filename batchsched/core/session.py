@@ -1,0 +1,660 @@
+"""The scheduling session: everything batchsched decides, pure and synchronous.
+
+A :class:`Session` owns the mirror of the cluster (:class:`~batchsched.core.mirror.ClusterState`),
+the gang and queue books, the cycle, and what lives between cycles: when each unit last
+failed (so it is not retried before something changed), when a blocked gang was first
+seen (its pods are told after a delay), the capacity held for preemptors and who to tell
+about it. Its whole interface:
+
+- **event intake**: ``on_pod``, ``on_node``, ``on_podgroup``, ``on_queue``,
+  ``on_namespace``, ``on_budget``, ``on_priority_class`` (and ``*_listed`` for a full
+  list), with the object already parsed;
+- **a step**: :meth:`Session.step` ``(now) ->`` :class:`Decisions` (binds, evictions,
+  pod conditions, Events, PodGroup and Queue statuses, pods to read again);
+- **result intake**: :meth:`Session.on_bind_result`, :meth:`Session.on_evict_result`,
+  each returning the Decisions it leads to at once (Events, resyncs).
+
+Time comes in as an argument (seconds on the clock of the objects' timestamps); nothing
+here reads a clock, a socket or a global, so the running scheduler, the tests and a
+replay on a virtual clock drive the same policy. :attr:`Session.wants_step` says whether
+an event gave a reason to run a step now (the shell sleeps until it does, or until the
+slow retry timer).
+
+A step, in order: pods assumed bound but never confirmed are read again -> gang timers
+(evict gangs stuck below quorum) -> nominations that expired -> the units worth trying
+(each unit that failed is skipped until capacity changes or the retry interval passes)
+-> the cycle -> assume each binding -> Events and evictions of the preemptions ->
+conditions of the pods that were not placed -> PodGroup statuses of the groups that
+changed -> Queue statuses (at most every few seconds). After each step the mirror's
+invariants are checked (:meth:`Session.check`); a broken one raises, and the process
+stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchsched.core import explain
+from batchsched.core.cycle import Cycle
+from batchsched.core.disruption import DisruptionBudget
+from batchsched.core.gangs import (
+    VOLCANO,
+    GroupBook,
+    GroupKey,
+    GroupStatus,
+    PodGroup,
+    desired_status,
+    free_capacity,
+)
+from batchsched.core.mirror import ClusterState
+from batchsched.core.model import Node, Pod, PodUID, format_time
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.placement.topology import (
+    CLUSTER,
+    TOPOLOGY_ANNOTATION,
+    TOPOLOGY_PREFERRED_ANNOTATION,
+    TopologyLevels,
+)
+from batchsched.core.plan import (
+    Binding,
+    Eviction,
+    ObjectRef,
+    Plan,
+    Unit,
+    UnitStatus,
+    single_unit,
+)
+from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
+
+__all__ = ["Decisions", "EventNote", "PodCondition", "PodScheduledNote", "Session", "SessionSettings"]
+
+#: a full pass over every group's status, besides the groups known to have changed
+GROUP_SWEEP_SECONDS = 5.0
+#: how often the gang timers are looked at
+GANG_CHECK_SECONDS = 0.5
+#: a waiting gang's message changes with every change of capacity ("only 12 fit now"); its
+#: PodGroup condition follows each change (one write), its pods at most this often (a
+#: write per member)
+GANG_POD_MESSAGE_SECONDS = 30.0
+
+
+@dataclass(slots=True, frozen=True)
+class SessionSettings:
+    """What the session applies (the config file's sections, see :mod:`batchsched.config`)."""
+
+    scheduler_names: tuple[str, ...] = ("batchsched",)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    levels: TopologyLevels = field(default_factory=TopologyLevels)
+    queues: QueueSettings = field(default_factory=QueueSettings)
+    #: a unit that did not fit is tried again after this long even if nothing changed
+    retry_unschedulable: float = 30.0
+    #: a binding the watch has not confirmed after this long is read again
+    assumed_timeout: float = 30.0
+    gang_default_timeout: float = 60.0
+    gang_initial_backoff: float = 5.0
+    gang_max_backoff: float = 300.0
+    #: a gang blocked before placement (members or its PodGroup still arriving) is told so
+    #: only after this long
+    gang_report_delay: float = 2.0
+    #: Queue statuses are written at most this often
+    queue_status_interval: float = 5.0
+    #: write a ``Scheduled`` Event for each bound pod
+    scheduled_events: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class EventNote:
+    ref: ObjectRef
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(slots=True, frozen=True)
+class PodCondition:
+    """``PodScheduled=False`` with this reason and message (and a FailedScheduling Event)."""
+
+    ref: ObjectRef
+    reason: str
+    message: str
+
+
+@dataclass(slots=True, frozen=True)
+class PodScheduledNote:
+    ref: ObjectRef
+    node: str
+    where: str = ""
+
+
+@dataclass(slots=True)
+class Decisions:
+    """What a step (or a result) leads to, for the binder, evictor and writers."""
+
+    binds: list[Binding] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+    unschedulable: list[PodCondition] = field(default_factory=list)
+    scheduled: list[PodScheduledNote] = field(default_factory=list)
+    events: list[EventNote] = field(default_factory=list)
+    group_statuses: list[tuple[PodGroup, GroupStatus]] = field(default_factory=list)
+    queue_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: pods to read again from the apiserver (a conflict, a binding never confirmed)
+    resyncs: list[ObjectRef] = field(default_factory=list)
+    #: the cycle's plan, when a cycle ran
+    plan: Plan | None = None
+    #: a unit is owed another step soon (its victim search was deferred)
+    again: bool = False
+
+
+def pod_ref(pod: Pod | Binding | Eviction) -> ObjectRef:
+    return ObjectRef(kind="Pod", api_version="v1", namespace=pod.namespace, name=pod.name, uid=pod.uid)
+
+
+def group_ref(group: PodGroup) -> ObjectRef:
+    return ObjectRef(
+        kind="PodGroup", api_version=group.api_version, namespace=group.namespace,
+        name=group.name, uid=group.uid,
+    )
+
+
+def _spec(group: PodGroup) -> tuple[Any, ...]:
+    """What of a group decides its placement (its status, which we write, does not)."""
+    return (
+        group.min_member, dict(group.min_resources), dict(group.min_task_member),
+        group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
+        group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
+    )
+
+
+class _Retry:
+    """When each unit last failed, at which capacity generation: a unit is tried again when
+    capacity changed, the retry interval passed, or something about it changed."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    def failed(self, key: str, generation: int, now: float) -> None:
+        self._seen[key] = (generation, now)
+
+    def clear(self, key: str | None = None) -> None:
+        if key is None:
+            self._seen.clear()
+        else:
+            self._seen.pop(key, None)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._seen
+
+    def skip(self, key: str, generation: int, now: float, interval: float) -> bool:
+        seen = self._seen.get(key)
+        return seen is not None and seen[0] == generation and now - seen[1] < interval
+
+
+class Session:
+    """One scheduler's decisions. Single writer: call it from one thread (the event loop)."""
+
+    def __init__(self, settings: SessionSettings | None = None, *, use_jit: bool = True) -> None:
+        s = self.settings = settings or SessionSettings()
+        self.state = ClusterState(s.scheduler_names)
+        self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit)
+        self.groups = GroupBook(
+            default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,
+            max_backoff=s.gang_max_backoff, levels=s.levels,
+        )
+        self.queues = QueueBook(s.queues)
+        self.cycles = 0
+        self.wants_step = False
+        #: single pods (by UID) and gangs (by unit key) that failed, and when
+        self._pod_retry = _Retry()
+        self._group_retry = _Retry()
+        self._assumed_at: dict[PodUID, float] = {}
+        #: preemptor unit key -> the objects its Events go to
+        self._preemptor_refs: dict[str, list[ObjectRef]] = {}
+        #: (preemptor, victim unit) pairs already told on the victim's group
+        self._told_groups: set[tuple[str, str]] = set()
+        #: group unit key -> (reason, message) of why it was not placed in the last cycle
+        self._unit_message: dict[str, tuple[str, str]] = {}
+        #: group unit key -> when it was first found blocked (its pods are told after a delay)
+        self._blocked_since: dict[str, float] = {}
+        self._schedule_start: dict[GroupKey, str] = {}
+        self._reported_invalid: dict[GroupKey, str] = {}
+        self._dirty_groups: set[GroupKey] = set()
+        self._last_sweep = -1e18
+        #: gang unit key -> (message, time) last told its pods
+        self._pods_told: dict[str, tuple[str, float]] = {}
+        self._last_gang_check = -1e18
+        self._last_queue_status = -1e18
+
+    # -- event intake ------------------------------------------------------------------------
+
+    def on_nodes_listed(self, nodes: Iterable[Node]) -> None:
+        self.state.replace_nodes(nodes)
+        self.wants_step = True
+
+    def on_node(self, kind: str, node: Node) -> None:
+        before = self.state.capacity_generation
+        self.state.node_event(kind, node)
+        if self.state.capacity_generation != before:
+            self.wants_step = True
+
+    def on_pods_listed(self, pods: list[Pod]) -> None:
+        self.state.replace_pods(pods)
+        self.groups.replace_pods(pods)
+        self._dirty_groups.update(self.groups.groups)
+        self.wants_step = True
+
+    def on_pod(self, kind: str, pod: Pod) -> None:
+        state = self.state
+        before = state.capacity_generation
+        was_pending = pod.uid in state.pending
+        group = self.groups.group_of(pod.uid)
+        state.pod_event(kind, pod)
+        self.groups.pod_event(kind, pod)
+        for g in (group, self.groups.group_of(pod.uid)):
+            if g is not None:
+                self._dirty_groups.add(g.key)
+                if pod.uid in state.pending:
+                    self._group_retry.clear(g.key)  # a member arrived or changed: try again
+        if kind == "DELETED" or pod.holds_resources or pod.terminal:
+            self._pod_retry.clear(pod.uid)
+            self._assumed_at.pop(pod.uid, None)
+        if state.capacity_generation != before or (pod.uid in state.pending and not was_pending):
+            self.wants_step = True
+        elif pod.uid in state.pending and pod.uid in self._pod_retry:
+            # the pod itself changed (new tolerations, gates removed...): try it again
+            self._pod_retry.clear(pod.uid)
+            self.wants_step = True
+
+    def on_groups_listed(self, api: str, groups: list[PodGroup]) -> set[GroupKey]:
+        """A full list of one API's PodGroups; returns the keys of those that are gone."""
+        gone = {k for k, g in self.groups.groups.items() if g.api == api} - {g.key for g in groups}
+        self.groups.replace_groups(api, groups)
+        self._dirty_groups.update(g.key for g in groups)
+        self._group_retry.clear()
+        self.wants_step = True
+        return gone
+
+    def on_podgroup(self, kind: str, group: PodGroup) -> None:
+        old = self.groups.groups.get(group.key)
+        self.groups.group_event(kind, group)
+        if kind == "DELETED" or old is None or _spec(old) != _spec(group):
+            self._group_retry.clear(group.key)
+            self._pods_told.pop(f"missing:{group.display}", None)
+            self.wants_step = True
+        if kind == "DELETED":
+            self._reported_invalid.pop(group.key, None)
+            self._schedule_start.pop(group.key, None)
+            self._unit_message.pop(group.key, None)
+            self._pods_told.pop(group.key, None)
+        else:
+            self._dirty_groups.add(group.key)
+
+    def _queues_changed(self, before: int) -> None:
+        """Which queue a unit goes to, or whether it fits its quota, may have changed."""
+        if self.queues.generation != before:
+            self._pod_retry.clear()
+            self._group_retry.clear()
+            self._last_queue_status = -1e18
+            self.wants_step = True
+
+    def on_queues_listed(self, items: Sequence[Mapping[str, Any]]) -> set[str]:
+        """A full list of the Queues; returns the names of those that are gone."""
+        before = self.queues.generation
+        gone = set(self.queues.queue_objects) - {str(o["metadata"]["name"]) for o in items}
+        self.queues.replace_queues(items)
+        self._queues_changed(before)
+        return gone
+
+    def on_queue(self, kind: str, obj: Mapping[str, Any]) -> None:
+        before = self.queues.generation
+        self.queues.queue_event(kind, obj)
+        self._queues_changed(before)
+
+    def on_namespaces_listed(self, items: Sequence[Mapping[str, Any]]) -> None:
+        before = self.queues.generation
+        self.queues.replace_namespaces(items)
+        self._queues_changed(before)
+
+    def on_namespace(self, kind: str, obj: Mapping[str, Any]) -> None:
+        before = self.queues.generation
+        self.queues.namespace_event(kind, obj)
+        self._queues_changed(before)
+
+    def on_budgets_listed(self, budgets: Iterable[DisruptionBudget]) -> None:
+        self.queues.replace_budgets(budgets)
+
+    def on_budget(self, kind: str, budget: DisruptionBudget) -> None:
+        old = self.queues.budgets.get(budget.namespace, budget.name)
+        self.queues.budget_event(kind, budget)
+        if old is not None and old.allowed == 0 and (kind == "DELETED" or budget.allowed > 0):
+            # work it protected may be preempted now: look at waiting units again
+            self._pod_retry.clear()
+            self._group_retry.clear()
+            self.wants_step = True
+
+    def on_priority_classes_listed(self, classes: Mapping[str, int]) -> None:
+        self.groups.replace_priority_classes(classes)
+
+    def on_priority_class(self, kind: str, name: str, value: int) -> None:
+        self.groups.priority_class_event(kind, name, value)
+
+    # -- result intake -------------------------------------------------------------------------
+
+    def on_bind_result(self, b: Binding, outcome: str, *, now: float) -> Decisions:
+        """``outcome``: bound, conflict (resync the pod), gone (the pod is no more), failed."""
+        out = Decisions()
+        uid = PodUID(b.uid)
+        if outcome == "bound":
+            if self.settings.scheduled_events:
+                out.scheduled.append(PodScheduledNote(pod_ref(b), b.node, b.where))
+            return out
+        self._assumed_at.pop(uid, None)
+        self.state.forget(uid)
+        group = self.groups.group_of(uid)
+        if group is not None:
+            # the rest of the gang is retried as its remainder at once
+            self._group_retry.clear(group.key)
+            self._dirty_groups.add(group.key)
+        if outcome == "conflict":
+            out.resyncs.append(pod_ref(b))
+        elif outcome == "failed":
+            self._pod_retry.failed(uid, self.state.capacity_generation, now)
+        self.wants_step = True
+        return out
+
+    def on_evict_result(self, e: Eviction, outcome: str, *, error: str = "") -> Decisions:
+        """``outcome``: evicted, gone (nothing left to evict), blocked (a disruption budget
+        refused), failed (``error`` says why)."""
+        if e.preemptor:
+            return self._preemption_result(e, outcome, error)
+        out = Decisions()
+        key = GroupKey(e.unit)
+        group = self.groups.groups.get(key)
+        self._dirty_groups.add(key)
+        if outcome != "evicted":
+            self.groups.eviction_done(key, PodUID(e.uid))
+        if group is None:
+            return out
+        ref = group_ref(group)
+        if outcome == "evicted":
+            message = explain.member_evicted(e.name, e.node, e.reason)
+            out.events.append(EventNote(ref, "Normal", "GangEvicted", message))
+            out.events.append(EventNote(pod_ref(e), "Normal", "GangEvicted", message))
+        elif outcome == "failed":
+            message = explain.member_eviction_failed(e.name, error)
+            out.events.append(EventNote(ref, "Warning", "GangEvictionFailed", message))
+        return out
+
+    def _preemption_result(self, e: Eviction, outcome: str, error: str) -> Decisions:
+        """A victim's eviction: tell who preempted it, or give the preemption up."""
+        out = Decisions()
+        victim = pod_ref(e)
+        group = self.groups.groups.get(GroupKey(e.unit))
+        if outcome == "evicted":
+            out.events.append(EventNote(victim, "Normal", "Preempted", e.reason))
+            if group is not None and (e.preemptor, e.unit) not in self._told_groups:
+                self._told_groups.add((e.preemptor, e.unit))
+                out.events.append(EventNote(group_ref(group), "Normal", "Preempted", e.reason))
+            return out
+        if outcome == "gone":
+            return out  # nothing left to evict: the capacity is free
+        dropped = self.queues.drop(e.preemptor)
+        message = explain.preemption_blocked(
+            f"{e.namespace}/{e.name}", budget=outcome == "blocked", error=error,
+        )
+        if dropped is not None:
+            for ref in self._preemptor_refs.get(e.preemptor, []):
+                out.events.append(EventNote(ref, "Warning", "PreemptionBlocked", message))
+        out.events.append(EventNote(victim, "Normal", "PreemptionBlocked", message))
+        # try again: the unit may find other victims, or the same once the budget allows
+        for uid in dropped.pods if dropped is not None else ():
+            self._pod_retry.clear(uid)
+        self._group_retry.clear(e.preemptor)
+        self.wants_step = True
+        return out
+
+    # -- a step ----------------------------------------------------------------------------------
+
+    def step(self, now: float) -> Decisions:
+        """Everything due at ``now``: one cycle and the writes that follow it."""
+        self.wants_step = False
+        out = Decisions()
+        self._check_assumed(now, out)
+        self._check_gangs(now, out)
+        self._run_cycle(now, out)
+        self._sync_groups(now, out)
+        self._sync_queues(now, out)
+        self.check()
+        return out
+
+    def check(self) -> None:
+        """The mirror's invariants (raises :class:`~batchsched.core.mirror.StateError`)."""
+        self.state.check()
+
+    def schedulable_units(self, now: float) -> list[Unit]:
+        """The units worth trying at ``now``: pending, not gated, not failed since the last
+        change of capacity (unless the retry interval passed or they hold a nomination)."""
+        retry = self.settings.retry_unschedulable
+        gen = self.state.capacity_generation
+        nominated = self.queues.nominations
+        units = []
+        for uid, pod in self.state.pending.items():
+            if pod.gated or self.groups.in_group(uid):
+                continue
+            if self._pod_retry.skip(uid, gen, now, retry) and pod.key not in nominated:
+                continue
+            units.append(single_unit(pod))
+        free: dict[str, int] | None = None
+
+        def cluster_free() -> dict[str, int]:
+            nonlocal free
+            if free is None:
+                free = free_capacity(self.state.snapshot())
+            return free
+
+        for unit in self.groups.units(self.state, now, cluster_free):
+            if (not unit.blocked and self._group_retry.skip(unit.key, gen, now, retry)
+                    and unit.key not in nominated):
+                continue
+            units.append(unit)
+        return units
+
+    def _check_assumed(self, now: float, out: Decisions) -> None:
+        """A binding the apiserver accepted that the watch never confirmed: read it again."""
+        limit = self.settings.assumed_timeout
+        for uid, since in list(self._assumed_at.items()):
+            if now - since > limit and uid in self.state.assumed:
+                pod = self.state.pods.get(uid)
+                self._assumed_at[uid] = now
+                if pod is not None:
+                    out.resyncs.append(pod_ref(pod))
+
+    def _check_gangs(self, now: float, out: Decisions) -> None:
+        """Gangs below quorum: start their timers, evict those that ran out of time."""
+        if now - self._last_gang_check < GANG_CHECK_SECONDS:
+            return
+        self._last_gang_check = now
+        check = self.groups.check(self.state, now)
+        for n in check.notices:
+            self._dirty_groups.add(n.group.key)
+            out.events.append(EventNote(group_ref(n.group), n.type, n.reason, n.message))
+        out.evictions.extend(check.evictions)
+
+    def _run_cycle(self, now: float, out: Decisions) -> None:
+        units = self.schedulable_units(now)
+        if not units:
+            return
+        gen = self.state.capacity_generation
+        for n in self.queues.expired(self.state, now):
+            message = explain.nomination_expired(n.nodes, self.settings.queues.nomination_timeout)
+            for ref in self._preemptor_refs.get(n.unit, []):
+                out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
+        snap = self.state.snapshot()
+        queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
+        plan = self.cycle.run(snap, units, queues=queues)
+        self.queues.settle(plan, queues.queue_of)
+        self.cycles += 1
+        out.plan = plan
+        gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
+        for b in plan.bindings:
+            uid = PodUID(b.uid)
+            self.state.assume(uid, b.node)
+            self._pod_retry.clear(uid)
+            self._assumed_at[uid] = now
+            out.binds.append(b)
+        delay = self.settings.gang_report_delay
+        for u in plan.unschedulable:
+            unit = gangs.get(u.unit)
+            message = u.message
+            if unit is None:
+                self._pod_retry.failed(u.pod.uid, gen, now)
+            elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
+                continue  # members and PodGroups usually arrive together: do not report yet
+            elif message == plan.failed_units.get(unit.key):
+                message = self._gang_pod_message(unit.key, message, now)
+            out.unschedulable.append(PodCondition(pod_ref(u.pod), u.reason, message))
+        self._preempt(plan, out)
+        self._gang_results(plan, gangs, gen, now, out)
+        for key in plan.deferred:
+            # its victim search did not fit in this cycle's budget: next cycle, not later
+            if key not in gangs:
+                for pod in next((u.pods for u in units if u.key == key), ()):
+                    self._pod_retry.clear(pod.uid)
+            out.again = True
+        self._sync_queues(now, out, queues)
+        for key in [k for k in self._blocked_since if k not in gangs or not gangs[k].blocked]:
+            del self._blocked_since[key]
+
+    def _gang_pod_message(self, key: str, message: str, now: float) -> str:
+        """What to tell a waiting gang's pods: a new message, or the last one if it was told
+        less than :data:`GANG_POD_MESSAGE_SECONDS` ago."""
+        told = self._pods_told.get(key)
+        if told is None or (told[0] != message and now - told[1] >= GANG_POD_MESSAGE_SECONDS):
+            self._pods_told[key] = (message, now)
+            return message
+        return told[0]
+
+    def _preempt(self, plan: Plan, out: Decisions) -> None:
+        """The cycle's preemptions: Events, then each victim evicted."""
+        for rec in plan.preemptions:
+            unit = rec.preemptor
+            group = self.groups.groups.get(GroupKey(unit.key))
+            refs = [group_ref(group)] if group is not None else [pod_ref(p) for p in unit.pods]
+            self._preemptor_refs[unit.key] = refs
+            for ref in refs:
+                out.events.append(EventNote(ref, "Normal", "Preempting", rec.summary))
+            for victim, message in zip(rec.victims, rec.messages, strict=True):
+                for rp in victim.pods:
+                    pod = self.state.pods.get(PodUID(rp.uid))
+                    if pod is None or pod.deleting:
+                        continue
+                    out.evictions.append(Eviction(
+                        uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
+                        unit=victim.unit.key, reason=message, preemptor=unit.key,
+                    ))
+        live = {n.unit for n in plan.nominations}
+        for key in [k for k in self._preemptor_refs if k not in live]:
+            del self._preemptor_refs[key]
+        self._told_groups = {t for t in self._told_groups if t[0] in live}
+
+    def _gang_results(
+        self, plan: Plan, gangs: dict[str, Unit], gen: int, now: float, out: Decisions,
+    ) -> None:
+        for key, unit in gangs.items():
+            gkey = GroupKey(key)
+            self._dirty_groups.add(gkey)
+            if not unit.blocked:
+                self._blocked_since.pop(key, None)
+                self._schedule_start.setdefault(gkey, format_time(now))
+            result = plan.results.get(key)
+            if result is None:
+                continue
+            if result.status is UnitStatus.SCHEDULED:
+                self._unit_message.pop(key, None)
+                self._pods_told.pop(key, None)
+                self._group_retry.clear(key)
+                group = self.groups.groups.get(gkey)
+                if group is not None:
+                    message = explain.gang_placed(
+                        quorum=unit.min_count, min_member=group.min_member,
+                        extra=result.placed - unit.min_count, where=self._placed_where(unit, result.where),
+                    )
+                    out.events.append(EventNote(group_ref(group), "Normal", "Scheduled", message))
+            elif key in plan.nominated:
+                # it preempted others (or waits for them to go): retried in the next cycles
+                self._unit_message[key] = ("WaitingForPreemption", result.message)
+                self._group_retry.clear(key)
+            elif result.failed:
+                self._unit_message[key] = (result.reason, result.message)
+                if not unit.blocked and key not in plan.deferred:
+                    self._group_retry.failed(key, gen, now)
+
+    def _placed_where(self, unit: Unit, where: str) -> str:
+        """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
+        if not where:
+            return ""
+        level = unit.topology_level
+        return explain.placed_where(
+            where, fell_back=where == CLUSTER,
+            level_name=self.cycle.levels.name(level) if level is not None else "domain",
+        )
+
+    def _sync_groups(self, now: float, out: Decisions) -> None:
+        """The status of the groups that changed (and, now and then, of every group)."""
+        if now - self._last_sweep >= GROUP_SWEEP_SECONDS:
+            self._last_sweep = now
+            self._dirty_groups.update(self.groups.groups)
+        dirty, self._dirty_groups = self._dirty_groups, set()
+        free: dict[str, int] | None = None
+        for key in sorted(dirty):
+            group = self.groups.groups.get(key)
+            if group is None:
+                continue
+            if group.invalid and self._reported_invalid.get(key) != group.invalid:
+                self._reported_invalid[key] = group.invalid
+                out.events.append(EventNote(
+                    group_ref(group), "Warning", "InvalidPodGroup",
+                    explain.invalid_group(group.display, group.invalid),
+                ))
+            tally = self.groups.tally(group, self.state)
+            if not tally.ours:
+                continue
+            admitted = False
+            if group.api == VOLCANO and group.observed.phase in ("", "Pending"):
+                if free is None:
+                    free = free_capacity(self.state.snapshot())
+                admitted = self.groups.admitted(group, self.state, now, free)
+            reason, message = self._unit_message.get(key, ("", ""))
+            backing_off = self.groups.backing_off(key, now)
+            if not tally.pending and not group.invalid and not backing_off:
+                reason, message = "", ""  # the cycle's last word is stale: nothing waits
+            elif backing_off:
+                reason = "GangBackoff"
+                message = self.groups.blocked_message(group, now)
+            status = desired_status(
+                group, tally, waiting=message, reason=reason, admitted=admitted,
+                schedule_start=self._schedule_start.get(key, ""),
+            )
+            out.group_statuses.append((group, status))
+
+    def _sync_queues(self, now: float, out: Decisions, queues: QueueInput | None = None) -> None:
+        """The Queue statuses, at most every ``queue_status_interval``.
+
+        ``queues``: the input of the cycle that just ran (its tree is charged with what the
+        cycle decided); without one, running work and nominations are charged to a fresh
+        tree by the cycle's own accounting."""
+        if not self.queues.queue_objects or out.queue_statuses:
+            return
+        if now - self._last_queue_status < self.settings.queue_status_interval:
+            return
+        self._last_queue_status = now
+        if queues is None:
+            snap = self.state.snapshot()
+            queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=[], now=now)
+            self.cycle.account(snap, queues)
+        pending: set[str] = set()
+        for uid, pod in self.state.pending.items():
+            group = self.groups.group_of(uid)
+            pending.add(group.key if group is not None else pod.key)
+        out.queue_statuses.extend(self.queues.statuses(queues.tree, pending.__contains__).items())
