@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
 
 from batchsched.core.plan import Binding
-from batchsched.kube.client import KubeClient
+from batchsched.kube.api import KubeAPI
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
+from batchsched.kube.retry import bindings
 from batchsched.kube.tasks import TaskSet
 
 log = logging.getLogger("batchsched.binder")
@@ -27,19 +27,26 @@ Outcome = str
 
 
 class Binder:
+    """Bind pods under ``concurrency`` requests at a time; ``retry`` is the policy each
+    Binding is retried under (:func:`~batchsched.kube.retry.bindings`)."""
+
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeAPI,
         *,
         concurrency: int = 128,
         retries: int = 5,
         on_result: Callable[[Binding, Outcome, KubeError | None], None],
     ) -> None:
         self.client = client
-        self.retries = retries
+        self.retry = bindings(retries)
         self.on_result = on_result
         self._sem = asyncio.Semaphore(concurrency)
         self._tasks = TaskSet()
+
+    @property
+    def retries(self) -> int:
+        return self.retry.retries
 
     @property
     def in_flight(self) -> int:
@@ -60,32 +67,23 @@ class Binder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": b.node},
         }
         path = f"/api/v1/namespaces/{b.namespace}/pods/{b.name}/binding"
-        delay = 0.2
-        attempt = 0
-        while True:
-            try:
-                async with self._sem:
-                    await self.client.request("POST", path, body=body, timeout=30)
-            except ConflictError as exc:
-                self.on_result(b, "conflict", exc)
-                return
-            except NotFoundError as exc:
-                self.on_result(b, "gone", exc)
-                return
-            except TemporaryError as exc:
-                attempt += 1
-                if attempt > self.retries:
-                    log.warning("binding %s/%s to %s failed: %s", b.namespace, b.name, b.node, exc)
-                    self.on_result(b, "failed", exc)
-                    return
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 5.0)
-                continue
-            except KubeError as exc:
-                log.warning("binding %s/%s to %s refused: %s", b.namespace, b.name, b.node, exc)
-                self.on_result(b, "failed", exc)
-                return
-            except asyncio.CancelledError:
-                raise
+
+        async def send() -> None:
+            async with self._sem:
+                await self.client.request("POST", path, body=body, timeout=30)
+
+        what = f"binding {b.namespace}/{b.name} to {b.node}"
+        try:
+            await self.retry.call(send, what=what)
+        except ConflictError as exc:
+            self.on_result(b, "conflict", exc)
+        except NotFoundError as exc:
+            self.on_result(b, "gone", exc)
+        except TemporaryError as exc:
+            log.warning("%s failed: %s", what, exc)
+            self.on_result(b, "failed", exc)
+        except KubeError as exc:
+            log.warning("%s refused: %s", what, exc)
+            self.on_result(b, "failed", exc)
+        else:
             self.on_result(b, "bound", None)
-            return

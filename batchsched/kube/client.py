@@ -21,9 +21,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from batchsched.kube.errors import ExpiredError, KubeError, TemporaryError, error_for
+from batchsched.kube.api import JSON
+from batchsched.kube.errors import KubeError, TemporaryError, from_status
 
-JSON = dict[str, Any]
+__all__ = ["JSON", "Credentials", "KubeClient", "load_credentials"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -261,11 +262,7 @@ class KubeClient:
                         etype = event.get("type", "")
                         obj = event.get("object") or {}
                         if etype == "ERROR":
-                            code = int(obj.get("code") or 500)
-                            err = error_for(code, obj.get("reason", ""), obj.get("message", ""))
-                            if code == 410:
-                                raise ExpiredError(410, "Expired", obj.get("message", ""))
-                            raise err
+                            raise from_status(int(obj.get("code") or 500), obj)
                         yield etype, obj
         except KubeError:
             raise
@@ -280,12 +277,9 @@ def _params(params: Mapping[str, str | int] | None) -> dict[str, str] | None:
 
 
 def _error_from(status: int, raw: bytes) -> KubeError:
-    reason, message = "", raw.decode(errors="replace")[:500]
+    text = raw.decode(errors="replace")[:500]
     try:
         st = orjson.loads(raw)
-        if isinstance(st, dict):
-            reason = str(st.get("reason", ""))
-            message = str(st.get("message", message))
     except orjson.JSONDecodeError:
-        pass
-    return error_for(status, reason, message)
+        st = None
+    return from_status(status, st if isinstance(st, dict) else None, fallback=text)

@@ -5,29 +5,72 @@ to do by kind, never by parsing a status code or a message::
 
     KubeError
     ├── TemporaryError      back off and try again (429, 5xx, timeouts, dropped connections)
+    │   └── DisruptionBudgetError  429 from the Eviction API: a PodDisruptionBudget says "not now"
     ├── ConflictError       409: the object changed or already exists; resync that object
     ├── ExpiredError        410: a watch's resourceVersion is too old; relist
     └── PermanentError      the request itself is wrong; retrying changes nothing
         ├── NotFoundError   404
         ├── ForbiddenError  401, 403
         └── InvalidError    400, 422
+
+:func:`error_for` is the one mapping from an answer (HTTP status, the Status object's
+``reason``, ``message`` and ``details.causes``) to a class; :mod:`batchsched.kube.retry`
+decides from the class alone what is retried.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "DISRUPTION_BUDGET",
+    "ConflictError",
+    "DisruptionBudgetError",
+    "ExpiredError",
+    "ForbiddenError",
+    "InvalidError",
+    "KubeError",
+    "NotFoundError",
+    "PermanentError",
+    "TemporaryError",
+    "error_for",
+    "from_status",
+    "refine",
+]
+
+#: The ``details.causes[].type`` the Eviction API gives when a PodDisruptionBudget refuses.
+DISRUPTION_BUDGET = "DisruptionBudget"
+# What it says in the message when the Status carries no causes (older API servers).
+_BUDGET_REFUSAL = "disruption budget"
+
 
 class KubeError(Exception):
-    """A request to the API server failed."""
+    """A request to the API server failed.
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    ``causes`` are the ``details.causes[].type`` of the server's Status, when it sent any.
+    """
+
+    def __init__(
+        self, status: int, reason: str, message: str, *, causes: Iterable[str] = ()
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = tuple(causes)
 
 
 class TemporaryError(KubeError):
     """The server or the network failed for now; the same request may succeed later."""
+
+
+class DisruptionBudgetError(TemporaryError):
+    """429 from the Eviction API: a PodDisruptionBudget allows no disruption now.
+
+    Temporary (the budget may allow it later), but a preemption reports it at once
+    rather than waiting for it.
+    """
 
 
 class ConflictError(KubeError):
@@ -54,8 +97,11 @@ class InvalidError(PermanentError):
     """400/422: the server rejected the object or the request."""
 
 
-def error_for(status: int, reason: str, message: str) -> KubeError:
-    """The error class for an HTTP status from the API server."""
+def error_for(
+    status: int, reason: str, message: str, *, causes: Iterable[str] = ()
+) -> KubeError:
+    """The error for an answer from the API server: its class is decided here only."""
+    causes = tuple(causes)
     cls: type[KubeError]
     if status == 404:
         cls = NotFoundError
@@ -67,8 +113,45 @@ def error_for(status: int, reason: str, message: str) -> KubeError:
         cls = ForbiddenError
     elif status in (400, 422):
         cls = InvalidError
+    elif status == 429 and _budget_refusal(message, causes):
+        cls = DisruptionBudgetError
     elif status == 429 or status >= 500:
         cls = TemporaryError
     else:
         cls = PermanentError
-    return cls(status, reason, message)
+    return cls(status, reason, message, causes=causes)
+
+
+def from_status(status: int, body: Mapping[str, Any] | None, *, fallback: str = "") -> KubeError:
+    """The error for an HTTP status and the ``Status`` object the server sent with it."""
+    body = body or {}
+    details = body.get("details")
+    causes = details.get("causes") if isinstance(details, Mapping) else None
+    types = [
+        str(c["type"]) for c in causes or () if isinstance(c, Mapping) and c.get("type")
+    ]
+    return error_for(
+        status, str(body.get("reason", "")), str(body.get("message", fallback)), causes=types
+    )
+
+
+def refine(exc: KubeError) -> KubeError:
+    """``exc`` in the most specific class :func:`error_for` gives its parts.
+
+    Errors from the client already are; one built by hand from a status (``KubeError(404,
+    ...)``, ``TemporaryError(429, ...)``) is narrowed to the class the client would have
+    raised, never widened to an unrelated one (a dropped connection, status 0, stays
+    temporary).
+    """
+    if exc.status <= 0:
+        return exc
+    narrower = error_for(exc.status, exc.reason, exc.message, causes=exc.causes)
+    if type(narrower) is type(exc) or not isinstance(narrower, type(exc)):
+        return exc
+    return narrower
+
+
+def _budget_refusal(message: str, causes: tuple[str, ...]) -> bool:
+    if causes:
+        return DISRUPTION_BUDGET in causes
+    return _BUDGET_REFUSAL in message.lower()

@@ -11,8 +11,9 @@ Outcomes go to ``on_result`` (called in the event loop), in the binder's style:
 
 * ``evicted``: the apiserver accepted it (the watch will show the pod terminating, then gone);
 * ``gone``: 404, or 409 because the UID no longer matches: the pod is not there to evict;
-* ``blocked``: (preemption only) a PodDisruptionBudget refused it (429): the preemption did
-  not happen; it is reported at once, not retried here;
+* ``blocked``: (preemption only) a PodDisruptionBudget refused it
+  (:class:`~batchsched.kube.errors.DisruptionBudgetError`): the preemption did not happen;
+  it is reported at once, not retried here;
 * ``failed``: refused (403...), or still failing after the retries (5xx, timeouts, and 429,
   which is also how a PodDisruptionBudget says "not now" to a gang's eviction).
 """
@@ -21,13 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 
 from batchsched.core.plan import Eviction
-from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
+from batchsched.kube.api import KubeAPI
+from batchsched.kube.errors import (
+    ConflictError,
+    DisruptionBudgetError,
+    KubeError,
+    NotFoundError,
+    TemporaryError,
+)
+from batchsched.kube.retry import evictions
 from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
 from batchsched.kube.tasks import TaskSet
 
@@ -38,10 +45,17 @@ log = logging.getLogger("batchsched.evictor")
 Outcome = str
 
 
+def _budget_refusal(exc: KubeError) -> bool:
+    return isinstance(exc, DisruptionBudgetError)
+
+
 class Evictor:
+    """Evict pods under ``concurrency`` requests at a time; ``retry`` is the policy each
+    request is retried under (:func:`~batchsched.kube.retry.evictions`)."""
+
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeAPI,
         *,
         concurrency: int = 8,
         retries: int = 5,
@@ -51,11 +65,15 @@ class Evictor:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.client = client
-        self.retries = retries
+        self.retry = evictions(retries)
         self.on_result = on_result
         self._clock = clock
         self._sem = asyncio.Semaphore(concurrency)
         self._tasks = TaskSet()
+
+    @property
+    def retries(self) -> int:
+        return self.retry.retries
 
     @property
     def in_flight(self) -> int:
@@ -81,24 +99,19 @@ class Evictor:
             }]},
         }
         path = f"/api/v1/namespaces/{e.namespace}/pods/{e.name}/status"
-        delay = 0.5
-        for attempt in range(self.retries + 1):
-            try:
-                async with self._sem:
-                    await self.client.patch(path, patch, kind="strategic")
-                return True
-            except (NotFoundError, ConflictError) as exc:
-                self.on_result(e, "gone", exc)
-                return False
-            except TemporaryError as exc:
-                if attempt == self.retries:
-                    log.warning("could not mark %s/%s as a disruption target: %s", e.namespace, e.name, exc)
-                    return True  # evict all the same: the preemption matters more than the note
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 10.0)
-            except KubeError as exc:
-                log.warning("could not mark %s/%s as a disruption target: %s", e.namespace, e.name, exc)
-                return True
+
+        async def send() -> None:
+            async with self._sem:
+                await self.client.patch(path, patch, kind="strategic")
+
+        try:
+            await self.retry.call(send, what=f"marking {e.namespace}/{e.name}")
+        except (NotFoundError, ConflictError) as exc:
+            self.on_result(e, "gone", exc)
+            return False
+        except KubeError as exc:
+            # evict all the same: the preemption matters more than the note
+            log.warning("could not mark %s/%s as a disruption target: %s", e.namespace, e.name, exc)
         return True
 
     async def _evict(self, e: Eviction) -> None:
@@ -111,32 +124,25 @@ class Evictor:
             "deleteOptions": {"preconditions": {"uid": e.uid}},
         }
         path = f"/api/v1/namespaces/{e.namespace}/pods/{e.name}/eviction"
-        delay = 0.5
-        attempt = 0
-        while True:
-            try:
-                async with self._sem:
-                    await self.client.request("POST", path, body=body, timeout=30)
-            except (NotFoundError, ConflictError) as exc:
-                self.on_result(e, "gone", exc)
+
+        async def send() -> None:
+            async with self._sem:
+                await self.client.request("POST", path, body=body, timeout=30)
+
+        # a gang's eviction waits for the budget like any 429; a preemption does not
+        stop = _budget_refusal if e.preemptor else None
+        try:
+            await self.retry.call(send, what=f"eviction of {e.namespace}/{e.name}", stop=stop)
+        except (NotFoundError, ConflictError) as exc:
+            self.on_result(e, "gone", exc)
+        except TemporaryError as exc:
+            if e.preemptor and isinstance(exc, DisruptionBudgetError):
+                self.on_result(e, "blocked", exc)
                 return
-            except TemporaryError as exc:
-                if e.preemptor and exc.status == 429 and "disruption budget" in exc.message.lower():
-                    self.on_result(e, "blocked", exc)
-                    return
-                attempt += 1
-                if attempt > self.retries:
-                    log.warning("eviction of %s/%s failed: %s", e.namespace, e.name, exc)
-                    self.on_result(e, "failed", exc)
-                    return
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 10.0)
-                continue
-            except KubeError as exc:
-                log.warning("eviction of %s/%s refused: %s", e.namespace, e.name, exc)
-                self.on_result(e, "failed", exc)
-                return
-            except asyncio.CancelledError:
-                raise
+            log.warning("eviction of %s/%s failed: %s", e.namespace, e.name, exc)
+            self.on_result(e, "failed", exc)
+        except KubeError as exc:
+            log.warning("eviction of %s/%s refused: %s", e.namespace, e.name, exc)
+            self.on_result(e, "failed", exc)
+        else:
             self.on_result(e, "evicted", None)
-            return

@@ -13,30 +13,25 @@ Where it is written: the ``status`` subresource (scheduler-plugins' CRD has one)
 PodGroup CRD has none, so a 404 from ``/status`` makes the writer patch the object itself
 and remember that for the API. Every patch carries the group's UID (``metadata.uid``), so
 it cannot reach a group recreated under the same name. A group that is gone (404, 409)
-drops its write; temporary errors are retried a few times; nothing here raises into the
-scheduler.
+drops its write; temporary errors are retried under
+:func:`~batchsched.kube.retry.status_writes`; nothing here raises into the scheduler. The
+queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batchsched.core.gangs import VOLCANO, GroupKey, GroupStatus, PodGroup, condition_type
-from batchsched.kube.client import JSON, KubeClient
-from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
+from batchsched.kube.api import JSON, KubeAPI
+from batchsched.kube.coalesce import CoalescingWriter, Transitions
+from batchsched.kube.errors import NotFoundError
+from batchsched.kube.retry import status_writes, try_write
 from batchsched.kube.status import MESSAGE_LIMIT, ObjectRef, rfc3339
 
 __all__ = ["GroupStatusWriter", "group_ref"]
-
-log = logging.getLogger("batchsched.groupstatus")
-
-_RETRIES = 3
-_BACKOFF = 0.5
 
 
 def group_ref(group: PodGroup) -> ObjectRef:
@@ -51,9 +46,11 @@ def _plural_path(group: PodGroup) -> str:
     return f"/apis/{group.api_version}/namespaces/{group.namespace}/podgroups/{group.name}"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Write:
-    group: PodGroup
+    """A status for a group; two are the same when their statuses are."""
+
+    group: PodGroup = field(compare=False)
     status: GroupStatus
 
 
@@ -62,7 +59,7 @@ class GroupStatusWriter:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeAPI,
         *,
         concurrency: int = 4,
         clock: Callable[[], float] = time.time,
@@ -71,78 +68,57 @@ class GroupStatusWriter:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.client = client
         self.concurrency = concurrency
-        self._clock = clock
-        self._queue: asyncio.Queue[GroupKey] = asyncio.Queue()
-        self._waiting: dict[GroupKey, _Write] = {}
-        self._busy: set[GroupKey] = set()
-        self._last: dict[GroupKey, GroupStatus] = {}
-        #: key -> ((condition type, status, reason), when it last changed)
-        self._transition: dict[GroupKey, tuple[tuple[str, bool, str], str]] = {}
+        self.retry = status_writes()
+        self._writes: CoalescingWriter[GroupKey, _Write] = CoalescingWriter(
+            write=self._write, concurrency=concurrency, name="group-status"
+        )
+        self._transitions: Transitions[GroupKey] = Transitions(clock=clock)
         #: APIs whose PodGroup CRD has no status subresource
         self._no_subresource: set[str] = set()
-        self.written = 0
-        self.dropped = 0
 
     @property
     def pending(self) -> int:
-        return len(self._waiting) + len(self._busy)
+        return self._writes.pending
+
+    @property
+    def written(self) -> int:
+        return self._writes.written
+
+    @property
+    def dropped(self) -> int:
+        return self._writes.dropped
 
     def update(self, group: PodGroup, status: GroupStatus) -> None:
         """Ask for ``status`` on ``group``; a no-op when that is what it has or will have."""
-        key = group.key
-        status = _clipped(status)
-        last = self._last.get(key, group.observed)
-        if last == status:
-            return
-        self._last[key] = status
-        queued = key in self._waiting
-        self._waiting[key] = _Write(group, status)
-        if not queued and key not in self._busy:
-            self._queue.put_nowait(key)
+        self._writes.offer(
+            group.key, _Write(group, _clipped(status)), shown=_Write(group, group.observed)
+        )
 
     def forget(self, key: GroupKey) -> None:
         """The group was deleted: drop what is remembered about it."""
-        self._last.pop(key, None)
-        self._waiting.pop(key, None)
-        self._transition.pop(key, None)
+        self._writes.forget(key)
+        self._transitions.forget(key)
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for i in range(self.concurrency):
-                group.create_task(self._worker(), name=f"group-status-{i}")
+        await self._writes.run()
 
-    async def drain(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._queue.join()
-
-    async def _worker(self) -> None:
-        while True:
-            key = await self._queue.get()
-            try:
-                await self._write(key)
-            except Exception:  # a bug here must not stop the other writes
-                self.dropped += 1
-                log.exception("group status write failed")
-            finally:
-                self._queue.task_done()
+    async def drain(self, timeout: float) -> bool:
+        """Wait until nothing is queued or in flight; False if something still was after
+        ``timeout`` seconds."""
+        return await self._writes.drain(timeout)
 
     def body(self, group: PodGroup, status: GroupStatus) -> JSON:
         """The merge patch for ``status`` (a condition keeps its transition time while its
         status and reason stay)."""
         ctype = condition_type(group.api, status.scheduled)
-        ident = (ctype, status.scheduled, status.reason)
-        seen = self._transition.get(group.key)
-        if seen is None or seen[0] != ident:
-            seen = (ident, rfc3339(self._clock()))
-            self._transition[group.key] = seen
+        since = self._transitions.since(group.key, (ctype, status.scheduled, status.reason))
         condition: JSON = {
             "type": ctype,
             # Volcano's condition types carry the meaning; scheduler-plugins' one is True/False
             "status": "True" if group.api == VOLCANO or status.scheduled else "False",
             "reason": status.reason,
             "message": status.message,
-            "lastTransitionTime": seen[1],
+            "lastTransitionTime": rfc3339(since),
         }
         out: JSON = {
             "phase": status.phase,
@@ -155,54 +131,23 @@ class GroupStatusWriter:
             out["scheduleStartTime"] = status.schedule_start
         return {"metadata": {"uid": group.uid}, "status": out} if group.uid else {"status": out}
 
-    async def _write(self, key: GroupKey) -> None:
-        if key in self._busy:
-            return  # a stale token: the write in flight re-queues the newest when done
-        write = self._waiting.pop(key, None)
-        if write is None:
-            return
-        self._busy.add(key)
-        try:
-            ok = await self._patch(write.group, write.status)
-            if not ok and self._last.get(key) == write.status:
-                self._last.pop(key, None)  # not written: let the next identical update try again
-        finally:
-            self._busy.discard(key)
-            if key in self._waiting:
-                self._queue.put_nowait(key)
-
-    async def _patch(self, group: PodGroup, status: GroupStatus) -> bool:
-        body = self.body(group, status)
+    async def _write(self, key: GroupKey, write: _Write) -> bool:
+        group = write.group
+        body = self.body(group, write.status)
         path = _plural_path(group)
-        delay = _BACKOFF
-        for attempt in range(_RETRIES + 1):
+
+        async def patch() -> None:
+            if group.api in self._no_subresource:
+                await self.client.patch(path, body)
+                return
             try:
-                if group.api in self._no_subresource:
-                    await self.client.patch(path, body)
-                else:
-                    try:
-                        await self.client.patch(path + "/status", body)
-                    except NotFoundError:
-                        # no status subresource (Volcano's CRD), or the group is gone
-                        await self.client.patch(path, body)
-                        self._no_subresource.add(group.api)
-            except (NotFoundError, ConflictError) as exc:
-                log.debug("dropping status of PodGroup %s: %s", group.display, exc)
-                break
-            except TemporaryError as exc:
-                if attempt == _RETRIES:
-                    log.warning("giving up status of PodGroup %s: %s", group.display, exc)
-                    break
-                await asyncio.sleep(delay)
-                delay *= 2
-            except KubeError as exc:
-                log.warning("could not write status of PodGroup %s: %s", group.display, exc)
-                break
-            else:
-                self.written += 1
-                return True
-        self.dropped += 1
-        return False
+                await self.client.patch(path + "/status", body)
+            except NotFoundError:
+                # no status subresource (Volcano's CRD), or the group is gone
+                await self.client.patch(path, body)
+                self._no_subresource.add(group.api)
+
+        return await try_write(self.retry, patch, what=f"status of PodGroup {group.display}")
 
 
 def _clipped(status: GroupStatus) -> GroupStatus:

@@ -19,7 +19,11 @@ are those of kube-scheduler's elector, written for asyncio:
 
 Errors are the kinds of :mod:`batchsched.kube.errors`: temporary errors and conflicts are
 simply retried; permanent ones (a missing RBAC rule, a missing namespace) are logged and
-retried slowly, since an operator may fix them while we wait.
+retried slowly, since an operator may fix them while we wait. The pauses come from
+:mod:`batchsched.kube.retry`: the campaign is a steady poll (``retry_period``, jittered),
+the release a short :class:`~batchsched.kube.retry.RetryPolicy` that re-reads the Lease
+after a conflict. Renewals are not backed off: as in kube-scheduler, one try every
+``retry_period`` until ``renew_deadline``.
 """
 
 from __future__ import annotations
@@ -29,13 +33,12 @@ import contextlib
 import inspect
 import logging
 import math
-import random
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from batchsched.kube.client import JSON, KubeClient
+from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.errors import (
     ConflictError,
     ForbiddenError,
@@ -44,6 +47,7 @@ from batchsched.kube.errors import (
     PermanentError,
     TemporaryError,
 )
+from batchsched.kube.retry import Backoff, RetryPolicy
 
 __all__ = ["LeaderElector"]
 
@@ -93,7 +97,7 @@ class LeaderElector:
     def __init__(
         self,
         *,
-        client: KubeClient,
+        client: KubeAPI,
         namespace: str,
         name: str,
         identity: str,
@@ -129,7 +133,20 @@ class LeaderElector:
         self._lease: JSON | None = None  # the Lease as last written by us, while we hold it
         self._last_renew = 0.0  # clock time written as renewTime by our last success
         self._seen_holder: str | None = None  # for logging changes of holder only
-        self._random = random.Random()
+        #: the campaign: look every retry_period (jittered), stop waiting on release()
+        self.poll = RetryPolicy(
+            backoff=Backoff(
+                initial=retry_period, cap=retry_period * (1 + _JITTER), factor=1.0, jitter=_JITTER
+            ),
+            sleep=self._pause,
+        )
+        #: giving the Lease up: three tries, a conflict re-reads it
+        release_pause = min(retry_period, 0.5)
+        self.release_retry = RetryPolicy(
+            backoff=Backoff(initial=release_pause, cap=2 * release_pause, jitter=_JITTER),
+            retries=2,
+            refetch=True,
+        )
 
     @property
     def is_leader(self) -> bool:
@@ -184,41 +201,41 @@ class LeaderElector:
         self._stopping = True
         self._stop.set()
         self._is_leader = False
+
+        async def give_up() -> bool:
+            lease = self._lease or await self.client.get(self._path)
+            self._lease = None  # read it again after a conflict
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self.identity:
+                return False
+            spec.update(
+                holderIdentity="",
+                leaseDurationSeconds=1,
+                renewTime=micro_time(self._clock()),
+            )
+            await self.client.replace(self._path, {**lease, "spec": spec})
+            return True
+
         async with self._lock:
-            for attempt in range(3):
-                try:
-                    lease = self._lease or await self.client.get(self._path)
-                    self._lease = None
-                    spec = dict(lease.get("spec") or {})
-                    if spec.get("holderIdentity") != self.identity:
-                        return
-                    spec.update(
-                        holderIdentity="",
-                        leaseDurationSeconds=1,
-                        renewTime=micro_time(self._clock()),
-                    )
-                    await self.client.replace(self._path, {**lease, "spec": spec})
-                except NotFoundError:
-                    return
-                except ConflictError:
-                    continue  # read it again
-                except TemporaryError as exc:
-                    log.warning("%s: releasing the lease failed: %s", self.identity, exc)
-                    await asyncio.sleep(min(self.retry_period, 0.5) * (attempt + 1))
-                except KubeError as exc:
-                    log.warning("%s: could not release the lease: %s", self.identity, exc)
-                    return
-                else:
-                    log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)
-                    return
-            log.warning("%s: gave up releasing the lease; it will lapse", self.identity)
+            try:
+                released = await self.release_retry.call(give_up, what="releasing the lease")
+            except NotFoundError:
+                return
+            except (TemporaryError, ConflictError) as exc:
+                log.warning("%s: gave up releasing the lease (%s); it will lapse", self.identity, exc)
+                return
+            except KubeError as exc:
+                log.warning("%s: could not release the lease: %s", self.identity, exc)
+                return
+            if released:
+                log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)
 
     # -- internals --------------------------------------------------------------------
 
     async def _acquire(self) -> bool:
         """Look for the Lease every ``retry_period`` until it is ours; False when stopped."""
         while not self._stopping:
-            delay = self.retry_period * (1 + self._random.uniform(0, _JITTER))
+            delay = self.poll.delay(0)
             try:
                 async with asyncio.timeout(self.renew_deadline), self._lock:
                     if self._stopping:
@@ -235,7 +252,7 @@ class LeaderElector:
             except PermanentError as exc:
                 log.error("%s: cannot use lease %s: %s", self.identity, self._path, exc)
                 delay = self._slow_retry()
-            await self._pause(delay)
+            await self.poll.sleep(delay)
         return False
 
     async def _renew_loop(self) -> None:

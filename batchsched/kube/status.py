@@ -16,25 +16,28 @@ Coalescing:
 - Every patch carries the pod's UID as a precondition, so it cannot reach a pod recreated
   under the same name; such a write fails with a conflict and is dropped.
 
+The queue itself (latest wins, one write in flight per key, draining) is a
+:class:`~batchsched.kube.coalesce.CoalescingWriter`; Events go through it too, each under a
+key of its own, so they are never coalesced.
+
 Failures: a pod (or namespace) that is gone - 404, 409 - drops the write; temporary errors
-are retried a few times with backoff; anything else is logged and dropped. Nothing here
+are retried under :func:`~batchsched.kube.retry.status_writes`; anything else is logged and dropped. Nothing here
 raises into the scheduler.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from batchsched.kube.client import JSON, KubeClient
-from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
+from batchsched.kube.api import JSON, KubeAPI
+from batchsched.kube.coalesce import CoalescingWriter
+from batchsched.kube.retry import status_writes, try_write
 
 __all__ = ["ObjectRef", "StatusWriter"]
 
@@ -43,8 +46,6 @@ log = logging.getLogger("batchsched.status")
 MESSAGE_LIMIT = 1024
 _NAME_LIMIT = 253
 _INSTANCE_LIMIT = 128
-_RETRIES = 3
-_BACKOFF = 0.5  # seconds before the first retry; doubled for each next one
 _EVENT_TYPES = ("Normal", "Warning")
 
 
@@ -79,17 +80,23 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _EventWrite:
     namespace: str
     body: JSON
 
 
-@dataclass(slots=True)
-class _ConditionWrite:
-    ref: ObjectRef
-    key: tuple[str, str]  # (reason, message), to tell whether it is still the latest
-    patch: JSON
+@dataclass(frozen=True, slots=True)
+class _Condition:
+    """A pod's ``PodScheduled=False`` condition; two are the same when reason and message are."""
+
+    ref: ObjectRef = field(compare=False)
+    reason: str
+    message: str
+    since: float = field(compare=False)
+
+
+_Key = str | tuple[str, str]  # a pod UID (its condition), or ("event", the Event's name)
 
 
 class StatusWriter:
@@ -97,12 +104,12 @@ class StatusWriter:
 
     ``written`` counts successful writes, ``dropped`` writes given up (the object is gone,
     retries were exhausted, the server refused, or the queue was full), ``pending`` writes
-    queued or in flight.
+    queued or in flight. ``retry`` is the policy each write is retried under.
     """
 
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeAPI,
         *,
         component: str = "batchsched",
         instance: str,
@@ -117,19 +124,24 @@ class StatusWriter:
         self.instance = instance[:_INSTANCE_LIMIT]
         self.concurrency = concurrency
         self.max_queue = max_queue
+        self.retry = status_writes()
         self._clock = clock
-        # items: an _EventWrite, or a pod UID whose latest condition is in _conditions
-        self._queue: asyncio.Queue[_EventWrite | str] = asyncio.Queue()
-        self._conditions: dict[str, _ConditionWrite] = {}
-        self._busy: set[str] = set()  # UIDs with a condition patch in flight
-        self._last: dict[str, tuple[str, str]] = {}  # UID -> (reason, message) written/queued
-        self._inflight = 0
-        self.written = 0
-        self.dropped = 0
+        self._writes: CoalescingWriter[_Key, _EventWrite | _Condition] = CoalescingWriter(
+            write=self._write, concurrency=concurrency, name="status-writer"
+        )
+        self._refused = 0  # Events not queued: the queue was full
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize() + self._inflight
+        return self._writes.pending
+
+    @property
+    def written(self) -> int:
+        return self._writes.written
+
+    @property
+    def dropped(self) -> int:
+        return self._writes.dropped + self._refused
 
     # -- what the scheduler calls (never blocks) ------------------------------------------
 
@@ -137,8 +149,8 @@ class StatusWriter:
         """Queue a core/v1 Event about ``ref``."""
         if type not in _EVENT_TYPES:
             raise ValueError(f"an Event's type is Normal or Warning, not {type!r}")
-        if self._queue.qsize() >= self.max_queue:
-            self.dropped += 1
+        if self._writes.queued >= self.max_queue:
+            self._refused += 1
             log.warning("status queue full, dropping event %s about %s", reason, ref.name)
             return
         namespace = ref.namespace or "default"
@@ -148,13 +160,11 @@ class StatusWriter:
             involved["namespace"] = ref.namespace
         if ref.uid:
             involved["uid"] = ref.uid
+        name = f"{ref.name[: _NAME_LIMIT - 17]}.{secrets.token_hex(8)}"
         body: JSON = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "name": f"{ref.name[: _NAME_LIMIT - 17]}.{secrets.token_hex(8)}",
-                "namespace": namespace,
-            },
+            "metadata": {"name": name, "namespace": namespace},
             "involvedObject": involved,
             "reason": reason,
             "message": message[:MESSAGE_LIMIT],
@@ -167,7 +177,7 @@ class StatusWriter:
             "eventTime": None,
             "count": 1,
         }
-        self._queue.put_nowait(_EventWrite(namespace, body))
+        self._writes.put(("event", f"{namespace}/{name}"), _EventWrite(namespace, body))
 
     def pod_unschedulable(
         self, ref: ObjectRef, message: str, *, reason: str = "Unschedulable"
@@ -177,24 +187,9 @@ class StatusWriter:
         Nothing is written when the message (and reason) are those last written or queued
         for this pod.
         """
-        key = (reason, message[:MESSAGE_LIMIT])
-        if self._last.get(ref.uid) == key:
-            return
-        self._last[ref.uid] = key
-        self.event(ref, type="Warning", reason="FailedScheduling", message=message)
-        condition = {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": reason,
-            "message": key[1],
-            "lastProbeTime": None,
-            "lastTransitionTime": rfc3339(self._clock()),
-        }
-        patch: JSON = {"metadata": {"uid": ref.uid}, "status": {"conditions": [condition]}}
-        waiting = ref.uid in self._conditions
-        self._conditions[ref.uid] = _ConditionWrite(ref, key, patch)
-        if not waiting and ref.uid not in self._busy:
-            self._queue.put_nowait(ref.uid)
+        condition = _Condition(ref, reason, message[:MESSAGE_LIMIT], since=self._clock())
+        if self._writes.offer(ref.uid, condition):
+            self.event(ref, type="Warning", reason="FailedScheduling", message=message)
 
     def pod_scheduled(self, ref: ObjectRef, node: str, *, where: str = "") -> None:
         """Record that a pod was bound: a ``Scheduled`` Event (saying the topology domain
@@ -211,94 +206,37 @@ class StatusWriter:
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a pod (it was deleted or scheduled)."""
-        self._last.pop(uid, None)
-        self._conditions.pop(uid, None)
+        self._writes.forget(uid)
 
     # -- the writers --------------------------------------------------------------------
 
     async def run(self) -> None:
         """Write until cancelled, with ``concurrency`` workers."""
-        async with asyncio.TaskGroup() as group:
-            for i in range(self.concurrency):
-                group.create_task(self._worker(), name=f"status-writer-{i}")
+        await self._writes.run()
 
-    async def drain(self, timeout: float) -> None:
-        """Wait until nothing is queued or in flight, or ``timeout`` seconds have passed."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._queue.join()
+    async def drain(self, timeout: float) -> bool:
+        """Wait until nothing is queued or in flight; False if something still was after
+        ``timeout`` seconds."""
+        return await self._writes.drain(timeout)
 
-    async def _worker(self) -> None:
-        while True:
-            item = await self._queue.get()
-            self._inflight += 1
-            try:
-                if isinstance(item, str):
-                    await self._write_condition(item)
-                else:
-                    await self._write_event(item)
-            except Exception:  # a bug here must not stop the other writes
-                self.dropped += 1
-                log.exception("status write failed")
-            finally:
-                self._inflight -= 1
-                self._queue.task_done()
-
-    async def _write_event(self, item: _EventWrite) -> None:
-        path = f"/api/v1/namespaces/{item.namespace}/events"
-        what = f"event {item.body['reason']} about {item.body['involvedObject']['name']}"
-        await self._write(what, lambda: self.client.create(path, item.body))
-
-    async def _write_condition(self, uid: str) -> None:
-        if uid in self._busy:
-            return  # a stale token: the write in flight re-queues the newest when done
-        write = self._conditions.pop(uid, None)
-        if write is None:
-            return  # forgotten meanwhile
-        ref = write.ref
+    async def _write(self, key: _Key, item: _EventWrite | _Condition) -> bool:
+        if isinstance(item, _EventWrite):
+            path = f"/api/v1/namespaces/{item.namespace}/events"
+            what = f"event {item.body['reason']} about {item.body['involvedObject']['name']}"
+            return await try_write(self.retry, lambda: self.client.create(path, item.body), what=what)
+        ref = item.ref
+        patch: JSON = {"metadata": {"uid": ref.uid}, "status": {"conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": item.reason,
+            "message": item.message,
+            "lastProbeTime": None,
+            "lastTransitionTime": rfc3339(item.since),
+        }]}}
         path = f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}/status"
-        self._busy.add(uid)
-        try:
-            ok = await self._write(
-                f"condition of pod {ref.namespace}/{ref.name}",
-                lambda: self.client.patch(path, write.patch, kind="strategic"),
-                gone=lambda: self.forget(uid),
-            )
-            if not ok and self._last.get(uid) == write.key:
-                del self._last[uid]  # not written: let the next identical call try again
-        finally:
-            self._busy.discard(uid)
-            if uid in self._conditions:
-                self._queue.put_nowait(uid)
-
-    async def _write(
-        self,
-        what: str,
-        call: Callable[[], Any],
-        *,
-        gone: Callable[[], None] | None = None,
-    ) -> bool:
-        """Make one write, retrying temporary errors; True when it was written."""
-        delay = _BACKOFF
-        for attempt in range(_RETRIES + 1):
-            try:
-                await call()
-            except (NotFoundError, ConflictError) as exc:
-                log.debug("dropping %s: %s", what, exc)
-                if gone is not None:
-                    gone()
-                break
-            except TemporaryError as exc:
-                if attempt == _RETRIES:
-                    log.warning("giving up %s after %d tries: %s", what, attempt + 1, exc)
-                    break
-                await asyncio.sleep(delay)
-                delay *= 2
-            except KubeError as exc:
-                log.warning("could not write %s: %s", what, exc)
-                break
-            else:
-                self.written += 1
-                return True
-        self.dropped += 1
-        return False
+        return await try_write(
+            self.retry,
+            lambda: self.client.patch(path, patch, kind="strategic"),
+            what=f"condition of pod {ref.namespace}/{ref.name}",
+            gone=lambda: self.forget(ref.uid),
+        )

@@ -1,5 +1,10 @@
 """List, then watch from the list's resourceVersion; relist on 410 Gone; back off on errors.
 
+Errors are told apart by class (:mod:`batchsched.kube.errors`): 410 relists at once; a
+resource type that is not served (404, an optional CRD not installed) or not allowed (403)
+is looked at again now and then, as an operator may fix it; anything else backs off under
+:func:`~batchsched.kube.retry.watches` until a watch runs to its end again.
+
 A :class:`Reflector` keeps one collection mirrored: ``on_list`` receives every object of a
 (re)list, ``on_event`` each watch event after it. Bookmarks only move the resourceVersion.
 The first successful list sets :attr:`Reflector.synced`. Events are applied in the order
@@ -10,22 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
-from typing import Any
 
-from batchsched.kube.client import KubeClient
+from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.errors import ExpiredError, ForbiddenError, KubeError, NotFoundError
+from batchsched.kube.retry import watches
+
+__all__ = ["Reflector"]
 
 log = logging.getLogger("batchsched.watch")
 
-JSON = dict[str, Any]
+# How long to wait before looking again at a resource type not served, or not allowed.
+_NOT_SERVED_WAIT = 30.0
+_FORBIDDEN_WAIT = 10.0
 
 
 class Reflector:
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeAPI,
         path: str,
         *,
         on_list: Callable[[list[JSON]], None],
@@ -43,6 +51,7 @@ class Reflector:
         self.page = page
         self.watch_timeout = watch_timeout
         self.name = name or path
+        self.retry = watches()
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -57,7 +66,7 @@ class Reflector:
         self.synced.set()
 
     async def run(self) -> None:
-        backoff = 0.5
+        failures = 0  # in a row, since the last watch that ran to its end
         need_list = True
         while True:
             try:
@@ -74,7 +83,7 @@ class Reflector:
                         continue
                     self.events += 1
                     self.on_event(etype, obj)
-                backoff = 0.5
+                failures = 0
             except asyncio.CancelledError:
                 raise
             except ExpiredError:
@@ -84,14 +93,16 @@ class Reflector:
                 # the resource type is not served (an optional CRD is not installed):
                 # nothing to mirror until it is; look again now and then
                 if not self._missing_logged:
-                    log.info("%s: not served by this cluster; checking again every 30 s", self.name)
+                    log.info("%s: not served by this cluster; checking again every %.0f s",
+                             self.name, _NOT_SERVED_WAIT)
                     self._missing_logged = True
                 self.synced.set()
-                await asyncio.sleep(30)
+                await self.retry.sleep(_NOT_SERVED_WAIT)
             except ForbiddenError as exc:
-                log.warning("%s: %s; retrying in 10 s", self.name, exc)
-                await asyncio.sleep(10)
+                log.warning("%s: %s; retrying in %.0f s", self.name, exc, _FORBIDDEN_WAIT)
+                await self.retry.sleep(_FORBIDDEN_WAIT)
             except KubeError as exc:
-                log.warning("%s: %s; retrying in %.1f s", self.name, exc, backoff)
-                await asyncio.sleep(backoff * (1 + random.random() / 2))
-                backoff = min(backoff * 2, 30.0)
+                delay = self.retry.delay(failures)
+                failures += 1
+                log.warning("%s: %s; retrying in %.1f s", self.name, exc, delay)
+                await self.retry.sleep(delay)
