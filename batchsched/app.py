@@ -31,6 +31,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from batchsched.config import Config, ConfigError, load_config
+from batchsched.core.decisions import Decisions
 from batchsched.core.disruption import parse_pdb
 from batchsched.core.gangs import VOLCANO, XK8S, parse_podgroup
 from batchsched.core.model import PodUID, parse_node, parse_pod
@@ -38,7 +39,7 @@ from batchsched.core.placement import kernels
 from batchsched.core.plan import Binding, Eviction
 from batchsched.core.plan import ObjectRef as CoreRef
 from batchsched.core.queues import QueueSettings
-from batchsched.core.session import Decisions, Session, SessionSettings
+from batchsched.core.session import Session, SessionSettings
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import KubeError, NotFoundError

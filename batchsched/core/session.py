@@ -38,12 +38,19 @@ from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.cycle import Cycle
+from batchsched.core.decisions import (
+    Decisions,
+    EventNote,
+    PodCondition,
+    PodScheduledNote,
+    group_ref,
+    pod_ref,
+)
 from batchsched.core.disruption import DisruptionBudget
 from batchsched.core.gangs import (
     VOLCANO,
     GroupBook,
     GroupKey,
-    GroupStatus,
     PodGroup,
     desired_status,
     free_capacity,
@@ -68,7 +75,7 @@ from batchsched.core.plan import (
 )
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
 
-__all__ = ["Decisions", "EventNote", "PodCondition", "PodScheduledNote", "Session", "SessionSettings"]
+__all__ = ["Session", "SessionSettings"]
 
 #: a full pass over every group's status, besides the groups known to have changed
 GROUP_SWEEP_SECONDS = 5.0
@@ -102,60 +109,6 @@ class SessionSettings:
     queue_status_interval: float = 5.0
     #: write a ``Scheduled`` Event for each bound pod
     scheduled_events: bool = True
-
-
-@dataclass(slots=True, frozen=True)
-class EventNote:
-    ref: ObjectRef
-    type: str
-    reason: str
-    message: str
-
-
-@dataclass(slots=True, frozen=True)
-class PodCondition:
-    """``PodScheduled=False`` with this reason and message (and a FailedScheduling Event)."""
-
-    ref: ObjectRef
-    reason: str
-    message: str
-
-
-@dataclass(slots=True, frozen=True)
-class PodScheduledNote:
-    ref: ObjectRef
-    node: str
-    where: str = ""
-
-
-@dataclass(slots=True)
-class Decisions:
-    """What a step (or a result) leads to, for the binder, evictor and writers."""
-
-    binds: list[Binding] = field(default_factory=list)
-    evictions: list[Eviction] = field(default_factory=list)
-    unschedulable: list[PodCondition] = field(default_factory=list)
-    scheduled: list[PodScheduledNote] = field(default_factory=list)
-    events: list[EventNote] = field(default_factory=list)
-    group_statuses: list[tuple[PodGroup, GroupStatus]] = field(default_factory=list)
-    queue_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    #: pods to read again from the apiserver (a conflict, a binding never confirmed)
-    resyncs: list[ObjectRef] = field(default_factory=list)
-    #: the cycle's plan, when a cycle ran
-    plan: Plan | None = None
-    #: a unit is owed another step soon (its victim search was deferred)
-    again: bool = False
-
-
-def pod_ref(pod: Pod | Binding | Eviction) -> ObjectRef:
-    return ObjectRef(kind="Pod", api_version="v1", namespace=pod.namespace, name=pod.name, uid=pod.uid)
-
-
-def group_ref(group: PodGroup) -> ObjectRef:
-    return ObjectRef(
-        kind="PodGroup", api_version=group.api_version, namespace=group.namespace,
-        name=group.name, uid=group.uid,
-    )
 
 
 def _spec(group: PodGroup) -> tuple[Any, ...]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from batchsched.core.decisions import Decisions
 from batchsched.core.model import parse_node, parse_pod
 from batchsched.core.plan import UnitStatus
 from batchsched.core.queues import QueueSettings
-from batchsched.core.session import Decisions, Session, SessionSettings
+from batchsched.core.session import Session, SessionSettings
 from tests.builders import make_group, make_node, make_pod
 
 T0 = 1_800_000_000.0
