@@ -27,9 +27,6 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from batchsched.config import Config, ConfigError, load_config
 from batchsched.core.decisions import Decisions
 from batchsched.core.disruption import parse_pdb
@@ -38,10 +35,10 @@ from batchsched.core.model import PodUID, parse_node, parse_pod
 from batchsched.core.placement import kernels
 from batchsched.core.plan import Binding, Eviction
 from batchsched.core.plan import ObjectRef as CoreRef
-from batchsched.core.queues import QueueSettings
-from batchsched.core.session import Session, SessionSettings
+from batchsched.core.session import Session
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
+from batchsched.kube.endpoints import serve_endpoints
 from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.groupstatus import GroupStatusWriter
@@ -57,37 +54,6 @@ PODGROUP_PATHS = {
     XK8S: "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
     VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
 }
-
-
-def queue_settings(config: Config) -> QueueSettings:
-    q, p = config.queues, config.preemption
-    return QueueSettings(
-        default_queue=q.default_queue,
-        max_wait=q.max_wait_seconds,
-        history_half_life=q.history.half_life_seconds,
-        history_weight=q.history.weight,
-        preemption=p.enabled,
-        nomination_timeout=p.nomination_timeout_seconds,
-        max_searches=p.max_searches_per_cycle,
-    )
-
-
-def session_settings(config: Config) -> SessionSettings:
-    gang = config.gang
-    return SessionSettings(
-        scheduler_names=tuple(config.scheduler_names),
-        scoring=config.scoring_config(),
-        levels=config.topology_levels(),
-        queues=queue_settings(config),
-        retry_unschedulable=config.cycle.retry_unschedulable_seconds,
-        assumed_timeout=config.binder.assumed_timeout_seconds,
-        gang_default_timeout=gang.default_schedule_timeout_seconds,
-        gang_initial_backoff=gang.initial_backoff_seconds,
-        gang_max_backoff=gang.max_backoff_seconds,
-        gang_report_delay=gang.report_delay_seconds,
-        queue_status_interval=config.queues.status_interval_seconds,
-        scheduled_events=config.status.scheduled_events,
-    )
 
 
 def _ref(r: CoreRef) -> ObjectRef:
@@ -109,7 +75,7 @@ class Scheduler:
         self.config = config
         self.metrics = metrics or Metrics()
         self.identity = identity or config.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.session = Session(session_settings(config))
+        self.session = Session(config.session_settings())
         self.binder = Binder(
             client, concurrency=config.binder.concurrency, retries=config.binder.retries,
             on_result=self._bind_result,
@@ -299,36 +265,14 @@ class Scheduler:
 
     # -- life cycle --------------------------------------------------------------------------------
 
-    async def _serve_http(self) -> web.AppRunner:
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        async def healthz(_: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def readyz(_: web.Request) -> web.Response:
-            return web.Response(text="ok") if self.ready else web.Response(status=503, text="not ready")
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        host, _, port = self.config.metrics_address.rpartition(":")
-        site = web.TCPSite(runner, host, int(port))
-        await site.start()
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            self.http_port = int(server.sockets[0].getsockname()[1])
-        return runner
-
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
 
     async def run(self) -> None:
-        runner = await self._serve_http()
+        runner, self.http_port = await serve_endpoints(
+            self.config.metrics_address, self.metrics.registry, ready=lambda: self.ready,
+        )
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
         tasks.append(loop.create_task(self.status.run(), name="status"))

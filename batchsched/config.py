@@ -18,6 +18,8 @@ import yaml
 
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
+from batchsched.core.queues import QueueSettings
+from batchsched.core.session import SessionSettings
 
 
 class ConfigError(ValueError):
@@ -137,6 +139,36 @@ class Config:
             return TopologyLevels(self.topology.levels)
         except ValueError as exc:
             raise ConfigError(f"config: topology.levels: {exc}") from None
+
+    def queue_settings(self) -> QueueSettings:
+        q, p = self.queues, self.preemption
+        return QueueSettings(
+            default_queue=q.default_queue,
+            max_wait=q.max_wait_seconds,
+            history_half_life=q.history.half_life_seconds,
+            history_weight=q.history.weight,
+            preemption=p.enabled,
+            nomination_timeout=p.nomination_timeout_seconds,
+            max_searches=p.max_searches_per_cycle,
+        )
+
+    def session_settings(self) -> SessionSettings:
+        """What the scheduling session applies, from this file."""
+        gang = self.gang
+        return SessionSettings(
+            scheduler_names=tuple(self.scheduler_names),
+            scoring=self.scoring_config(),
+            levels=self.topology_levels(),
+            queues=self.queue_settings(),
+            retry_unschedulable=self.cycle.retry_unschedulable_seconds,
+            assumed_timeout=self.binder.assumed_timeout_seconds,
+            gang_default_timeout=gang.default_schedule_timeout_seconds,
+            gang_initial_backoff=gang.initial_backoff_seconds,
+            gang_max_backoff=gang.max_backoff_seconds,
+            gang_report_delay=gang.report_delay_seconds,
+            queue_status_interval=self.queues.status_interval_seconds,
+            scheduled_events=self.status.scheduled_events,
+        )
 
 
 def _camel(name: str) -> str:

@@ -1,0 +1,37 @@
+"""The scheduler's own HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+async def serve_endpoints(
+    address: str, registry: CollectorRegistry, *, ready: Callable[[], bool],
+) -> tuple[web.AppRunner, int | None]:
+    """Serve on ``host:port`` (port 0: any free one); returns the runner (``cleanup()`` it)
+    and the port bound. ``/readyz`` answers 503 while ``ready()`` is false."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, _, port = address.rpartition(":")
+    site = web.TCPSite(runner, host, int(port))
+    await site.start()
+    server = getattr(site, "_server", None)
+    bound = int(server.sockets[0].getsockname()[1]) if server is not None and server.sockets else None
+    return runner, bound
