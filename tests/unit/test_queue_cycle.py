@@ -1,10 +1,12 @@
 """Queues, quotas, fair share, preemption and reclaim through the real cycle.
 
-The declarative scenarios of ``tests/scenarios/queue-*.yaml`` (see
-``test_queue_scenarios.py`` for the format) run here with their pods, PodGroups, queues,
-namespaces and PodDisruptionBudgets as objects in the mirror, through
-:class:`~batchsched.core.queues.QueueBook` and :meth:`Cycle.run`, and must give the same
-admissions, nominations, evictions and reasons as the reference runner.
+The declarative scenarios of ``tests/scenarios/queue-*.yaml`` (the format is in
+:mod:`tests.queue_scenarios`) run here with their pods, PodGroups, queues, namespaces and
+PodDisruptionBudgets as objects in the mirror, through
+:class:`~batchsched.core.queues.QueueBook` and :meth:`Cycle.run`: each must give the
+admissions, nominations, evictions, reasons and order it expects, decide every pending
+unit exactly once, and leave no queue over its limits and no node over-committed once its
+decisions are carried out.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
 from batchsched.core.placement import kernels
 from batchsched.core.queues import QueueSettings
+from tests.queue_scenarios import SCENARIOS, pdb_object, pod_specs, queue_object
 from tests.unit.queue_world import Outcome, QueueWorld
-from tests.unit.test_queue_scenarios import SCENARIOS, pdb_object, pod_specs, queue_object
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,11 +53,34 @@ def world_of(sc: dict[str, Any]) -> QueueWorld:
 
 def run_cycle_scenario(sc: dict[str, Any]) -> Outcome:
     w = world_of(sc)
-    plan = w.step(float(sc.get("now", 0)), apply=False)
-    # whatever happened, the limits hold
+    now = float(sc.get("now", 0))
+    before = w.state.snapshot()
+    assert np.all(before.used <= before.alloc), "running work over-commits a node"
+    plan = w.step(now, apply=False)
+    # whatever happened, the limits hold: the queues (running work, nominations and this
+    # cycle's admissions) ...
     assert w.last_input is not None
     w.last_input.tree.check()
-    return w.outcome(plan)
+    got = w.outcome(plan)
+    # ... and the nodes, once the decisions are carried out: the victims gone, the admitted
+    # pods bound where they were placed and the nominated ones where they are held
+    for b in plan.bindings:
+        w.bind(b.uid, b.node, now)
+    for rec in plan.preemptions:
+        for v in rec.victims:
+            for p in v.pods:
+                assert w.delete(p.uid) is not None, p.uid
+    for n in plan.nominations:
+        for uid, node in zip(n.pods, n.nodes, strict=True):
+            w.bind(uid, node, now)
+    w.state.check()
+    after = w.state.snapshot()
+    assert np.all(after.used <= after.alloc), "the decisions over-commit a node"
+    return got
+
+
+def test_there_are_scenarios() -> None:
+    assert len(SCENARIOS) >= 6
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
@@ -73,6 +99,10 @@ def test_scenario_through_the_cycle(path: Path) -> None:
         assert text in got.problems[key], (key, got.problems[key])
     if "order" in expect:
         assert got.order == expect["order"]
+    # every pending unit is decided, exactly once
+    names = [u["name"] for u in sc.get("pending", [])]
+    decided = [*got.admitted, *got.nominated, *got.pending, *got.problems]
+    assert sorted(decided) == sorted(names)
 
 
 # -- across cycles ----------------------------------------------------------------------------
