@@ -33,8 +33,7 @@ from batchsched.core.disruption import parse_pdb
 from batchsched.core.gangs import VOLCANO, XK8S, parse_podgroup
 from batchsched.core.model import PodUID, parse_node, parse_pod
 from batchsched.core.placement import kernels
-from batchsched.core.plan import Binding, Eviction
-from batchsched.core.plan import ObjectRef as CoreRef
+from batchsched.core.plan import Binding, Eviction, ObjectRef
 from batchsched.core.session import Session
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
@@ -44,7 +43,7 @@ from batchsched.kube.evictor import Evictor
 from batchsched.kube.groupstatus import GroupStatusWriter
 from batchsched.kube.leader import LeaderElector
 from batchsched.kube.queuestatus import QUEUES_PATH, QueueStatusWriter
-from batchsched.kube.status import ObjectRef, StatusWriter
+from batchsched.kube.status import StatusWriter
 from batchsched.kube.watch import Reflector
 from batchsched.metrics import Metrics
 
@@ -54,10 +53,6 @@ PODGROUP_PATHS = {
     XK8S: "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
     VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
 }
-
-
-def _ref(r: CoreRef) -> ObjectRef:
-    return ObjectRef(kind=r.kind, api_version=r.api_version, namespace=r.namespace, name=r.name, uid=r.uid)
 
 
 class Scheduler:
@@ -177,7 +172,7 @@ class Scheduler:
         self._apply(self.session.on_evict_result(e, outcome, error=str(err) if err is not None else ""))
         self._poke()
 
-    def _resync(self, ref: CoreRef) -> None:
+    def _resync(self, ref: ObjectRef) -> None:
         """Read a pod again (a conflict, a binding never confirmed) and feed what is there."""
         uid = PodUID(ref.uid)
 
@@ -211,11 +206,11 @@ class Scheduler:
         for e in d.evictions:
             self.evictor.submit(e)
         for c in d.unschedulable:
-            self.status.pod_unschedulable(_ref(c.ref), c.message, reason=c.reason)
+            self.status.pod_unschedulable(c.ref, c.message, reason=c.reason)
         for n in d.scheduled:
-            self.status.pod_scheduled(_ref(n.ref), n.node, where=n.where)
+            self.status.pod_scheduled(n.ref, n.node, where=n.where)
         for ev in d.events:
-            self.status.event(_ref(ev.ref), type=ev.type, reason=ev.reason, message=ev.message)
+            self.status.event(ev.ref, type=ev.type, reason=ev.reason, message=ev.message)
         for group, status in d.group_statuses:
             self.group_status.update(group, status)
         for name, qstatus in d.queue_statuses:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NewType
+from typing import Any, NewType
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,21 @@ class ObjectRef:
     namespace: str
     name: str
     uid: str
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any], *, kind: str = "Pod", api_version: str = "v1") -> ObjectRef:
+        """The reference to an object as the API returns it.
+
+        Items of a LIST carry no ``kind``/``apiVersion``; the keyword arguments stand in.
+        """
+        meta = obj.get("metadata") or {}
+        return cls(
+            kind=str(obj.get("kind") or kind),
+            api_version=str(obj.get("apiVersion") or api_version),
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta["name"]),
+            uid=str(meta.get("uid") or ""),
+        )
 
 
 @dataclass(slots=True, frozen=True)

@@ -29,17 +29,9 @@ from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.coalesce import CoalescingWriter, Transitions
 from batchsched.kube.errors import NotFoundError
 from batchsched.kube.retry import status_writes, try_write
-from batchsched.kube.status import MESSAGE_LIMIT, ObjectRef, rfc3339
+from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
 
-__all__ = ["GroupStatusWriter", "group_ref"]
-
-
-def group_ref(group: PodGroup) -> ObjectRef:
-    """The object an Event about ``group`` is written on."""
-    return ObjectRef(
-        kind="PodGroup", api_version=group.api_version, namespace=group.namespace,
-        name=group.name, uid=group.uid,
-    )
+__all__ = ["GroupStatusWriter"]
 
 
 def _plural_path(group: PodGroup) -> str:

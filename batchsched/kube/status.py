@@ -30,11 +30,11 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
+from batchsched.core.plan import ObjectRef
 from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.coalesce import CoalescingWriter
 from batchsched.kube.retry import status_writes, try_write
@@ -49,30 +49,6 @@ _INSTANCE_LIMIT = 128
 _EVENT_TYPES = ("Normal", "Warning")
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    """Which object an Event is about (and, for pods, which pod a condition is written to)."""
-
-    kind: str
-    api_version: str
-    namespace: str
-    name: str
-    uid: str
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any], *, kind: str = "Pod", api_version: str = "v1") -> ObjectRef:
-        """The reference to an object as the API returns it.
-
-        Items of a LIST carry no ``kind``/``apiVersion``; the keyword arguments stand in.
-        """
-        meta = obj.get("metadata") or {}
-        return cls(
-            kind=str(obj.get("kind") or kind),
-            api_version=str(obj.get("apiVersion") or api_version),
-            namespace=str(meta.get("namespace") or ""),
-            name=str(meta["name"]),
-            uid=str(meta.get("uid") or ""),
-        )
 
 
 def rfc3339(ts: float) -> str:
