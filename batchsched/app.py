@@ -269,7 +269,7 @@ class Scheduler:
             self.config.metrics_address, self.metrics.registry, ready=lambda: self.ready,
         )
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
+        tasks: list[asyncio.Task[Any]] = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
         tasks.append(loop.create_task(self.status.run(), name="status"))
         tasks.append(loop.create_task(self.group_status.run(), name="group-status"))
         tasks.append(loop.create_task(self.queue_status.run(), name="queue-status"))
@@ -304,9 +304,17 @@ class Scheduler:
             else:
                 self.leading.set()
             loop_task = loop.create_task(self._loop(), name="cycle")
-            await self._stopping.wait()
+            stopping = loop.create_task(self._stopping.wait(), name="stopping")
+            tasks.append(stopping)
+            await asyncio.wait({loop_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if loop_task.done() and loop_task.exception() is not None:
+                # a broken invariant or an unexpected error: never keep a replica that
+                # looks alive and schedules nothing; stop, release the lease, exit non-zero
+                self.ready = False
+                log.critical("the scheduling loop failed; stopping", exc_info=loop_task.exception())
             await loop_task
         finally:
+            self.ready = False
             self.leading.clear()
             drained = await self.binder.drain(10.0)
             if not drained:

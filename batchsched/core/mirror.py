@@ -298,6 +298,19 @@ class ClusterState:
             if n == node:
                 yield self.pods[uid]
 
+    def check_books(self) -> None:
+        """The invariants cheap enough for every step: no pod both pending and charged,
+        every assumed pod charged, no usage below zero. Raises :class:`StateError`."""
+        both = self.pending.keys() & self.charges.keys()
+        if both:
+            raise StateError(f"pods both pending and charged to a node: {sorted(both)[:5]}")
+        uncharged = self.assumed.keys() - self.charges.keys()
+        if uncharged:
+            raise StateError(f"assumed pods not charged to their node: {sorted(uncharged)[:5]}")
+        if bool((self.used < 0).any()):
+            bad = [n for n, r in self.node_row.items() if bool((self.used[r] < 0).any())]
+            raise StateError(f"usage below zero on nodes {bad[:5]}")
+
     def check(self) -> None:
         """Recompute ``used`` from the charges; raise :class:`StateError` if it differs."""
         expect = np.zeros_like(self.used)

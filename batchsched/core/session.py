@@ -55,7 +55,7 @@ from batchsched.core.gangs import (
     desired_status,
     free_capacity,
 )
-from batchsched.core.mirror import ClusterState
+from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Node, Pod, PodUID, format_time
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import (
@@ -81,6 +81,8 @@ __all__ = ["Session", "SessionSettings"]
 GROUP_SWEEP_SECONDS = 5.0
 #: how often the gang timers are looked at
 GANG_CHECK_SECONDS = 0.5
+#: how often the mirror's usage is recomputed from every charge to check it
+FULL_CHECK_SECONDS = 60.0
 #: a waiting gang's message changes with every change of capacity ("only 12 fit now"); its
 #: PodGroup condition follows each change (one write), its pods at most this often (a
 #: write per member)
@@ -178,6 +180,7 @@ class Session:
         self._pods_told: dict[str, tuple[str, float]] = {}
         self._last_gang_check = -1e18
         self._last_queue_status = -1e18
+        self._last_full_check = -1e18
 
     # -- event intake ------------------------------------------------------------------------
 
@@ -378,16 +381,22 @@ class Session:
         self._run_cycle(now, out)
         self._sync_groups(now, out)
         self._sync_queues(now, out)
-        self.check()
+        self.check(now)
         return out
 
-    def check(self) -> None:
-        """The mirror's invariants (raises :class:`~batchsched.core.mirror.StateError`)."""
-        self.state.check()
+    def check(self, now: float) -> None:
+        """The mirror's invariants (raises :class:`~batchsched.core.mirror.StateError`):
+        its books after every step, the usage recomputed from every charge at most every
+        :data:`FULL_CHECK_SECONDS` (it costs a pass over every running pod)."""
+        self.state.check_books()
+        if now - self._last_full_check >= FULL_CHECK_SECONDS:
+            self._last_full_check = now
+            self.state.check()
 
-    def schedulable_units(self, now: float) -> list[Unit]:
+    def schedulable_units(self, now: float, snap: Snapshot | None = None) -> list[Unit]:
         """The units worth trying at ``now``: pending, not gated, not failed since the last
-        change of capacity (unless the retry interval passed or they hold a nomination)."""
+        change of capacity (unless the retry interval passed or they hold a nomination).
+        ``snap``: the step's snapshot (taken when needed if not given)."""
         retry = self.settings.retry_unschedulable
         gen = self.state.capacity_generation
         nominated = self.queues.nominations
@@ -403,7 +412,7 @@ class Session:
         def cluster_free() -> dict[str, int]:
             nonlocal free
             if free is None:
-                free = free_capacity(self.state.snapshot())
+                free = free_capacity(snap if snap is not None else self.state.snapshot())
             return free
 
         for unit in self.groups.units(self.state, now, cluster_free):
@@ -435,7 +444,9 @@ class Session:
         out.evictions.extend(check.evictions)
 
     def _run_cycle(self, now: float, out: Decisions) -> None:
-        units = self.schedulable_units(now)
+        # one snapshot for the whole decision: the units' admission and the cycle
+        snap = self.state.snapshot()
+        units = self.schedulable_units(now, snap)
         if not units:
             return
         gen = self.state.capacity_generation
@@ -443,7 +454,6 @@ class Session:
             message = explain.nomination_expired(n.nodes, self.settings.queues.nomination_timeout)
             for ref in self._preemptor_refs.get(n.unit, []):
                 out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
-        snap = self.state.snapshot()
         queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
         plan = self.cycle.run(snap, units, queues=queues)
         self.queues.settle(plan, queues.queue_of)

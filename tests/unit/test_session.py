@@ -11,7 +11,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from batchsched.core.decisions import Decisions
+from batchsched.core.mirror import StateError
 from batchsched.core.model import parse_node, parse_pod
 from batchsched.core.plan import UnitStatus
 from batchsched.core.queues import QueueSettings
@@ -256,3 +259,26 @@ def test_steps_are_deterministic_for_the_same_events() -> None:
     assert len(first) == 12
     assert run() == first
     assert copy.deepcopy(first) == run()
+
+
+def test_a_broken_mirror_stops_the_step_loudly() -> None:
+    s = Session()
+    c = Cluster(s)
+    c.node("n0", 8)
+    c.pod(gpu_pod("p", 2))
+    c.step()
+    s.state.used[s.state.node_row["n0"]] -= s.state.vector({GPU: 4000})  # usage below zero
+    with pytest.raises(StateError, match="usage below zero on nodes \\['n0'\\]"):
+        s.step(c.now + 1.0)
+
+
+def test_the_full_usage_check_runs_on_its_interval() -> None:
+    s = Session()
+    c = Cluster(s)
+    c.node("n0", 8)
+    c.pod(gpu_pod("p", 2))
+    c.step()
+    s.state.used[s.state.node_row["n0"]] += s.state.vector({GPU: 1000})  # more than is charged
+    s.step(c.now + 1.0)  # the cheap books still hold
+    with pytest.raises(StateError, match="usage bookkeeping is off on nodes \\['n0'\\]"):
+        s.step(c.now + 61.0)
