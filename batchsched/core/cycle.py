@@ -26,13 +26,10 @@ The algorithm, in order:
    :func:`~batchsched.core.placement.topology.place_gang_topology` instead of the bare kernel: its
    quorum inside one rack (or block...), else anywhere (preferred) or nowhere (required);
    the rest of a required gang whose members already hold nodes stays in their domain.
-4. A unit whose quorum does not fit (by quota or on the nodes) may preempt: the running
-   units it may evict (lower priority in its queue, borrowers of its cohort, lower-priority
-   unqueued work; never protected units, never units admitted in this cycle) go to
-   :func:`~batchsched.core.preemption.select_victims` (checking room with the gang's
-   topology, so the room freed is room it can use). A preemption removes the victims
-   from this cycle's view, charges the quorum to the nodes the search named and records a
-   :class:`Nomination`; the unit is bound in a later cycle, once its victims are gone.
+4. A unit whose quorum does not fit (by quota or on the nodes) may preempt:
+   :mod:`batchsched.core.preemption.attempt` searches for victims it may evict and, when it
+   finds them, records a :class:`Nomination`; the unit is bound in a later cycle, once its
+   victims are gone.
 5. Each placed member becomes a :class:`Binding`; each pod that could not be placed
    becomes an :class:`Unschedulable` with a message a person can act on.
 
@@ -46,8 +43,8 @@ the order is priority, age, UID, as kube-scheduler's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -57,6 +54,13 @@ from batchsched.core import explain
 from batchsched.core.mirror import Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.layout import (
+    Layout,
+    build_layout,
+    gang_message,
+    narrow,
+    request_matrix,
+)
 from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import (
@@ -71,29 +75,17 @@ from batchsched.core.plan import (
     Binding,
     Nomination,
     Plan,
-    PreemptionRecord,
     RunningUnit,
     Unit,
     UnitResult,
     UnitStatus,
     Unschedulable,
-    Victim,
-    VictimKind,
     blocked_status,
 )
-from batchsched.core.preemption import Candidates, NoPreemption, Preemptor, select_victims
-from batchsched.core.queues import (
-    FairOrder,
-    QueueInput,
-    QueueName,
-    QueueProblem,
-    QueueTree,
-    WithinQueuePolicy,
-)
+from batchsched.core.preemption import CyclePreemption, Held, Terminating, held_nominations
+from batchsched.core.queues import FairOrder, QueueInput, QueueName, QueueProblem, QueueTree
 
 IntArray = npt.NDArray[np.int64]
-
-
 Kernel = Callable[..., int]
 
 
@@ -145,63 +137,6 @@ class Cycle:
         cycle ran. Returns the charged tree."""
         return _Walk(self, snap, (), queues).account()
 
-    def _gang_message(
-        self,
-        unit: Unit,
-        pods: Sequence[Pod],
-        reqs: IntArray | None,
-        sig: IntArray,
-        masks: npt.NDArray[np.bool_],
-        why: Callable[..., str],
-        snap: Snapshot,
-        used: IntArray,
-    ) -> str:
-        """Why a gang was not placed: how many members fit at most, and what stopped the rest."""
-        if len(pods) < unit.min_count:
-            return explain.members_missing(len(pods), unit.min_count)
-        if reqs is None:
-            return why(pods[0], None, masks[sig[0]])
-        # how many of the quorum fit on their own (best effort, on a scratch copy)
-        scratch_used = used.copy()
-        out = np.full(len(pods), -1, dtype=np.int64)
-        arrays = self._scoring_arrays(snap.columns)
-        placeable = self._place(
-            snap.alloc, scratch_used, reqs, sig, masks, np.zeros_like(masks, dtype=np.int64),
-            arrays.weights, arrays.scalar, arrays.shape_u, arrays.shape_s, arrays.strategy, 0, out,
-        )
-        first_missing = int(np.argmax(out < 0)) if placeable < len(pods) else 0
-        # the first member that did not fit, next to the members placed before it
-        detail = why(
-            pods[first_missing], reqs[first_missing], masks[sig[first_missing]], scratch_used
-        )
-        need = {}
-        for c, name in enumerate(snap.columns):
-            total = int(reqs[: unit.min_count, c].sum())
-            if total and name != "pods":
-                need[name] = total
-        return explain.gang_short(unit.min_count, need, placeable, pods[first_missing].name, detail)
-
-
-@dataclass(slots=True, eq=False)
-class _Held:
-    """A nomination charged in this cycle."""
-
-    nomination: Nomination
-    rows: list[int]
-    reqs: IntArray
-
-
-@dataclass(slots=True, eq=False)
-class _Layout:
-    """A unit's members as the kernel takes them."""
-
-    reqs: IntArray | None
-    sig: IntArray
-    masks: npt.NDArray[np.bool_]
-    static: IntArray
-    #: the topology domain the masks were narrowed to (``rack r-3``), when they were
-    domain: str = ""
-
 
 class _Walk:
     """The state of one cycle: the working copy of usage and the charged queue tree."""
@@ -223,30 +158,22 @@ class _Walk:
         self.col = {c: i for i, c in enumerate(snap.columns)}
         self.explain_cache: dict[tuple[Any, ...], str] = {}
         self.kernel_time = 0.0
-        self.preempt_time = 0.0
-        self.layouts: dict[str, _Layout] = {}
+        self.layouts: dict[str, Layout] = {}
         #: unit key -> its layout narrowed to the domain its placed members are in
-        self.narrowed: dict[str, _Layout] = {}
+        self.narrowed: dict[str, Layout] = {}
         self._domains: Domains | None = None
         self.requests: dict[str, IntArray | None] = {}
         self.running: list[RunningUnit] | None = None
-        self.candidates: Candidates | None = None
         self.victims: set[str] = set()
         for n in self.qi.nominations:
             self.victims.update(n.victims)
-        #: victims still charged by the mirror (terminating): not in ``used``, but their
-        #: nodes are not free to bind on until they are gone
-        self.live_victims: set[str] = set()
-        self.term = np.zeros_like(self.used)
-        self.term_pods: dict[int, set[str]] = {}
-        self.held: dict[str, _Held] = {}
-        self.searches = 0
-        #: failed victim searches of this cycle, by what decides them
-        self.memo: dict[tuple[Any, ...], str] = {}
+        self.gone = Terminating(self.used, snap.alloc)
+        self.held: dict[str, Held] = {}
+        self.preemption = CyclePreemption(self)
 
     # -- setup: running work, nominations, history -----------------------------------------
 
-    def _load_running(self) -> list[RunningUnit]:
+    def load_running(self) -> list[RunningUnit]:
         if self.running is not None:
             return self.running
         src = self.qi.running
@@ -258,7 +185,7 @@ class _Walk:
                 # evicted for a nomination: gone for this cycle's decisions
                 for p in w.pods:
                     if p.uid in self.victims:
-                        self._terminating(p.uid, p.node, p.req)
+                        self.gone.add(p.uid, p.node, p.req)
                 w = replace(w, pods=tuple(p for p in w.pods if p.uid not in self.victims))
                 if not w.pods:
                     continue
@@ -272,45 +199,13 @@ class _Walk:
         self.running = out
         return out
 
-    def _terminating(self, uid: str, row: int, req: IntArray) -> None:
-        self.used[row] -= req
-        self.term[row] += req
-        self.term_pods.setdefault(row, set()).add(uid)
-        self.live_victims.add(uid)
-
-    def _blocked_by(self, rows: Sequence[int]) -> set[str]:
-        """Victims still terminating on those of ``rows`` that would be over-committed if
-        the pods just charged there were bound now (empty: they may be bound)."""
-        out: set[str] = set()
-        for row in set(rows):
-            if row in self.term_pods and bool(
-                (self.used[row] + self.term[row] > self.snap.alloc[row]).any()
-            ):
-                out |= self.term_pods[row]
-        return out
-
     def _hold(self) -> None:
         """Charge each nomination to its nodes and queue; drop those that cannot hold."""
-        width = len(self.snap.columns)
-        for n in sorted(self.qi.nominations, key=lambda n: (n.since, n.unit)):
-            rows = [self.rows.get(name, -1) for name in n.nodes]
-            if -1 in rows or (n.queue is not None and self.tree.leaf_problem(n.queue) is not None):
-                continue
-            reqs = np.zeros((len(n.requests), width), dtype=np.int64)
-            known = True
-            for m, req in enumerate(n.requests):
-                for name, value in req.items():
-                    c = self.col.get(name)
-                    if c is None:
-                        known = False
-                        break
-                    reqs[m, c] = value
-            if not known:
-                continue
-            self._charge(n.queue, rows, reqs, 1)
-            self.held[n.unit] = _Held(n, rows, reqs)
+        for h in held_nominations(self.qi.nominations, self.rows, self.col, self.tree):
+            self.charge(h.nomination.queue, h.rows, h.reqs, 1)
+            self.held[h.nomination.unit] = h
 
-    def _charge(self, queue: QueueName | None, rows: Sequence[int], reqs: IntArray, sign: int) -> None:
+    def charge(self, queue: QueueName | None, rows: Sequence[int], reqs: IntArray, sign: int) -> None:
         for m, row in enumerate(rows):
             self.used[row] += sign * reqs[m]
         if queue is not None:
@@ -321,52 +216,17 @@ class _Walk:
     def request_matrix(self, pods: Sequence[Pod], key: str | None = None) -> IntArray | None:
         if key is not None and key in self.requests:
             return self.requests[key]
-        reqs: IntArray | None = np.zeros((len(pods), len(self.snap.columns)), dtype=np.int64)
-        col = self.col
-        prev: Mapping[str, int] | None = None
-        assert reqs is not None
-        for m, pod in enumerate(pods):
-            if prev is not None and pod.requests == prev:
-                reqs[m] = reqs[m - 1]  # gang members mostly ask alike
-                continue
-            prev = pod.requests
-            for name, value in pod.requests.items():
-                c = col.get(name)
-                if c is None:
-                    reqs = None
-                    break
-                reqs[m, c] = value
-            if reqs is None:
-                break
+        reqs = request_matrix(pods, self.col)
         if key is not None:
             self.requests[key] = reqs
         return reqs
 
-    def layout(self, pods: Sequence[Pod], key: str | None = None) -> _Layout:
+    def layout(self, pods: Sequence[Pod], key: str | None = None) -> Layout:
         if key is not None:
             cached = self.layouts.get(key)
             if cached is not None:
                 return cached
-        reqs = self.request_matrix(pods, key)
-        filt = self.filt
-        sig_keys: dict[tuple[Any, ...], int] = {}
-        sig = np.empty(len(pods), dtype=np.int64)
-        rep: list[Pod] = []
-        for m, pod in enumerate(pods):
-            k = (pod.constraint_key(), pod.pod_affinity, bool(pod.invalid))
-            s = sig_keys.get(k)
-            if s is None:
-                s = sig_keys[k] = len(rep)
-                rep.append(pod)
-            sig[m] = s
-        n_nodes = len(self.snap.nodes)
-        masks = np.zeros((len(rep), n_nodes), dtype=np.bool_)
-        static = np.zeros((len(rep), n_nodes), dtype=np.int64)
-        for s, pod in enumerate(rep):
-            if not pod.invalid:
-                masks[s] = filt.mask(pod)
-                static[s] = filt.static_score(pod)
-        out = _Layout(reqs, sig, masks, static)
+        out = build_layout(pods, self.request_matrix(pods, key), self.filt, len(self.snap.nodes))
         if key is not None:
             self.layouts[key] = out
         return out
@@ -377,7 +237,7 @@ class _Walk:
             self._domains = self.cycle._topology(self.snap)
         return self._domains
 
-    def unit_layout(self, unit: Unit) -> _Layout:
+    def unit_layout(self, unit: Unit) -> Layout:
         """:meth:`layout` of the unit's pods; for a gang that must stay inside one domain
         and already has members placed there, with its masks narrowed to that domain."""
         lay = self.layout(unit.pods, unit.key)
@@ -389,21 +249,12 @@ class _Walk:
             return narrowed
         # the domain of the first placed member on a known node that has the level's label
         rows = (self.rows.get(name, -1) for name in unit.placed_on)
-        narrowed = next((n for n in (self._narrow(lay, level, r) for r in rows if r >= 0) if n), None)
+        found = (narrow(lay, self.domains(), level, r) for r in rows if r >= 0)
+        narrowed = next((n for n in found if n), None)
         if narrowed is None:
             return lay  # nothing to keep to: place the rest as a gang of its own
         self.narrowed[unit.key] = narrowed
         return narrowed
-
-    def _narrow(self, lay: _Layout, level: int, row: int) -> _Layout | None:
-        """``lay`` with its masks narrowed to the domain of ``level`` holding node ``row``;
-        None when the node has no label for that level."""
-        domains = self.domains()
-        domain = domains.domain_of(level, row)
-        if domain < 0:
-            return None
-        return _Layout(lay.reqs, lay.sig, lay.masks & domains.nodes_of(level, domain),
-                       lay.static, domains.label(level, domain))
 
     def quorum_vector(self, unit: Unit) -> IntArray:
         reqs = self.request_matrix(unit.pods, unit.key)
@@ -434,7 +285,7 @@ class _Walk:
             self.explain_cache[key] = message
         return message
 
-    def _kernel(self, reqs: IntArray, lay: _Layout, sig: IntArray, min_count: int, out: IntArray) -> int:
+    def _kernel(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int, out: IntArray) -> int:
         k0 = time.perf_counter()
         a = self.arrays
         placed = self.cycle._place(
@@ -444,7 +295,7 @@ class _Walk:
         self.kernel_time += time.perf_counter() - k0
         return int(placed)
 
-    def _place(self, unit: Unit, lay: _Layout, k: int, mc: int, out: IntArray) -> tuple[int, str]:
+    def place(self, unit: Unit, lay: Layout, k: int, mc: int, out: IntArray) -> tuple[int, str]:
         """Place the first ``k`` members of ``unit``, the first ``mc`` all or none:
         ``(members placed, where)``.
 
@@ -469,7 +320,7 @@ class _Walk:
         self.kernel_time += time.perf_counter() - k0
         return placed, where
 
-    def _placer(self, unit: Unit) -> Kernel:
+    def placer(self, unit: Unit) -> Kernel:
         """The placement the victim search checks room with: topology-aware for a gang with
         a policy, so that the room it frees is room the gang can use."""
         level = unit.topology_level
@@ -501,7 +352,7 @@ class _Walk:
         """Step 1: running work, nominations and the usage history charged to the tree."""
         qi, tree = self.qi, self.tree
         if tree.names or qi.nominations:
-            self._load_running()
+            self.load_running()
         self._hold()
         if qi.history is not None:
             for name in tree.names:
@@ -550,16 +401,16 @@ class _Walk:
             else:
                 self._unit(order, q, unit)
         plan.timings["kernel"] = self.kernel_time
-        plan.timings["preempt"] = self.preempt_time
-        plan.searches = self.searches
+        plan.timings["preempt"] = self.preemption.time
+        plan.searches = self.preemption.searches
         plan.timings["total"] = time.perf_counter() - self.t0
         return plan
 
-    def _nominee(self, unit: Unit, h: _Held) -> bool:
+    def _nominee(self, unit: Unit, h: Held) -> bool:
         """A unit holding a nomination: place it if it can be; keep holding while its victims
         terminate. False when the nomination is given up and the unit must go the usual way."""
         n = h.nomination
-        left = n.victims & self.live_victims
+        left = n.victims & self.gone.live
         if left:
             # keep holding: its nodes are not free until the victims are gone
             self.plan.nominations.append(n)
@@ -567,7 +418,7 @@ class _Walk:
                 UnitStatus.WAITING, "WaitingForPreemption", explain.waiting_for_victims(len(left), n.nodes),
             ))
             return True
-        self._charge(n.queue, h.rows, h.reqs, -1)
+        self.charge(n.queue, h.rows, h.reqs, -1)
         # placed, or given up: the victims are gone and still it does not fit, start over
         return self._try_place(n.queue, unit)
 
@@ -582,14 +433,14 @@ class _Walk:
         if k == 0:
             return False
         out = np.full(k, -1, dtype=np.int64)
-        placed, where = self._place(unit, lay, k, mc, out)
+        placed, where = self.place(unit, lay, k, mc, out)
         if placed == 0:
             return False
-        self._admitted(q, unit, lay, out, k, where)
+        self.admitted(q, unit, lay, out, k, where)
         return True
 
-    def _admitted(
-        self, q: QueueName | None, unit: Unit, lay: _Layout, out: IntArray, k: int, where: str = ""
+    def admitted(
+        self, q: QueueName | None, unit: Unit, lay: Layout, out: IntArray, k: int, where: str = ""
     ) -> None:
         """Record the placed members of ``unit`` (``out``: node per member of the first
         ``k``; ``where``: the topology domain they are in, if any); extras that did not
@@ -603,7 +454,7 @@ class _Walk:
         if q is not None:
             self.tree.admit(q, lay.reqs[members].sum(axis=0))
         rows = [int(out[m]) for m in members]
-        waiting = self._blocked_by(rows)
+        waiting = self.gone.blocked_by(rows)
         if waiting:
             names = tuple(self.snap.nodes[r].name for r in rows)
             self.plan.nominations.append(Nomination(
@@ -621,7 +472,7 @@ class _Walk:
         told = lay
         if domain and unit.topology_required and level is not None and not lay.domain and rows:
             # the extras left out were held to the gang's domain: explain them there
-            told = self._narrow(lay, level, rows[0]) or lay
+            told = narrow(lay, self.domains(), level, rows[0]) or lay
         for m, pod in enumerate(unit.pods):
             if m < k and out[m] >= 0:
                 self._bind(unit, pod, int(out[m]), domain)
@@ -651,18 +502,15 @@ class _Walk:
         for m, (u, pod) in enumerate(zip(batch, pods, strict=True)):
             if out[m] >= 0:
                 assert lay.reqs is not None
-                one = _Layout(lay.reqs[m : m + 1], lay.sig[m : m + 1], lay.masks, lay.static)
-                self._admitted(None, u, one, out[m : m + 1], 1)
+                one = Layout(lay.reqs[m : m + 1], lay.sig[m : m + 1], lay.masks, lay.static)
+                self.admitted(None, u, one, out[m : m + 1], 1)
                 order.admitted(u)
                 continue
             all_reqs = lay.reqs
             reqs = None if all_reqs is None else all_reqs[m]
             message = self.explain(pod, reqs, lay.masks[lay.sig[m]])
             if all_reqs is not None and not pod.invalid:
-                single = _Layout(all_reqs[m : m + 1], np.zeros(1, dtype=np.int64),
-                                 lay.masks[lay.sig[m] : lay.sig[m] + 1],
-                                 lay.static[lay.sig[m] : lay.sig[m] + 1])
-                preempted, why = self._preempt(None, u, single)
+                preempted, why = self.preemption.preempt(None, u, lay.member(m))
                 if preempted:
                     order.admitted(u)
                     continue
@@ -691,9 +539,9 @@ class _Walk:
         out = np.full(len(pods), -1, dtype=np.int64)
         placed, where = 0, ""
         if reqs is not None and k > 0:
-            placed, where = self._place(unit, lay, k, mc, out)
+            placed, where = self.place(unit, lay, k, mc, out)
         if placed:
-            self._admitted(q, unit, lay, out, k, where)
+            self.admitted(q, unit, lay, out, k, where)
             order.admitted(unit)
             return
         if mc == 0:
@@ -720,19 +568,20 @@ class _Walk:
         elif unit.single:
             reason = self.explain(pods[0], None if reqs is None else reqs[0], lay.masks[lay.sig[0]])
         else:
-            reason = self.cycle._gang_message(
-                unit, pods, reqs, lay.sig, lay.masks, self.explain, self.snap, self.used
+            reason = gang_message(
+                pods, unit.min_count, lay, self.explain, alloc=self.snap.alloc, used=self.used,
+                columns=self.snap.columns, arrays=self.arrays, place=self.cycle._place,
             )
         why = ""
         if reqs is not None and mc > 0 and len(pods) >= mc:
-            preempted, why = self._preempt(q, unit, lay)
+            preempted, why = self.preemption.preempt(q, unit, lay)
             if preempted:
                 order.admitted(unit)
                 return
         self._fail(unit, explain.with_preemption(reason, why))
         order.skipped(unit)
 
-    def _explain_member(self, pod: Pod, lay: _Layout, m: int) -> str:
+    def _explain_member(self, pod: Pod, lay: Layout, m: int) -> str:
         """Why member ``m`` of a unit fits no node it may use (its domain's, when narrowed)."""
         req = None if lay.reqs is None else lay.reqs[m]
         mask = lay.masks[lay.sig[m]]
@@ -742,116 +591,9 @@ class _Walk:
         detail = self.explain(pod, req, mask, self.used)
         return explain.stays_in_domain(lay.domain, detail)
 
-    # -- preemption ------------------------------------------------------------------------
-
-    def _preempt(self, q: QueueName | None, unit: Unit, lay: _Layout) -> tuple[bool, str]:
-        """Try to make room for ``unit``'s quorum by evicting others. ``(True, "")`` when a
-        preemption was decided; else ``(False, why)``, where ``why`` (for the unit's
-        message) is empty when no search was made (nobody it may preempt)."""
-        qi = self.qi
-        if not qi.preemption or lay.reqs is None:
-            return False, ""
-        if self.candidates is None:
-            self.candidates = Candidates(self._load_running(), self.tree)
-        if not self.candidates.by_queue:
-            return False, ""  # nothing runs that anyone may evict
-        mc = 1 if unit.single else unit.min_count
-        sigs = np.unique(lay.sig[:mc])
-        if not bool(lay.masks[sigs].any(axis=1).all()):
-            return False, ""  # some member of the quorum may go on no node at all
-        t0 = time.perf_counter()
-        try:
-            return self._search(q, unit, lay, mc)
-        finally:
-            self.preempt_time += time.perf_counter() - t0
-
-    def _search(self, q: QueueName | None, unit: Unit, lay: _Layout, mc: int) -> tuple[bool, str]:
-        assert lay.reqs is not None and self.candidates is not None
-        qi = self.qi
-        policy = self.tree.queue(q).within_queue if q is not None else None
-        memo_key: tuple[Any, ...] = (
-            q, unit.priority, mc, lay.reqs[:mc].tobytes(), lay.sig[:mc].tobytes(),
-            tuple(p.constraint_key() for p in unit.pods[:mc]),
-            (unit.created, unit.uid) if policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY else None,
-            unit.topology_level, unit.topology_required, lay.domain,
-        )
-        seen = self.memo.get(memo_key)
-        if seen is not None:
-            return False, seen
-        x = lay.reqs[:mc].sum(axis=0)
-        cands = self.candidates.for_unit(q, unit.priority, x)
-        if not cands:
-            return False, ""
-        if self.searches >= qi.max_searches:
-            self.plan.deferred.add(unit.key)
-            return False, ""
-        self.searches += 1
-        preemptor = Preemptor(
-            key=unit.key, queue=q, priority=unit.priority, created=unit.created, uid=unit.uid,
-            reqs=np.ascontiguousarray(lay.reqs), sig=lay.sig, masks=lay.masks,
-            static_score=lay.static, min_count=mc, name=unit.display,
-        )
-        result = select_victims(
-            preemptor, cands, alloc=self.snap.alloc, used=self.used, tree=self.tree,
-            scoring=self.arrays, now=qi.now, place=self._placer(unit),
-        )
-        if isinstance(result, NoPreemption):
-            why = result.reason
-            self.memo[memo_key] = why
-            return False, why
-        self.memo.clear()  # capacity was freed: earlier failures may not hold any more
-        if not result.victims:  # it fits after all (room freed by an earlier preemption)
-            out = np.full(len(unit.pods), -1, dtype=np.int64)
-            placed, where = self._place(unit, lay, mc, mc, out)
-            if placed:
-                self._admitted(q, unit, lay, out, mc, where)
-                return True, ""
-            return False, ""
-        self._apply(q, unit, lay, mc, result.victims, result.nodes)
-        return True, ""
-
-    def _apply(
-        self, q: QueueName | None, unit: Unit, lay: _Layout, mc: int,
-        victims: Sequence[Victim], nodes: Sequence[int],
-    ) -> None:
-        assert lay.reqs is not None and self.candidates is not None
-        width = len(self.snap.columns)
-        for v in victims:
-            total = np.zeros(width, dtype=np.int64)
-            for pod in v.pods:
-                self._terminating(pod.uid, pod.node, pod.req)
-                total += pod.req
-            if v.unit.queue is not None:
-                self.tree.release(v.unit.queue, total)
-            self.candidates.remove(v)
-        core = lay.reqs[:mc]
-        self._charge(q, list(nodes), core, 1)
-        names = tuple(self.snap.nodes[n].name for n in nodes)
-        messages = tuple(_victim_message(unit, q, names, v) for v in victims)
-        npods = sum(len(v.pods) for v in victims)
-        summary = explain.preempting(npods, (v.unit.key.rsplit(":", 1)[-1] for v in victims), mc, names)
-        self.plan.preemptions.append(PreemptionRecord(unit, q, names, tuple(victims), messages, summary))
-        self.plan.nominations.append(Nomination(
-            unit=unit.key, queue=q, pods=tuple(p.uid for p in unit.pods[:mc]), nodes=names,
-            requests=tuple(dict(p.requests) for p in unit.pods[:mc]),
-            victims=frozenset(p.uid for v in victims for p in v.pods), since=self.qi.now,
-            priority=unit.priority,
-        ))
-        self.plan.record(unit.key, UnitResult(UnitStatus.PREEMPTING, "Preempting", summary))
-
 
 def _alike(ckey: tuple[Any, ...]) -> Callable[[Unit], bool]:
     """Units that may join a run of single pods with these constraints."""
     return lambda u: (
         u.single and not u.blocked and u.topology_level is None and u.pods[0].constraint_key() == ckey
-    )
-
-
-def _victim_message(unit: Unit, q: QueueName | None, nodes: Sequence[str], v: Victim) -> str:
-    """What a victim's pods and group are told (Event and DisruptionTarget condition)."""
-    return explain.preempted(
-        preemptor=unit.display, priority=unit.priority, nodes=nodes,
-        reclaim_for=q if v.kind is VictimKind.RECLAIM else None, borrowed=v.borrowed,
-        victim_priority=v.unit.priority, victim_queue=v.unit.queue,
-        extras=None if v.whole else len(v.pods),
     )
