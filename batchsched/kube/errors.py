@@ -41,8 +41,6 @@ __all__ = [
 
 #: The ``details.causes[].type`` the Eviction API gives when a PodDisruptionBudget refuses.
 DISRUPTION_BUDGET = "DisruptionBudget"
-# What it says in the message when the Status carries no causes (older API servers).
-_BUDGET_REFUSAL = "disruption budget"
 
 
 class KubeError(Exception):
@@ -113,7 +111,7 @@ def error_for(
         cls = ForbiddenError
     elif status in (400, 422):
         cls = InvalidError
-    elif status == 429 and _budget_refusal(message, causes):
+    elif status == 429 and DISRUPTION_BUDGET in causes:
         cls = DisruptionBudgetError
     elif status == 429 or status >= 500:
         cls = TemporaryError
@@ -149,9 +147,3 @@ def refine(exc: KubeError) -> KubeError:
     if type(narrower) is type(exc) or not isinstance(narrower, type(exc)):
         return exc
     return narrower
-
-
-def _budget_refusal(message: str, causes: tuple[str, ...]) -> bool:
-    if causes:
-        return DISRUPTION_BUDGET in causes
-    return _BUDGET_REFUSAL in message.lower()

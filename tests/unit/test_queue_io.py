@@ -69,9 +69,10 @@ async def test_a_victim_gets_its_disruption_target_condition_then_is_evicted() -
 @pytest.mark.parametrize(
     ("path", "errors", "outcome", "calls"),
     [
-        # a budget refuses: reported at once, not retried
+        # a budget refuses (the apiserver names the cause): reported at once, not retried
         ("eviction", [TemporaryError(429, "TooManyRequests",
-                                     "Cannot evict pod as it would violate the pod's disruption budget.")], "blocked", 2),
+                                     "Cannot evict pod as it would violate the pod's disruption budget.",
+                                     causes=["DisruptionBudget"])], "blocked", 2),
         # throttled for another reason: retried
         ("eviction", [TemporaryError(429, "TooManyRequests", "slow down")], "evicted", 3),
         # gone before it could be marked: nothing to evict
