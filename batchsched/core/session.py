@@ -74,6 +74,7 @@ from batchsched.core.plan import (
     single_unit,
 )
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
+from batchsched.core.requeue import RetryGate
 
 __all__ = ["Session", "SessionSettings"]
 
@@ -122,30 +123,6 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
     )
 
 
-class _Retry:
-    """When each unit last failed, at which capacity generation: a unit is tried again when
-    capacity changed, the retry interval passed, or something about it changed."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, float]] = {}
-
-    def failed(self, key: str, generation: int, now: float) -> None:
-        self._seen[key] = (generation, now)
-
-    def clear(self, key: str | None = None) -> None:
-        if key is None:
-            self._seen.clear()
-        else:
-            self._seen.pop(key, None)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._seen
-
-    def skip(self, key: str, generation: int, now: float, interval: float) -> bool:
-        seen = self._seen.get(key)
-        return seen is not None and seen[0] == generation and now - seen[1] < interval
-
-
 class Session:
     """One scheduler's decisions. Single writer: call it from one thread (the event loop)."""
 
@@ -161,8 +138,8 @@ class Session:
         self.cycles = 0
         self.wants_step = False
         #: single pods (by UID) and gangs (by unit key) that failed, and when
-        self._pod_retry = _Retry()
-        self._group_retry = _Retry()
+        self._pod_retry = RetryGate()
+        self._group_retry = RetryGate()
         self._assumed_at: dict[PodUID, float] = {}
         #: preemptor unit key -> the objects its Events go to
         self._preemptor_refs: dict[str, list[ObjectRef]] = {}
