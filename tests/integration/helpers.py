@@ -1,11 +1,16 @@
-"""Helpers for integration tests: run batchsched against the sandbox, wait, inspect."""
+"""Helpers for integration tests: run batchsched against the sandbox (in this process or
+as a process of its own), create pods and PodGroups, wait, inspect."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from batchsched.app import Scheduler
@@ -52,6 +57,15 @@ async def running_scheduler(kubeconfig: str, namespace: str, **overrides: Any) -
         sched.stop()
         await asyncio.wait_for(task, 30)
         await client.close()
+
+
+def start_process(kubeconfig: str, config_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``python -m batchsched run`` as a process of its own (to be killed and restarted),
+    its output appended to ``log``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchsched", "run", "--kubeconfig", kubeconfig, "--config", str(config_file)],
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "BATCHSCHED_LOG_LEVEL": "INFO"},
+    )
 
 
 async def _ready(sched: Scheduler, task: asyncio.Task[None]) -> bool:
@@ -119,3 +133,35 @@ async def assert_no_overcommit(kube: KubeClient) -> dict[str, dict[str, int]]:
         for k, v in u.items():
             assert v <= alloc[node].get(k, 0), f"node {node} over-committed on {k}: {v} > {alloc[node].get(k, 0)}"
     return used
+
+
+# -- PodGroups ------------------------------------------------------------------------------
+
+XK8S = "/apis/scheduling.x-k8s.io/v1alpha1"
+VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
+
+
+async def create_group(kube: KubeClient, api: str, namespace: str, name: str, spec: dict[str, Any],
+                       owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A PodGroup of ``api`` (:data:`XK8S` or :data:`VOLCANO`)."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    kind = "scheduling.x-k8s.io/v1alpha1" if api == XK8S else "scheduling.volcano.sh/v1beta1"
+    return await kube.create(f"{api}/namespaces/{namespace}/podgroups",
+                             {"apiVersion": kind, "kind": "PodGroup", "metadata": meta, "spec": spec})
+
+
+async def get_group(kube: KubeClient, api: str, namespace: str, name: str) -> dict[str, Any]:
+    return await kube.get(f"{api}/namespaces/{namespace}/podgroups/{name}")
+
+
+def condition(group: dict[str, Any]) -> dict[str, Any]:
+    """A PodGroup's one status condition (empty when it has none)."""
+    [cond] = (group.get("status") or {}).get("conditions") or [{}]
+    return cond
+
+
+def bound(pods: list[dict[str, Any]], prefix: str) -> list[str]:
+    """Names of the pods of ``prefix`` bound to a node."""
+    return [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")]

@@ -20,35 +20,25 @@ import yaml
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
+    VOLCANO,
+    XK8S,
     assert_no_overcommit,
+    bound,
+    condition,
+    create_group,
     create_pods,
     events_for,
+    get_group,
     list_pods,
     pod_body,
     running_scheduler,
+    start_process,
     wait_for,
 )
-from tests.integration.test_scheduler import _start_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-XK8S = "/apis/scheduling.x-k8s.io/v1alpha1"
-VOLCANO = "/apis/scheduling.volcano.sh/v1beta1"
 VOLCANO_CRD = Path(__file__).parent / "crds" / "volcano-podgroup.yaml"
-
-
-async def create_group(kube: KubeClient, api: str, namespace: str, name: str, spec: dict[str, Any],
-                       owner: dict[str, Any] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    kind = "scheduling.x-k8s.io/v1alpha1" if api == XK8S else "scheduling.volcano.sh/v1beta1"
-    return await kube.create(f"{api}/namespaces/{namespace}/podgroups",
-                             {"apiVersion": kind, "kind": "PodGroup", "metadata": meta, "spec": spec})
-
-
-async def get_group(kube: KubeClient, api: str, namespace: str, name: str) -> dict[str, Any]:
-    return await kube.get(f"{api}/namespaces/{namespace}/podgroups/{name}")
 
 
 async def owner(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
@@ -65,15 +55,6 @@ def holding(pods: list[dict[str, Any]], prefix: str) -> list[str]:
         if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")
         and p["status"].get("phase") not in ("Succeeded", "Failed")
     ]
-
-
-def bound(pods: list[dict[str, Any]], prefix: str) -> list[str]:
-    return [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")]
-
-
-def condition(group: dict[str, Any]) -> dict[str, Any]:
-    [cond] = (group.get("status") or {}).get("conditions") or [{}]
-    return cond
 
 
 async def test_training_operator_scheduler_plugins_path_binds_whole_and_reports_running(
@@ -349,7 +330,7 @@ async def test_restart_while_binding_a_large_gang_ends_whole_or_empty(
     }))
     log = tmp_path / "batchsched.log"
     _, rv = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
-    first = _start_process(sandbox.kubeconfig, cfg, log)
+    first = start_process(sandbox.kubeconfig, cfg, log)
     try:
         seen: set[str] = set()
         async for _, obj in kube.watch(f"/api/v1/namespaces/{namespace}/pods", rv, timeout_seconds=60):
@@ -363,7 +344,7 @@ async def test_restart_while_binding_a_large_gang_ends_whole_or_empty(
     pods = await list_pods(kube, namespace)
     at_kill = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
     assert 0 < len(at_kill) < size, f"the kill should land mid-binding ({len(at_kill)} bound)"
-    second = _start_process(sandbox.kubeconfig, cfg, log)
+    second = start_process(sandbox.kubeconfig, cfg, log)
     try:
         async def settled() -> int | None:
             n = len(bound(await list_pods(kube, namespace), "big"))

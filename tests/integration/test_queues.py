@@ -19,6 +19,7 @@ import pytest
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
+    XK8S,
     assert_no_overcommit,
     create_pods,
     events_for,
@@ -31,7 +32,6 @@ from tests.integration.helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 QUEUES = "/apis/batchsched.io/v1alpha1/queues"
-XK8S = "/apis/scheduling.x-k8s.io/v1alpha1"
 GPU = "nvidia.com/gpu"
 
 
@@ -182,15 +182,19 @@ async def test_a_high_priority_job_preempts_a_whole_low_priority_gang(
             await wait_for(lambda: _count(bound_names(kube, namespace, "urgent"), 1), timeout=60)
             # the whole gang went, not just the member on the node the job took
             await wait_for(lambda: _count(bound_names(kube, namespace, "low-"), 0), timeout=30)
+            said: dict[str, str] = {}
             for i in range(4):
                 cond = await wait_for(lambda i=i: _is(watch.disruption(f"low-{i}")), timeout=10)
                 assert cond["reason"] == "PreemptionByScheduler"
                 assert cond["message"].startswith(f"Preempted by {namespace}/urgent (priority 10) to make room on node(s)")
                 assert cond["message"].endswith(f"its priority -1 is lower in queue {research}")
+                said[f"low-{i}"] = cond["message"]
         [group_event] = await wait_for(lambda: events_for(kube, namespace, "low", "Preempted"), timeout=10)
         assert group_event["involvedObject"]["kind"] == "PodGroup"
-        for i in range(4):
-            await wait_for(lambda i=i: events_for(kube, namespace, f"low-{i}", "Preempted"), timeout=10)
+        for name, message in said.items():
+            # each member's Event says what its DisruptionTarget condition said
+            [ev] = await wait_for(lambda name=name: events_for(kube, namespace, name, "Preempted"), timeout=10)
+            assert ev["involvedObject"]["kind"] == "Pod" and ev["message"] == message
         [ev] = await wait_for(lambda: events_for(kube, namespace, "urgent", "Preempting"), timeout=10)
         assert ev["message"].startswith(f"preempting 4 pod(s) of {namespace}/low to place its 1 pod(s) on node(s)")
         await assert_no_overcommit(kube)
@@ -200,7 +204,7 @@ async def test_a_pod_disruption_budget_keeps_its_pod_and_the_preemptor_waits(
     sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:
     tag = uuid.uuid4().hex[:6]
-    await make_nodes(count=1, gpus=8, labels={"pool": tag})
+    [node] = await make_nodes(count=1, gpus=8, labels={"pool": tag})
     await kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep"},
         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "serving"}}},
@@ -220,7 +224,10 @@ async def test_a_pod_disruption_budget_keeps_its_pod_and_the_preemptor_waits(
         # the budget goes away: the preemption happens (the waiting job is retried)
         await kube.delete(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/keep")
         await wait_for(lambda: _count(bound_names(kube, namespace, "urgent"), 1), timeout=60)
-        await wait_for(lambda: events_for(kube, namespace, "serving", "Preempted"), timeout=10)
+        [ev] = await wait_for(lambda: events_for(kube, namespace, "serving", "Preempted"), timeout=10)
+        assert (ev["type"], ev["involvedObject"]["kind"]) == ("Normal", "Pod")
+        assert ev["message"].startswith(f"Preempted by {namespace}/urgent (priority 10) to make room on node(s) {node}")
+        assert ev["message"].endswith("its priority -1 is lower")
 
 
 async def test_an_unknown_queue_is_reported_and_nothing_binds(

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,11 +14,13 @@ import yaml
 from batchsched.kube.client import KubeClient
 from tests.integration.helpers import (
     assert_no_overcommit,
+    config,
     create_pods,
     events_for,
     list_pods,
     pod_body,
     running_scheduler,
+    start_process,
     wait_for,
 )
 
@@ -53,11 +52,20 @@ async def test_500_pods_on_50_nodes_all_bound_without_overcommit(sandbox, kube: 
         gpus = sorted((u.get("nvidia.com/gpu", 0) for n, u in usage.items() if n in names), reverse=True)
         # 375 single-GPU pods packed: 46 full nodes and one with 7, the rest empty
         assert gpus[:46] == [8] * 46 and sum(gpus) == 375
-        scheduled = await events_for(kube, namespace, "p0", "Scheduled")
-        await wait_for(lambda: events_for(kube, namespace, "p1", "Scheduled"), timeout=20)
+        # what a user reads: each pod's one Scheduled Event names the node it went to, and a
+        # pod that fits was never reported as failing; the other scheduler's pods get nothing
+        where = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in ours}
+        for name in ("p0", "p1", "p499"):
+            [ev] = await wait_for(lambda name=name: events_for(kube, namespace, name, "Scheduled"), timeout=20)
+            assert (ev["type"], ev["reason"]) == ("Normal", "Scheduled")
+            assert (ev["involvedObject"]["kind"], ev["involvedObject"]["name"]) == ("Pod", name)
+            assert ev["message"] == f"Successfully assigned {namespace}/{name} to {where[name]}"
+            assert ev["reportingComponent"] == "batchsched"
+            assert await events_for(kube, namespace, name, "FailedScheduling") == []
+        for i in range(3):
+            assert await events_for(kube, namespace, f"other{i}") == []
         assert sched.metrics.binds.labels("bound")._value.get() >= 500
         assert sched.metrics.binds.labels("conflict")._value.get() == 0
-        del scheduled
 
 
 async def test_pod_that_never_fits_gets_one_event_then_binds_when_a_node_arrives(sandbox, kube: KubeClient, namespace: str, make_nodes) -> None:  # type: ignore[no-untyped-def]
@@ -65,10 +73,14 @@ async def test_pod_that_never_fits_gets_one_event_then_binds_when_a_node_arrives
     await make_nodes(count=1, gpus=8, taints=({"key": "gpu", "value": "broken", "effect": "NoSchedule"},))
     await create_pods(kube, namespace, [pod_body("big", gpu=16)])
     async with running_scheduler(sandbox.kubeconfig, namespace) as sched:
-        failed = await wait_for(lambda: events_for(kube, namespace, "big", "FailedScheduling"), timeout=30)
-        message = failed[0]["message"]
+        [failed] = await wait_for(lambda: events_for(kube, namespace, "big", "FailedScheduling"), timeout=30)
+        assert (failed["type"], failed["reason"]) == ("Warning", "FailedScheduling")
+        assert (failed["involvedObject"]["kind"], failed["involvedObject"]["name"]) == ("Pod", "big")
+        assert failed["reportingComponent"] == "batchsched"
+        # the message names both causes, counted over the nodes
+        message = failed["message"]
         assert message.startswith("0/"), message
-        assert "insufficient nvidia.com/gpu" in message and "untolerated taint gpu=broken" in message
+        assert "insufficient nvidia.com/gpu" in message and "1 untolerated taint gpu=broken" in message
         pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/big")
         cond = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
         assert cond["status"] == "False" and cond["reason"] == "Unschedulable" and cond["message"] == message
@@ -82,6 +94,9 @@ async def test_pod_that_never_fits_gets_one_event_then_binds_when_a_node_arrives
         bound = await wait_for(lambda: _bound(kube, namespace, ["big"]), timeout=15)
         assert bound["big"] == big_node
         assert sched.cycles > cycles_before
+        [scheduled] = await wait_for(lambda: events_for(kube, namespace, "big", "Scheduled"), timeout=10)
+        assert scheduled["message"] == f"Successfully assigned {namespace}/big to {big_node}"
+        assert len(await events_for(kube, namespace, "big", "FailedScheduling")) == 1
 
 
 async def _bound(kube: KubeClient, namespace: str, names: list[str]) -> dict[str, str] | None:
@@ -122,7 +137,9 @@ async def test_constraints_a_user_pod_carries_are_honoured(sandbox, kube: KubeCl
         assert not gated["spec"].get("nodeName")
         # lifting the gate makes it schedulable
         await kube.patch(f"/api/v1/namespaces/{namespace}/pods/gated", {"spec": {"schedulingGates": None}})
-        await wait_for(lambda: _bound(kube, namespace, ["gated"]), timeout=30)
+        lifted = await wait_for(lambda: _bound(kube, namespace, ["gated"]), timeout=30)
+        # any node it may use: neither the cordoned nor the tainted one
+        assert lifted["gated"] in [*a100, h100[0]]
 
 
 async def test_metrics_and_health_endpoints(sandbox, kube: KubeClient, namespace: str, make_nodes) -> None:  # type: ignore[no-untyped-def]
@@ -145,13 +162,6 @@ async def test_metrics_and_health_endpoints(sandbox, kube: KubeClient, namespace
 
 
 # -- restarts and replicas -----------------------------------------------------------------
-
-
-def _start_process(kubeconfig: str, config_file: Path, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "batchsched", "run", "--kubeconfig", kubeconfig, "--config", str(config_file)],
-        stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "BATCHSCHED_LOG_LEVEL": "INFO"},
-    )
 
 
 async def _metric(port: int, name: str) -> float:
@@ -177,7 +187,7 @@ async def test_killed_mid_run_and_restarted_binds_nothing_twice(sandbox, kube: K
         "binder": {"concurrency": 4},
     }))
     log = tmp_path / "batchsched.log"
-    first = _start_process(sandbox.kubeconfig, cfg, log)
+    first = start_process(sandbox.kubeconfig, cfg, log)
     try:
         async def some_bound() -> bool:
             pods = await list_pods(kube, namespace)
@@ -190,7 +200,7 @@ async def test_killed_mid_run_and_restarted_binds_nothing_twice(sandbox, kube: K
     pods = await list_pods(kube, namespace)
     bound_at_kill = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
     assert 0 < len(bound_at_kill) < 300, "the kill should land mid-run"
-    second = _start_process(sandbox.kubeconfig, cfg, log)
+    second = start_process(sandbox.kubeconfig, cfg, log)
     try:
         async def all_bound() -> bool:
             pods = await list_pods(kube, namespace)
@@ -215,7 +225,6 @@ async def test_second_replica_waits_for_the_lease_and_takes_over(sandbox, kube: 
     await make_nodes(count=2, gpus=8)
     async with running_scheduler(sandbox.kubeconfig, namespace) as first:
         from batchsched.app import Scheduler
-        from tests.integration.helpers import config
 
         client = await KubeClient.connect(sandbox.kubeconfig)
         second = Scheduler(client, config(namespace))

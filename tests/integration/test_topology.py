@@ -10,15 +10,18 @@ import pytest
 from batchsched.kube.client import KubeClient
 from batchsched.sandbox.nodes import RACK_LABEL, SANDBOX_LABEL
 from tests.integration.helpers import (
+    XK8S,
     assert_no_overcommit,
+    bound,
+    condition,
     create_pods,
     events_for,
+    get_group,
     list_pods,
     pod_body,
     running_scheduler,
     wait_for,
 )
-from tests.integration.test_gangs import XK8S, bound, condition, get_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
