@@ -25,13 +25,16 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from batchsched.config import Config, ConfigError, load_config
+from batchsched.core import explain
 from batchsched.core.decisions import Decisions
 from batchsched.core.disruption import parse_pdb
-from batchsched.core.gangs import VOLCANO, XK8S, parse_podgroup
-from batchsched.core.model import PodUID, parse_node, parse_pod
+from batchsched.core.gangs import VOLCANO, XK8S, PodGroup, parse_podgroup
+from batchsched.core.model import Pod, PodUID, parse_node, parse_pod
 from batchsched.core.placement import kernels
 from batchsched.core.plan import Binding, Eviction, ObjectRef
 from batchsched.core.session import Session
@@ -53,6 +56,17 @@ PODGROUP_PATHS = {
     XK8S: "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
     VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
 }
+
+
+class SchedulerFailed(RuntimeError):
+    """The replica stopped on an unexpected error (it was reported and the lease released)."""
+
+
+def _named(obj: dict[str, Any]) -> dict[str, Any]:
+    """An object the session reads itself (Queues, Namespaces): only its name is checked."""
+    if not isinstance(obj.get("metadata"), dict) or not isinstance(obj["metadata"].get("name"), str):
+        raise ValueError("it has no metadata.name")
+    return obj
 
 
 class Scheduler:
@@ -86,41 +100,85 @@ class Scheduler:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.elector: LeaderElector | None = None
+        self._failure: BaseException | None = None
+        #: uid -> the error last told about an object that could not be read
+        self._told_unreadable: dict[str, str] = {}
         s = self.session
-
-        def watch(path: str, name: str, listed: Any, event: Any) -> Reflector:
-            def on_list(items: list[dict[str, Any]]) -> None:
-                listed(items)
-                self._poke()
-
-            def on_event(kind: str, obj: dict[str, Any]) -> None:
-                self.metrics.watch_events.labels(name).inc()
-                event(kind, obj)
-                self._poke()
-
-            return Reflector(client, path, on_list=on_list, on_event=on_event, name=name)
-
         self.reflectors = [
-            watch("/api/v1/nodes", "nodes", lambda items: s.on_nodes_listed(parse_node(o) for o in items),
-                  lambda kind, obj: s.on_node(kind, parse_node(obj))),
-            watch("/api/v1/pods", "pods", lambda items: s.on_pods_listed([parse_pod(o) for o in items]),
-                  self._pod_event),
-            watch("/apis/scheduling.k8s.io/v1/priorityclasses", "priorityclasses",
-                  lambda items: s.on_priority_classes_listed(
-                      {str(o["metadata"]["name"]): int(o.get("value") or 0) for o in items}),
-                  lambda kind, obj: s.on_priority_class(kind, str(obj["metadata"]["name"]), int(obj.get("value") or 0))),
-            watch(QUEUES_PATH, "queues", self._queues_listed, self._queue_event),
-            watch("/api/v1/namespaces", "namespaces", s.on_namespaces_listed, s.on_namespace),
-            watch("/apis/policy/v1/poddisruptionbudgets", "poddisruptionbudgets",
-                  lambda items: s.on_budgets_listed(parse_pdb(o) for o in items),
-                  lambda kind, obj: s.on_budget(kind, parse_pdb(obj))),
+            self._feed("/api/v1/nodes", "nodes", "Node", parse_node, s.on_nodes_listed, s.on_node),
+            self._feed("/api/v1/pods", "pods", "Pod", parse_pod, s.on_pods_listed, self._pod_event),
+            self._feed("/apis/scheduling.k8s.io/v1/priorityclasses", "priorityclasses", "PriorityClass",
+                       lambda o: (str(o["metadata"]["name"]), int(o.get("value") or 0)),
+                       lambda items: s.on_priority_classes_listed(dict(items)),
+                       lambda kind, pc: s.on_priority_class(kind, *pc)),
+            self._feed(QUEUES_PATH, "queues", "Queue", _named, self._queues_listed, self._queue_event),
+            self._feed("/api/v1/namespaces", "namespaces", "Namespace", _named,
+                       s.on_namespaces_listed, s.on_namespace),
+            self._feed("/apis/policy/v1/poddisruptionbudgets", "poddisruptionbudgets", "PodDisruptionBudget",
+                       parse_pdb, s.on_budgets_listed, s.on_budget),
         ]
         for api, path in PODGROUP_PATHS.items():
-            self.reflectors.append(watch(
-                path, f"podgroups.{api}",
-                lambda items, api=api: self._groups_listed(api, items),
-                lambda kind, obj, api=api: self._group_event(api, kind, obj),
+            self.reflectors.append(self._feed(
+                path, f"podgroups.{api}", "PodGroup", partial(parse_podgroup, api),
+                partial(self._groups_listed, api), self._group_event,
             ))
+
+    def _feed(
+        self, path: str, name: str, kind: str, parse: Callable[[dict[str, Any]], Any],
+        listed: Callable[[list[Any]], Any], event: Callable[[str, Any], Any],
+    ) -> Reflector:
+        """A watch whose objects are parsed one by one (an object that cannot be read is
+        reported and skipped) and handed to the session (an error there stops the replica:
+        its books may be half-updated)."""
+
+        def parsed(obj: dict[str, Any]) -> Any:
+            try:
+                return parse(obj)
+            except Exception as exc:  # one bad object must not stop the watch
+                self._unreadable(kind, obj, exc)
+                return None
+
+        def on_list(items: list[dict[str, Any]]) -> None:
+            values = [v for v in map(parsed, items) if v is not None]
+            self._guard(listed, values)
+
+        def on_event(etype: str, obj: dict[str, Any]) -> None:
+            self.metrics.watch_events.labels(name).inc()
+            value = parsed(obj)
+            if value is not None:
+                self._guard(event, etype, value)
+
+        return Reflector(self.client, path, on_list=on_list, on_event=on_event, name=name)
+
+    def _guard(self, intake: Callable[..., Any], *args: Any) -> None:
+        try:
+            intake(*args)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._poke()
+
+    def _unreadable(self, kind: str, obj: dict[str, Any], exc: Exception) -> None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+            log.warning("skipped a %s without a name: %s", kind, exc)
+            return
+        ref = ObjectRef.of(obj, kind=kind)
+        message = explain.unreadable_object(kind, str(exc))
+        if self._told_unreadable.get(ref.uid) == message:
+            return
+        self._told_unreadable[ref.uid] = message
+        log.warning("%s %s/%s: %s", kind, ref.namespace, ref.name, message)
+        self.status.event(ref, type="Warning", reason="Unreadable", message=message)
+
+    def _fail(self, exc: BaseException) -> None:
+        """An unexpected error: never keep a replica that looks alive and schedules
+        nothing. Stop (not ready, the lease released) and exit non-zero."""
+        log.critical("stopping: %s", exc, exc_info=exc)
+        if self._failure is None:
+            self._failure = exc
+        self.ready = False
+        self.stop()
 
     @property
     def cycles(self) -> int:
@@ -132,18 +190,17 @@ class Scheduler:
 
     # -- watch intake that also keeps the writers' books ------------------------------------------
 
-    def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
-        pod = parse_pod(obj)
+    def _pod_event(self, kind: str, pod: Pod) -> None:
         self.session.on_pod(kind, pod)
         if kind == "DELETED":
             self.status.forget(pod.uid)
+            self._told_unreadable.pop(pod.uid, None)
 
-    def _groups_listed(self, api: str, items: list[dict[str, Any]]) -> None:
-        for key in self.session.on_groups_listed(api, [parse_podgroup(api, o) for o in items]):
+    def _groups_listed(self, api: str, groups: list[PodGroup]) -> None:
+        for key in self.session.on_groups_listed(api, groups):
             self.group_status.forget(key)
 
-    def _group_event(self, api: str, kind: str, obj: dict[str, Any]) -> None:
-        group = parse_podgroup(api, obj)
+    def _group_event(self, kind: str, group: PodGroup) -> None:
         self.session.on_podgroup(kind, group)
         if kind == "DELETED":
             self.group_status.forget(group.key)
@@ -161,16 +218,15 @@ class Scheduler:
 
     def _bind_result(self, b: Binding, outcome: str, err: KubeError | None) -> None:
         self.metrics.binds.labels(outcome).inc()
-        self._apply(self.session.on_bind_result(b, outcome, now=time.time()))
-        self._poke()
+        self._guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time())))
 
     def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
         if e.preemptor and outcome == "evicted":
             self.metrics.attempts.labels("preempted").inc()
         if e.preemptor and outcome in ("blocked", "failed"):
             log.info("preemption for %s: eviction of %s/%s %s: %s", e.preemptor, e.namespace, e.name, outcome, err)
-        self._apply(self.session.on_evict_result(e, outcome, error=str(err) if err is not None else ""))
-        self._poke()
+        error = str(err) if err is not None else ""
+        self._guard(lambda: self._apply(self.session.on_evict_result(e, outcome, error=error)))
 
     def _resync(self, ref: ObjectRef) -> None:
         """Read a pod again (a conflict, a binding never confirmed) and feed what is there."""
@@ -193,8 +249,12 @@ class Scheduler:
                 old = state.pods.get(uid)
                 if old is not None:
                     self.session.on_pod("DELETED", old)
-            self._pod_event("MODIFIED", obj)
-            self._poke()
+            try:
+                pod = parse_pod(obj)
+            except Exception as exc:
+                self._unreadable("Pod", obj, exc)
+                return
+            self._guard(self._pod_event, "MODIFIED", pod)
 
         self._tasks.append(asyncio.get_running_loop().create_task(fetch()))
 
@@ -306,13 +366,15 @@ class Scheduler:
             loop_task = loop.create_task(self._loop(), name="cycle")
             stopping = loop.create_task(self._stopping.wait(), name="stopping")
             tasks.append(stopping)
-            await asyncio.wait({loop_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if loop_task.done() and loop_task.exception() is not None:
-                # a broken invariant or an unexpected error: never keep a replica that
-                # looks alive and schedules nothing; stop, release the lease, exit non-zero
-                self.ready = False
-                log.critical("the scheduling loop failed; stopping", exc_info=loop_task.exception())
-            await loop_task
+            # every task runs until the replica stops; one that ends before (the loop on a
+            # broken invariant, a watch, a writer) stops it as a failure
+            done, _ = await asyncio.wait({loop_task, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            if not self._stopping.is_set():
+                ended = next(iter(done))
+                error = None if ended.cancelled() else ended.exception()
+                self._fail(error or RuntimeError(f"task {ended.get_name()} ended"))
+            with contextlib.suppress(Exception):
+                await loop_task
         finally:
             self.ready = False
             self.leading.clear()
@@ -331,6 +393,8 @@ class Scheduler:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
             await runner.cleanup()
+        if self._failure is not None:
+            raise SchedulerFailed(str(self._failure)) from self._failure
 
 
 async def serve(kubeconfig: str | None, config: Config) -> None:
@@ -359,7 +423,7 @@ def run_from_cli(*, kubeconfig: str | None, config_path: str | None) -> int:
         asyncio.run(serve(kubeconfig, config))
     except KeyboardInterrupt:
         return 130
-    except (KubeError, OSError) as exc:
+    except (KubeError, OSError, SchedulerFailed) as exc:
         print(f"batchsched: error: {exc}", file=__import__("sys").stderr)
         return 1
     return 0

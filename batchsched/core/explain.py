@@ -130,6 +130,38 @@ def nomination_expired(nodes: Iterable[str], timeout: float) -> str:
     )
 
 
+# -- reservations ------------------------------------------------------------------------------
+
+
+def about(seconds: float) -> str:
+    """A duration as people say it: ``40s``, ``12m``, ``2.5h``."""
+    if seconds < 90:
+        return f"{max(1, round(seconds) if seconds < 10 else 10 * round(seconds / 10))}s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)}m"
+    return f"{seconds / 3600:.1f}".rstrip("0").rstrip(".") + "h"
+
+
+def reserved(nodes: Iterable[str], start_in: float | None, ending: int) -> str:
+    """A unit that holds a reservation; ``start_in`` None when no running work on those
+    nodes declares when it ends."""
+    held = f"holds a reservation on node(s) {_nodes(nodes)}"
+    if start_in is None:
+        return f"{held}; start time unknown (running work on those nodes declares no end)"
+    return f"{held}; expected to start in about {about(start_in)} (when {ending} running pod(s) end)"
+
+
+def behind_reservation(message: str, holder: str, nodes: Iterable[str]) -> str:
+    return f"{message}; capacity on node(s) {_nodes(nodes)} is reserved for {holder}, which waits longer"
+
+
+def reservation_dropped(message: str, held: float) -> str:
+    return (
+        f"{message}; it held a reservation for more than {about(held)}, which was dropped for as "
+        f"long again"
+    )
+
+
 # -- gangs -------------------------------------------------------------------------------------
 
 
@@ -154,6 +186,18 @@ def member_evicted(member: str, node: str, why: str) -> str:
 
 def member_eviction_failed(member: str, error: str) -> str:
     return f"could not evict member {member} (will retry): {error}"
+
+
+def unreadable_allocatable(node: str, why: Mapping[str, str]) -> str:
+    reasons = "; ".join(why[name] for name in sorted(why))
+    return (
+        f"node {node}: {', '.join(sorted(why))} treated as unusable, its allocatable cannot be "
+        f"read: {reasons}"
+    )
+
+
+def unreadable_object(kind: str, why: str) -> str:
+    return f"batchsched cannot read this {kind} and ignores it until it changes: {why}"
 
 
 def invalid_group(group: str, why: str) -> str:

@@ -81,6 +81,8 @@ class Pod:
     nominated_node: str = ""
     #: ``status.startTime`` (Unix seconds), 0 while the pod has not started
     started: float = 0.0
+    #: ``spec.activeDeadlineSeconds``, 0 when not set
+    active_deadline: float = 0.0
 
     @property
     def key(self) -> str:
@@ -96,12 +98,14 @@ class Pod:
         return bool(self.node_name) and not self.terminal
 
     def constraint_key(self) -> tuple[Any, ...]:
-        """Everything that decides which nodes a pod may use, apart from free capacity."""
+        """Everything that decides which nodes a pod may use, apart from free capacity.
+        An invalid pod shares its key with no other pod (it is reported on its own)."""
         return (
             tuple(sorted(self.node_selector.items())),
             self.required_terms,
             self.preferred_terms,
             self.tolerations,
+            self.uid if self.invalid else "",
         )
 
 
@@ -116,6 +120,8 @@ class Node:
     ready: bool = True
     deleting: bool = False
     resource_version: str = ""
+    #: allocatable resources that could not be read, with why: treated as absent (unusable)
+    unreadable: Mapping[str, str] = field(default_factory=dict)
 
 
 # -- parsing ------------------------------------------------------------------------------
@@ -262,6 +268,7 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         invalid=invalid,
         nominated_node=str(status.get("nominatedNodeName") or ""),
         started=parse_time(status.get("startTime")),
+        active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
     )
 
 
@@ -270,11 +277,12 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     allocatable: dict[str, int] = {}
+    unreadable: dict[str, str] = {}
     for name, value in (status.get("allocatable") or {}).items():
         try:
             allocatable[name] = to_units(name, value)
-        except QuantityError:
-            continue
+        except QuantityError as exc:
+            unreadable[str(name)] = str(exc)
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (status.get("conditions") or [])
@@ -293,4 +301,5 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
         ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
         resource_version=str(meta.get("resourceVersion", "")),
+        unreadable=unreadable,
     )

@@ -33,6 +33,12 @@ _RE = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(n|u|m|k|M|G|T|P|E|Ki|Mi|G
 
 MILLI_RESOURCES = frozenset({"cpu"})
 
+#: the largest amount the scheduler counts, in its units (about 10^15: a pebibyte of
+#: memory, 10^12 CPUs): every request, allocatable and quota is below it, so sums over
+#: thousands of pods or nodes stay far inside the int64 arrays. Anything at or above it
+#: is refused where it is parsed, as an unreadable quantity.
+MAX_UNITS = 2**50
+
 
 class QuantityError(ValueError):
     """A quantity string that Kubernetes would not accept."""
@@ -62,6 +68,11 @@ def to_units(resource: str, value: str | int | float) -> int:
     q = parse_quantity(value)
     if resource in MILLI_RESOURCES:
         q = q * 1000
+    if not q.is_finite() or abs(q) >= MAX_UNITS:
+        raise QuantityError(
+            f"quantity {value!r} of {resource} is beyond what batchsched counts "
+            f"(at most {format_units(resource, MAX_UNITS - 1)})"
+        )
     return math.ceil(q)
 
 

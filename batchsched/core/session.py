@@ -75,6 +75,7 @@ from batchsched.core.plan import (
 )
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
 from batchsched.core.requeue import RetryGate
+from batchsched.core.reservation import RESERVED, ReservationSettings
 
 __all__ = ["Session", "SessionSettings"]
 
@@ -112,6 +113,7 @@ class SessionSettings:
     queue_status_interval: float = 5.0
     #: write a ``Scheduled`` Event for each bound pod
     scheduled_events: bool = True
+    reservation: ReservationSettings = field(default_factory=ReservationSettings)
 
 
 def _spec(group: PodGroup) -> tuple[Any, ...]:
@@ -129,7 +131,7 @@ class Session:
     def __init__(self, settings: SessionSettings | None = None, *, use_jit: bool = True) -> None:
         s = self.settings = settings or SessionSettings()
         self.state = ClusterState(s.scheduler_names)
-        self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit)
+        self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation)
         self.groups = GroupBook(
             default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,
             max_backoff=s.gang_max_backoff, levels=s.levels,
@@ -158,14 +160,40 @@ class Session:
         self._last_gang_check = -1e18
         self._last_queue_status = -1e18
         self._last_full_check = -1e18
+        #: Events decided on intake, written with the next step's decisions
+        self._notes: list[EventNote] = []
+        #: node -> its unreadable allocatable last told
+        self._unreadable_told: dict[str, dict[str, str]] = {}
 
     # -- event intake ------------------------------------------------------------------------
 
     def on_nodes_listed(self, nodes: Iterable[Node]) -> None:
+        nodes = list(nodes)
         self.state.replace_nodes(nodes)
+        for node in nodes:
+            self._tell_unreadable(node)
         self.wants_step = True
 
+    def _tell_unreadable(self, node: Node) -> None:
+        """A node whose allocatable cannot be read is told once per change: those
+        resources are treated as absent (unusable), the rest of the node is used."""
+        told = self._unreadable_told.get(node.name)
+        if not node.unreadable:
+            self._unreadable_told.pop(node.name, None)
+            return
+        if told == node.unreadable:
+            return
+        self._unreadable_told[node.name] = dict(node.unreadable)
+        ref = ObjectRef(kind="Node", api_version="v1", namespace="", name=node.name, uid=node.uid)
+        self._notes.append(EventNote(ref, "Warning", "UnreadableAllocatable", explain.unreadable_allocatable(
+            node.name, node.unreadable,
+        )))
+
     def on_node(self, kind: str, node: Node) -> None:
+        if kind == "DELETED":
+            self._unreadable_told.pop(node.name, None)
+        else:
+            self._tell_unreadable(node)
         before = self.state.capacity_generation
         self.state.node_event(kind, node)
         if self.state.capacity_generation != before:
@@ -353,6 +381,8 @@ class Session:
         """Everything due at ``now``: one cycle and the writes that follow it."""
         self.wants_step = False
         out = Decisions()
+        out.events.extend(self._notes)
+        self._notes.clear()
         self._check_assumed(now, out)
         self._check_gangs(now, out)
         self._run_cycle(now, out)
@@ -432,7 +462,7 @@ class Session:
             for ref in self._preemptor_refs.get(n.unit, []):
                 out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
         queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
-        plan = self.cycle.run(snap, units, queues=queues)
+        plan = self.cycle.run(snap, units, queues=queues, state=self.state)
         self.queues.settle(plan, queues.queue_of)
         self.cycles += 1
         out.plan = plan
@@ -448,10 +478,11 @@ class Session:
             unit = gangs.get(u.unit)
             message = u.message
             if unit is None:
-                self._pod_retry.failed(u.pod.uid, gen, now)
+                if u.reason != RESERVED:  # a reservation is recomputed in every cycle
+                    self._pod_retry.failed(u.pod.uid, gen, now)
             elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
                 continue  # members and PodGroups usually arrive together: do not report yet
-            elif message == plan.failed_units.get(unit.key):
+            elif message == plan.failed_units.get(unit.key) or u.reason == RESERVED:
                 message = self._gang_pod_message(unit.key, message, now)
             out.unschedulable.append(PodCondition(pod_ref(u.pod), u.reason, message))
         self._preempt(plan, out)
@@ -525,9 +556,9 @@ class Session:
                 # it preempted others (or waits for them to go): retried in the next cycles
                 self._unit_message[key] = ("WaitingForPreemption", result.message)
                 self._group_retry.clear(key)
-            elif result.failed:
+            elif result.failed or result.reason == RESERVED:
                 self._unit_message[key] = (result.reason, result.message)
-                if not unit.blocked and key not in plan.deferred:
+                if result.failed and not unit.blocked and key not in plan.deferred:
                     self._group_retry.failed(key, gen, now)
 
     def _placed_where(self, unit: Unit, where: str) -> str:

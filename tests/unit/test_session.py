@@ -176,9 +176,10 @@ def test_a_nomination_expires_when_its_victims_never_leave() -> None:
         "gave up the capacity held for it on node(s) n0 after 60 s; it is tried again as usual"
     ]
     assert [e.ref.name for e in d.events if e.reason == "NominationExpired"] == ["urgent"]
-    # the terminating victim may not be preempted twice: the preemptor now simply waits
+    # the terminating victim may not be preempted twice: the preemptor now simply waits,
+    # holding a reservation on the victim's node (batchsched.core.reservation)
     assert d.evictions == [] and d.binds == []
-    assert d.plan is not None and d.plan.results["default/urgent"].failed
+    assert d.plan is not None and d.plan.results["default/urgent"].reason == "Reserved"
 
 
 def test_a_unit_that_did_not_fit_is_not_retried_until_something_changes() -> None:
@@ -282,3 +283,38 @@ def test_the_full_usage_check_runs_on_its_interval() -> None:
     s.step(c.now + 1.0)  # the cheap books still hold
     with pytest.raises(StateError, match="usage bookkeeping is off on nodes \\['n0'\\]"):
         s.step(c.now + 61.0)
+
+
+def test_an_invalid_pod_among_alike_pods_is_told_why() -> None:
+    s = Session()
+    c = Cluster(s)
+    c.node("n0", 8)
+    ok = [c.pod(gpu_pod(f"ok{i}", 1)) for i in range(3)]
+    bad = make_pod("bad").req(cpu="1", **{GPU: "1e30"}).created(T0 - 60).obj()
+    c.pod(bad)
+    d = c.step()
+    assert sorted(b.uid for b in d.binds) == sorted(ok)
+    [cond] = d.unschedulable
+    assert cond.ref.name == "bad"
+    assert cond.message == (
+        "pod default/bad cannot be scheduled: unreadable resource request: quantity '1e30' of "
+        "nvidia.com/gpu is beyond what batchsched counts (at most 1125899906842623)"
+    )
+    assert d.plan is not None and d.plan.results["default/bad"].status is UnitStatus.UNRESOLVABLE
+
+
+def test_a_node_whose_allocatable_cannot_be_read_is_told_once() -> None:
+    s = Session()
+    odd = make_node("odd").cap(cpu="8", memory="64Gi", **{GPU: "8", "example.com/widget": "1e30"}).obj()
+    s.on_node("ADDED", parse_node(odd))
+    s.on_node("MODIFIED", parse_node(odd))
+    d = s.step(T0)
+    [ev] = [e for e in d.events if e.reason == "UnreadableAllocatable"]
+    assert (ev.ref.kind, ev.ref.name, ev.type) == ("Node", "odd", "Warning")
+    assert ev.message == (
+        "node odd: example.com/widget treated as unusable, its allocatable cannot be read: quantity "
+        "'1e30' of example.com/widget is beyond what batchsched counts (at most 1125899906842623)"
+    )
+    s.on_node("MODIFIED", parse_node(odd))
+    assert [e for e in s.step(T0 + 1).events if e.reason == "UnreadableAllocatable"] == []
+    assert s.state.nodes["odd"].allocatable[GPU] == 8
