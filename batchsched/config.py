@@ -19,6 +19,7 @@ import yaml
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
 from batchsched.core.queues import QueueSettings
+from batchsched.core.reservation import ReservationSettings
 from batchsched.core.session import SessionSettings
 
 
@@ -110,6 +111,17 @@ class PreemptionSection:
 
 
 @dataclass(slots=True, frozen=True)
+class ReservationSection:
+    #: the head of a queue that does not fit holds the nodes where it will fit soonest;
+    #: later work may use them only if it cannot delay it (see batchsched.core.reservation)
+    enabled: bool = True
+    #: units per queue (unqueued work counts as one queue) that may hold a reservation
+    per_queue: int = 1
+    #: a unit holding a reservation longer than this loses it for as long again
+    max_hold_seconds: float = 3600.0
+
+
+@dataclass(slots=True, frozen=True)
 class TopologySection:
     #: node label keys of the topology levels, narrowest first; gangs name a level by the
     #: key's last segment (``batchsched.io/topology: rack``)
@@ -127,6 +139,7 @@ class Config:
     gang: GangSection = field(default_factory=GangSection)
     queues: QueuesSection = field(default_factory=QueuesSection)
     preemption: PreemptionSection = field(default_factory=PreemptionSection)
+    reservation: ReservationSection = field(default_factory=ReservationSection)
     topology: TopologySection = field(default_factory=TopologySection)
     metrics_address: str = "127.0.0.1:10351"
     identity: str = ""
@@ -168,6 +181,10 @@ class Config:
             gang_report_delay=gang.report_delay_seconds,
             queue_status_interval=self.queues.status_interval_seconds,
             scheduled_events=self.status.scheduled_events,
+            reservation=ReservationSettings(
+                enabled=self.reservation.enabled, per_queue=self.reservation.per_queue,
+                max_hold=self.reservation.max_hold_seconds,
+            ),
         )
 
 
@@ -280,6 +297,8 @@ def _validate(cfg: Config) -> None:
     positive(q.status_interval_seconds, "queues.statusIntervalSeconds")
     positive(cfg.preemption.nomination_timeout_seconds, "preemption.nominationTimeoutSeconds")
     positive(cfg.preemption.max_searches_per_cycle, "preemption.maxSearchesPerCycle")
+    positive(cfg.reservation.per_queue, "reservation.perQueue")
+    positive(cfg.reservation.max_hold_seconds, "reservation.maxHoldSeconds")
     host, _, port = cfg.metrics_address.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")

@@ -29,7 +29,8 @@ The algorithm, in order:
 4. A unit whose quorum does not fit (by quota or on the nodes) may preempt:
    :mod:`batchsched.core.preemption.attempt` searches for victims it may evict and, when it
    finds them, records a :class:`Nomination`; the unit is bound in a later cycle, once its
-   victims are gone.
+   victims are gone. Else the head of its queue holds a reservation, which later units may
+   use only if they cannot delay it (:mod:`batchsched.core.reservation`).
 5. Each placed member becomes a :class:`Binding`; each pod that could not be placed
    becomes an :class:`Unschedulable` with a message a person can act on.
 
@@ -51,7 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core import explain
-from batchsched.core.mirror import Snapshot
+from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
 from batchsched.core.placement.layout import (
@@ -84,6 +85,7 @@ from batchsched.core.plan import (
 )
 from batchsched.core.preemption import CyclePreemption, Held, Terminating, held_nominations
 from batchsched.core.queues import FairOrder, QueueInput, QueueName, QueueProblem, QueueTree
+from batchsched.core.reservation import Reservations, ReservationSettings
 
 IntArray = npt.NDArray[np.int64]
 Kernel = Callable[..., int]
@@ -92,11 +94,13 @@ Kernel = Callable[..., int]
 class Cycle:
     """Holds what survives between cycles (node filter, scoring arrays, topology domains)
     and runs one. ``levels``: the topology levels gangs may ask for (the default ones when
-    None)."""
+    None); ``reservation``: see :mod:`batchsched.core.reservation`."""
 
     def __init__(
-        self, scoring: ScoringConfig, *, use_jit: bool = True, levels: TopologyLevels | None = None
+        self, scoring: ScoringConfig, *, use_jit: bool = True, levels: TopologyLevels | None = None,
+        reservation: ReservationSettings | None = None,
     ) -> None:
+        self.reservations = Reservations(reservation)
         scoring.validate()
         self.scoring = scoring
         self.levels = levels if levels is not None else TopologyLevels()
@@ -128,8 +132,8 @@ class Cycle:
             self._arrays_columns = columns
         return self._arrays
 
-    def run(self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None) -> Plan:
-        return _Walk(self, snap, units, queues).run()
+    def run(self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None, state: ClusterState | None = None) -> Plan:
+        return _Walk(self, snap, units, queues, state).run()
 
     def account(self, snap: Snapshot, queues: QueueInput) -> QueueTree:
         """Charge running work and the nominations to ``queues.tree`` and record the usage
@@ -141,7 +145,8 @@ class Cycle:
 class _Walk:
     """The state of one cycle: the working copy of usage and the charged queue tree."""
 
-    def __init__(self, cycle: Cycle, snap: Snapshot, units: Sequence[Unit], queues: QueueInput | None) -> None:
+    def __init__(self, cycle: Cycle, snap: Snapshot, units: Sequence[Unit], queues: QueueInput | None,
+                 state: ClusterState | None = None) -> None:
         self.t0 = time.perf_counter()
         self.cycle = cycle
         self.snap = snap
@@ -170,6 +175,7 @@ class _Walk:
         self.gone = Terminating(self.used, snap.alloc)
         self.held: dict[str, Held] = {}
         self.preemption = CyclePreemption(self)
+        self.reserve = cycle.reservations.begin(self, state)
 
     # -- setup: running work, nominations, history -----------------------------------------
 
@@ -331,7 +337,7 @@ class _Walk:
             place=self.cycle._place, columns=self.snap.columns,
         )
 
-    def _fail(
+    def fail(
         self, unit: Unit, message: str, *, reason: str = "",
         status: UnitStatus = UnitStatus.UNSCHEDULABLE,
     ) -> None:
@@ -381,7 +387,7 @@ class _Walk:
                 continue
             q = None if u.blocked else qi.queue_of.get(u.key)
             if isinstance(q, QueueProblem):
-                self._fail(u, q.message, reason=q.reason, status=UnitStatus.UNRESOLVABLE)
+                self.fail(u, q.message, reason=q.reason, status=UnitStatus.UNRESOLVABLE)
                 continue
             by_queue.setdefault(q, []).append(u)
         order: FairOrder[Unit] = FairOrder(
@@ -392,14 +398,15 @@ class _Walk:
         for q, unit in order:
             plan.tried.append(unit.key)
             if unit.blocked:
-                self._fail(unit, unit.blocked, reason=unit.blocked_reason, status=blocked_status(unit))
+                self.fail(unit, unit.blocked, reason=unit.blocked_reason, status=blocked_status(unit))
                 order.skipped(unit)
             elif unit.single and q is None and unit.topology_level is None:
-                more = order.more(_alike(unit.pods[0].constraint_key()))
+                more = order.more(self.reserve.alike(unit))
                 plan.tried.extend(u.key for u in more)
                 self._singles(order, [unit, *more])
             else:
                 self._unit(order, q, unit)
+        self.reserve.finish()
         plan.timings["kernel"] = self.kernel_time
         plan.timings["preempt"] = self.preemption.time
         plan.searches = self.preemption.searches
@@ -492,13 +499,14 @@ class _Walk:
         pods = [u.pods[0] for u in batch]
         if len(pods) == 1 and pods[0].invalid:
             message = explain.invalid_pod(pods[0].key, pods[0].invalid)
-            self._fail(batch[0], message, status=UnitStatus.UNRESOLVABLE)
+            self.fail(batch[0], message, status=UnitStatus.UNRESOLVABLE)
             order.skipped(batch[0])
             return
         lay = self.layout(pods, batch[0].key if len(batch) == 1 else None)
         out = np.full(len(pods), -1, dtype=np.int64)
         if lay.reqs is not None:
-            self._kernel(lay.reqs, lay, lay.sig, 0, out)
+            with self.reserve.lifted(batch[0]):
+                self._kernel(lay.reqs, lay, lay.sig, 0, out)
         for m, (u, pod) in enumerate(zip(batch, pods, strict=True)):
             if out[m] >= 0:
                 assert lay.reqs is not None
@@ -515,7 +523,7 @@ class _Walk:
                     order.admitted(u)
                     continue
                 message = explain.with_preemption(message, why)
-            self._fail(u, message)
+            self.reserve.fail(None, u, lay if all_reqs is None else lay.member(m), 1, message)
             order.skipped(u)
 
     def _unit(self, order: FairOrder[Unit], q: QueueName | None, unit: Unit) -> None:
@@ -525,7 +533,7 @@ class _Walk:
         core = pods[:mc] if not unit.single else pods
         invalid = next((p for p in core if p.invalid), None)
         if invalid is not None:
-            self._fail(unit, explain.invalid_pod(invalid.key, invalid.invalid), status=UnitStatus.UNRESOLVABLE)
+            self.fail(unit, explain.invalid_pod(invalid.key, invalid.invalid), status=UnitStatus.UNRESOLVABLE)
             order.skipped(unit)
             return
         lay = self.unit_layout(unit)
@@ -539,7 +547,8 @@ class _Walk:
         out = np.full(len(pods), -1, dtype=np.int64)
         placed, where = 0, ""
         if reqs is not None and k > 0:
-            placed, where = self.place(unit, lay, k, mc, out)
+            with self.reserve.lifted(unit):
+                placed, where = self.place(unit, lay, k, mc, out)
         if placed:
             self.admitted(q, unit, lay, out, k, where)
             order.admitted(unit)
@@ -578,7 +587,7 @@ class _Walk:
             if preempted:
                 order.admitted(unit)
                 return
-        self._fail(unit, explain.with_preemption(reason, why))
+        self.reserve.fail(q, unit, lay, k, explain.with_preemption(reason, why))
         order.skipped(unit)
 
     def _explain_member(self, pod: Pod, lay: Layout, m: int) -> str:
@@ -591,9 +600,3 @@ class _Walk:
         detail = self.explain(pod, req, mask, self.used)
         return explain.stays_in_domain(lay.domain, detail)
 
-
-def _alike(ckey: tuple[Any, ...]) -> Callable[[Unit], bool]:
-    """Units that may join a run of single pods with these constraints."""
-    return lambda u: (
-        u.single and not u.blocked and u.topology_level is None and u.pods[0].constraint_key() == ckey
-    )

@@ -152,12 +152,12 @@ def reserved(nodes: Iterable[str], start_in: float | None, ending: int) -> str:
 
 
 def behind_reservation(message: str, holder: str, nodes: Iterable[str]) -> str:
-    return f"{message}; capacity on node(s) {_nodes(nodes)} is reserved for {holder}, which waits longer"
+    return f"{message.rstrip('.')}; capacity on node(s) {_nodes(nodes)} is reserved for {holder}, which waits longer"
 
 
 def reservation_dropped(message: str, held: float) -> str:
     return (
-        f"{message}; it held a reservation for more than {about(held)}, which was dropped for as "
+        f"{message.rstrip('.')}; it held a reservation for more than {about(held)}, which was dropped for as "
         f"long again"
     )
 

@@ -1,0 +1,460 @@
+"""Reservations: the head of a queue that does not fit holds the nodes where it fits soonest.
+
+Without them a large gang waits forever behind a stream of small work: every GPU that frees
+is taken by a small pod that came later. The rule, recomputed from the snapshot in every
+cycle (nothing is remembered between cycles but the age limit below):
+
+1. **Who holds one.** Walking the fair order, the first unit of each queue (unqueued work
+   counts as one queue) whose quorum quota admits but the nodes do not hold, and that could
+   not preempt, gets a reservation; up to ``per_queue`` units per queue. A unit that has held
+   one for ``max_hold`` seconds loses it for as long again (its queue's reservation passes
+   to the next unit that does not fit), then may hold one anew.
+2. **Which nodes, and when.** Every pod charged to a node has an *expected end*: its
+   ``status.startTime`` (or now, when it has not started) plus the shorter of its
+   ``spec.activeDeadlineSeconds`` and its declared runtime (annotation
+   :data:`RUNTIME_ANNOTATION`: a Go duration such as ``30m``, or seconds); a pod being
+   deleted ends now; an end already past counts as now; a pod that declares neither never
+   ends. The reservation's start is the earliest such end at which the quorum fits once
+   every pod ending by then is gone, and its nodes are where the placement kernel (with
+   the unit's topology) puts the quorum then. When no finite time works, the nodes are
+   ranked by the work with no declared end they hold (its dominant share of the node, least
+   first), and the reservation takes the fewest of them, in that order, whose freeing lets
+   the quorum fit (every pod with a declared end freed too); its start is unknown. A unit
+   that fits nowhere even on an idle cluster gets none.
+3. **What later units may take.** On each reserved node the reservation *holds* what its
+   quorum needs there beyond what the pods ending by its start free: a later unit in the
+   same cycle may use that held capacity only if it cannot delay the reservation, that is
+   if it is known to end before the start (every member declares a runtime and now plus it
+   is at or before a known start), or if it has a higher priority than the holder (it could
+   preempt the holder anyway). Anything else fits only in what the hold leaves. Reservations
+   made earlier in the cycle count as running with no end when a later one is computed.
+
+The holder is told it waits (``WAITING``, reason :data:`RESERVED`, the message says on which
+nodes and when it is expected to start); a unit held back by another's reservation is told
+on which nodes capacity is reserved and for whom.
+
+The walk is reached through the :class:`Walk` protocol: this module does not import the
+cycle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from batchsched.core import explain
+from batchsched.core.mirror import ClusterState, Snapshot
+from batchsched.core.model import Pod, PodUID
+from batchsched.core.placement.layout import Layout
+from batchsched.core.plan import Plan, Unit, UnitStatus
+from batchsched.core.queues import QueueInput, QueueName
+
+__all__ = [
+    "RESERVED",
+    "RUNTIME_ANNOTATION",
+    "CycleReservations",
+    "Reservation",
+    "ReservationSettings",
+    "Reservations",
+    "declared_runtime",
+    "expected_end",
+    "parse_duration",
+]
+
+IntArray = npt.NDArray[np.int64]
+
+#: the condition reason of a unit that holds a reservation
+RESERVED = "Reserved"
+#: how long a pod is expected to run, from its start: a Go duration (``1h30m``) or seconds
+RUNTIME_ANNOTATION = "batchsched.io/expected-runtime"
+NEVER = math.inf
+
+
+@dataclass(slots=True, frozen=True)
+class ReservationSettings:
+    """The ``reservation`` section of the config file."""
+
+    enabled: bool = True
+    #: units per queue (unqueued work counts as one queue) that may hold a reservation
+    per_queue: int = 1
+    #: seconds a unit may hold a reservation before it is dropped (for as long again)
+    max_hold: float = 3600.0
+
+
+# -- expected ends -------------------------------------------------------------------------
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of a Go duration (``90s``, ``1h30m``, ``1.5h``) or of a plain number of
+    seconds; None when it is neither or not positive."""
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        pos, value = 0, 0.0
+        for m in _GO_PART.finditer(text):
+            if m.start() != pos:
+                return None
+            value += float(m.group(1)) * _GO_UNITS[m.group(2)]
+            pos = m.end()
+        if pos == 0 or pos != len(text):
+            return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def declared_runtime(pod: Pod) -> float | None:
+    """The longest ``pod`` runs, in seconds from its start, as far as it says: the shorter of
+    ``activeDeadlineSeconds`` and :data:`RUNTIME_ANNOTATION`; None when it says neither."""
+    found = [d for d in (
+        pod.active_deadline or None,
+        parse_duration(pod.annotations.get(RUNTIME_ANNOTATION, "")),
+    ) if d]
+    return min(found) if found else None
+
+
+def expected_end(pod: Pod, now: float) -> float:
+    """When a running pod is expected to end (see the module docstring); :data:`NEVER`."""
+    if pod.deleting:
+        return now
+    run = declared_runtime(pod)
+    if run is None:
+        return NEVER
+    return max(now, (pod.started or now) + run)
+
+
+def unit_runtime(unit: Unit) -> float | None:
+    """How long ``unit`` runs once started, when every member declares it."""
+    longest = 0.0
+    for pod in unit.pods:
+        run = declared_runtime(pod)
+        if run is None:
+            return None
+        longest = max(longest, run)
+    return longest
+
+
+@dataclass(slots=True, frozen=True)
+class _Ends:
+    """The pods charged to the snapshot's nodes: node row, request, expected end."""
+
+    rows: npt.NDArray[np.intp]
+    reqs: IntArray
+    ends: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, state: ClusterState | None, snap: Snapshot, rows: Mapping[str, int], now: float) -> _Ends:
+        width = len(snap.columns)
+        r: list[int] = []
+        q: list[IntArray] = []
+        e: list[float] = []
+        for uid, (node, vec) in (state.charges.items() if state is not None else ()):
+            row = rows.get(node)
+            pod = state.pods.get(PodUID(uid)) if state is not None else None
+            if row is None or pod is None:
+                continue
+            if len(vec) != width:
+                vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
+            r.append(row)
+            q.append(vec)
+            e.append(expected_end(pod, now))
+        reqs = np.array(q, dtype=np.int64).reshape(len(q), width)
+        return cls(np.array(r, dtype=np.intp), reqs, np.array(e, dtype=np.float64))
+
+    def freed(self, which: npt.NDArray[np.bool_], nodes: int) -> IntArray:
+        """Per node, the requests of the pods ``which`` selects."""
+        out = np.zeros((nodes, self.reqs.shape[1]), dtype=np.int64)
+        np.add.at(out, self.rows[which], self.reqs[which])
+        return out
+
+
+# -- reservations --------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Reservation:
+    """Nodes held for a unit: ``rows`` (one per quorum member), the capacity ``hold`` on each
+    of ``hold_rows`` that later units may not take, and the expected ``start``."""
+
+    unit: str
+    display: str
+    queue: QueueName | None
+    priority: int
+    rows: tuple[int, ...]
+    nodes: tuple[str, ...]
+    start: float
+    ending: int
+    hold_rows: npt.NDArray[np.intp]
+    hold: IntArray
+    need: IntArray
+    """What the quorum takes on each of ``hold_rows``."""
+
+
+class Walk(Protocol):
+    """What reservations use of the cycle's walk."""
+
+    @property
+    def snap(self) -> Snapshot: ...
+    @property
+    def qi(self) -> QueueInput: ...
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def used(self) -> IntArray: ...
+    @property
+    def rows(self) -> Mapping[str, int]: ...
+
+    def place(self, unit: Unit, lay: Layout, k: int, mc: int, out: IntArray) -> tuple[int, str]:
+        """Place the first ``k`` members, the first ``mc`` all or none: (placed, where)."""
+        ...
+
+    def fail(self, unit: Unit, message: str, *, reason: str = "", status: UnitStatus = ...) -> None:
+        """Record ``unit``'s result and tell its pods."""
+        ...
+
+
+class Reservations:
+    """The reservation policy of a :class:`~batchsched.core.cycle.Cycle`; remembers between
+    cycles only since when each unit holds its reservation (for ``max_hold``)."""
+
+    def __init__(self, settings: ReservationSettings | None = None) -> None:
+        self.settings = settings or ReservationSettings()
+        #: unit key -> when it first held its current reservation
+        self.since: dict[str, float] = {}
+        #: unit key -> when its reservation was dropped for having been held too long
+        self.dropped: dict[str, float] = {}
+
+    def begin(self, walk: Walk, state: ClusterState | None) -> CycleReservations:
+        return CycleReservations(self, walk, state)
+
+
+@dataclass(slots=True)
+class CycleReservations:
+    """The reservations of one cycle, and the hooks the walk calls."""
+
+    policy: Reservations
+    walk: Walk
+    state: ClusterState | None
+    made: list[Reservation] = field(default_factory=list)
+    per_queue: dict[QueueName | None, int] = field(default_factory=dict)
+    _ends: _Ends | None = None
+
+    @property
+    def now(self) -> float:
+        return self.walk.qi.now
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def alike(self, unit: Unit) -> Callable[[Unit], bool]:
+        """Which units may join the unqueued single pod ``unit`` in one kernel call: single
+        pods with the same constraints (not blocked, no topology); with reservations on,
+        only those asking alike (a big pod never shares a call with the small ones that
+        would take its room) that the reservations made so far let through alike."""
+        ckey = unit.pods[0].constraint_key()
+
+        def same(u: Unit) -> bool:
+            return (u.single and not u.blocked and u.topology_level is None
+                    and u.pods[0].constraint_key() == ckey)
+
+        if not self.policy.settings.enabled:
+            return same
+        req, key = unit.pods[0].requests, self._exempt(unit)
+        return lambda u: same(u) and u.pods[0].requests == req and self._exempt(u) == key
+
+    @contextlib.contextmanager
+    def lifted(self, unit: Unit) -> Iterator[None]:
+        """While placing ``unit``: the holds of the reservations it cannot delay lifted."""
+        lift = self._exempt(unit)
+        used = self.walk.used
+        for i in lift:
+            r = self.made[i]
+            used[r.hold_rows] -= r.hold
+        try:
+            yield
+        finally:
+            for i in lift:
+                r = self.made[i]
+                used[r.hold_rows] += r.hold
+
+    def fail(self, q: QueueName | None, unit: Unit, lay: Layout, k: int, message: str) -> None:
+        """``unit`` did not fit: reserve for it if it is at the head of its queue, else
+        record the failure (saying whose reservation holds room it could use)."""
+        walk, s = self.walk, self.policy.settings
+        mc = 1 if unit.single else unit.min_count
+        eligible = (
+            s.enabled and self.per_queue.get(q, 0) < s.per_queue and lay.reqs is not None
+            and mc > 0 and k >= mc and len(unit.pods) >= mc
+            and not any(p.invalid for p in unit.pods[:mc])
+        )
+        if eligible and self._too_long(unit.key):
+            walk.fail(unit, explain.reservation_dropped(message, s.max_hold))
+            return
+        r = self._reserve(q, unit, lay, mc) if eligible else None
+        if r is None:
+            walk.fail(unit, self._held_back(unit, lay, message))
+            return
+        self.per_queue[q] = self.per_queue.get(q, 0) + 1
+        start_in = None if r.start == NEVER else r.start - self.now
+        walk.fail(unit, explain.reserved(r.nodes, start_in, r.ending), reason=RESERVED,
+                  status=UnitStatus.WAITING)
+
+    def finish(self) -> None:
+        """After the walk: how long each holder has held its reservation."""
+        now, since, dropped = self.now, self.policy.since, self.policy.dropped
+        held = {r.unit for r in self.made}
+        for key in [k for k in since if k not in held]:
+            del since[key]
+        for key in held:
+            since.setdefault(key, now)
+        for key in [k for k, t in dropped.items() if now - t >= self.policy.settings.max_hold]:
+            del dropped[key]
+
+    # -- the policy ----------------------------------------------------------------------
+
+    def _too_long(self, key: str) -> bool:
+        now, p = self.now, self.policy
+        if key in p.dropped:
+            if now - p.dropped[key] < p.settings.max_hold:
+                return True
+            del p.dropped[key]
+        since = p.since.get(key)
+        if since is not None and now - since > p.settings.max_hold:
+            p.dropped[key] = now
+            del p.since[key]
+            return True
+        return False
+
+    def _exempt(self, unit: Unit) -> tuple[int, ...]:
+        """The reservations (indices into :attr:`made`) ``unit`` cannot delay."""
+        if not self.made:
+            return ()
+        run = unit_runtime(unit)
+        end = NEVER if run is None else self.now + run
+        return tuple(
+            i for i, r in enumerate(self.made)
+            if unit.priority > r.priority or (r.start < NEVER and end <= r.start)
+        )
+
+    def ends(self) -> _Ends:
+        if self._ends is None:
+            w = self.walk
+            self._ends = _Ends.of(self.state, w.snap, w.rows, self.now)
+        return self._ends
+
+    def _fits(self, unit: Unit, lay: Layout, mc: int, base: IntArray) -> npt.NDArray[np.int64] | None:
+        """Where the quorum goes if the usage were ``base``; None when it does not fit."""
+        used = self.walk.used
+        saved = used.copy()
+        out = np.full(mc, -1, dtype=np.int64)
+        try:
+            used[:] = np.maximum(base, 0)
+            placed, _ = self.walk.place(unit, lay, mc, mc, out)
+        finally:
+            used[:] = saved
+        return out if placed >= mc else None
+
+    def _reserve(self, q: QueueName | None, unit: Unit, lay: Layout, mc: int) -> Reservation | None:
+        walk = self.walk
+        nodes = len(walk.snap.nodes)
+        ends = self.ends()
+        now = self.now
+        cur = walk.used.copy()
+        for r in self.made:  # earlier reservations: their quorum runs, with no end
+            cur[r.hold_rows] += r.need - r.hold
+        finite = ends.ends < NEVER
+        times = np.unique(ends.ends[finite])
+        found: npt.NDArray[np.int64] | None = None
+        start, freed = NEVER, np.zeros_like(cur)
+        if len(times):
+            last = ends.freed(finite, nodes)
+            found = self._fits(unit, lay, mc, cur - last)
+            if found is not None:
+                lo, hi = 0, len(times) - 1  # the earliest time it fits: times[hi]
+                best, freed = found, last
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    f = ends.freed(ends.ends <= times[mid], nodes)
+                    got = self._fits(unit, lay, mc, cur - f)
+                    if got is None:
+                        lo = mid + 1
+                    else:
+                        hi, best, freed = mid, got, f
+                found, start = best, float(times[hi])
+        if found is None:
+            found, freed = self._unknown(unit, lay, mc, cur, ends, finite)
+            if found is None:
+                return None
+        rows = tuple(int(x) for x in found)
+        assert lay.reqs is not None
+        hold_rows = np.array(sorted(set(rows)), dtype=np.intp)
+        need = np.zeros((len(hold_rows), cur.shape[1]), dtype=np.int64)
+        for m, row in enumerate(rows):
+            need[int(np.searchsorted(hold_rows, row))] += lay.reqs[m]
+        hold = np.maximum(need - freed[hold_rows], 0)
+        on = np.isin(ends.rows, hold_rows)
+        ending = int(np.count_nonzero(on & (ends.ends <= start))) if start < NEVER else 0
+        r = Reservation(
+            unit=unit.key, display=unit.display, queue=q, priority=unit.priority, rows=rows,
+            nodes=tuple(walk.snap.nodes[x].name for x in hold_rows), start=max(start, now),
+            ending=ending, hold_rows=hold_rows, hold=hold, need=need,
+        )
+        walk.used[hold_rows] += hold
+        self.made.append(r)
+        return r
+
+    def _unknown(
+        self, unit: Unit, lay: Layout, mc: int, cur: IntArray, ends: _Ends, finite: npt.NDArray[np.bool_],
+    ) -> tuple[npt.NDArray[np.int64] | None, IntArray]:
+        """No finite start: free the work with no declared end on the fewest nodes, those
+        holding the least of it first, until the quorum fits (rule 2)."""
+        walk, nodes = self.walk, len(self.walk.snap.nodes)
+        known = ends.freed(finite, nodes)
+        unknown = ends.freed(~finite, nodes)
+        alloc = walk.snap.alloc.astype(np.float64)
+        share = np.divide(unknown, alloc, out=np.zeros_like(alloc), where=alloc > 0).max(axis=1, initial=0.0)
+        ranked = np.argsort(share, kind="stable")
+        if self._fits(unit, lay, mc, cur - known - unknown) is None:
+            return None, known  # not even an idle cluster holds it
+        lo, hi = 0, nodes  # the fewest ranked nodes to free: ranked[:hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            f = known.copy()
+            f[ranked[:mid]] += unknown[ranked[:mid]]
+            if self._fits(unit, lay, mc, cur - f) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        f = known.copy()
+        f[ranked[:hi]] += unknown[ranked[:hi]]
+        return self._fits(unit, lay, mc, cur - f), f
+
+    def _held_back(self, unit: Unit, lay: Layout, message: str) -> str:
+        """``message``, and whose reservation holds room ``unit``'s first member could use."""
+        if not self.made or lay.reqs is None or not len(lay.reqs):
+            return message
+        walk, req, mask = self.walk, lay.reqs[0], lay.masks[int(lay.sig[0])]
+        alloc = walk.snap.alloc
+        lift = set(self._exempt(unit))
+        for i, r in enumerate(self.made):
+            if i in lift:
+                continue
+            rows = r.hold_rows
+            room = (alloc[rows] - walk.used[rows] + r.hold >= req).all(axis=1) & mask[rows]
+            if room.any():
+                names = [walk.snap.nodes[int(x)].name for x in rows[room]]
+                return explain.behind_reservation(message, r.display, names)
+        return message
+
+
+def reserved_units(plan: Plan) -> Sequence[str]:
+    """The units that hold a reservation after ``plan``'s cycle."""
+    return [k for k, r in plan.results.items() if r.reason == RESERVED]
