@@ -277,6 +277,8 @@ class Scheduler:
             self.queue_status.update(name, qstatus)
         for ref in d.resyncs:
             self._resync(ref)
+        for ref, node in d.nominated:
+            self.status.pod_nominated(ref, node)
 
     def run_cycle(self) -> int:
         """One step now; returns the number of bindings handed to the binder."""

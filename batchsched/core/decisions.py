@@ -55,6 +55,8 @@ class Decisions:
     queue_statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: pods to read again from the apiserver (a conflict, a binding never confirmed)
     resyncs: list[ObjectRef] = field(default_factory=list)
+    #: ``status.nominatedNodeName`` to write on preemptors' pods ("" clears it)
+    nominated: list[tuple[ObjectRef, str]] = field(default_factory=list)
     #: the cycle's plan, when a cycle ran
     plan: Plan | None = None
     #: a unit is owed another step soon (its victim search was deferred)

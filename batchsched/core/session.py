@@ -67,6 +67,7 @@ from batchsched.core.placement.topology import (
 from batchsched.core.plan import (
     Binding,
     Eviction,
+    Nomination,
     ObjectRef,
     Plan,
     Unit,
@@ -160,6 +161,8 @@ class Session:
         self._last_gang_check = -1e18
         self._last_queue_status = -1e18
         self._last_full_check = -1e18
+        #: nominations were rebuilt from the pods' nominatedNodeName (first step after a start)
+        self._restored = False
         #: Events decided on intake, written with the next step's decisions
         self._notes: list[EventNote] = []
         #: node -> its unreadable allocatable last told
@@ -367,6 +370,7 @@ class Session:
         if dropped is not None:
             for ref in self._preemptor_refs.get(e.preemptor, []):
                 out.events.append(EventNote(ref, "Warning", "PreemptionBlocked", message))
+            self._clear_nominated(dropped.pods, out)
         out.events.append(EventNote(victim, "Normal", "PreemptionBlocked", message))
         # try again: the unit may find other victims, or the same once the budget allows
         for uid in dropped.pods if dropped is not None else ():
@@ -457,10 +461,14 @@ class Session:
         if not units:
             return
         gen = self.state.capacity_generation
+        if not self._restored:
+            self._restored = True
+            self._restore_nominations(units, snap, now)
         for n in self.queues.expired(self.state, now):
             message = explain.nomination_expired(n.nodes, self.settings.queues.nomination_timeout)
             for ref in self._preemptor_refs.get(n.unit, []):
                 out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
+            self._clear_nominated(n.pods, out)
         queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
         plan = self.cycle.run(snap, units, queues=queues, state=self.state)
         self.queues.settle(plan, queues.queue_of)
@@ -497,6 +505,35 @@ class Session:
         for key in [k for k in self._blocked_since if k not in gangs or not gangs[k].blocked]:
             del self._blocked_since[key]
 
+    def _restore_nominations(self, units: list[Unit], snap: Snapshot, now: float) -> None:
+        """After a restart: a unit whose quorum carries ``status.nominatedNodeName`` (written
+        when it preempted) holds those nodes again, its victims being the pods still
+        terminating there, so the capacity they free still goes to it."""
+        tree = self.queues.tree(snap.columns)
+        for unit in units:
+            quorum = unit.pods[: max(1, unit.min_count)]
+            if unit.blocked or not quorum or not all(p.nominated_node in self.state.nodes for p in quorum):
+                continue
+            nodes = tuple(p.nominated_node for p in quorum)
+            victims = frozenset(
+                p.uid for node in set(nodes) for p in self.state.pods_on(node) if p.deleting
+            )
+            queue = self.queues.queue_of(quorum, self.groups.groups.get(GroupKey(unit.key)), tree)
+            self.queues.restore(Nomination(
+                unit=unit.key, queue=queue if isinstance(queue, str) else None,
+                pods=tuple(p.uid for p in quorum), nodes=nodes,
+                requests=tuple(dict(p.requests) for p in quorum), victims=victims, since=now,
+                priority=unit.priority,
+            ))
+            group = self.groups.groups.get(GroupKey(unit.key))
+            self._preemptor_refs[unit.key] = [group_ref(group)] if group is not None else [pod_ref(p) for p in quorum]
+
+    def _clear_nominated(self, uids: Iterable[str], out: Decisions) -> None:
+        for uid in uids:
+            pod = self.state.pods.get(PodUID(uid))
+            if pod is not None and pod.nominated_node:
+                out.nominated.append((pod_ref(pod), ""))
+
     def _gang_pod_message(self, key: str, message: str, now: float) -> str:
         """What to tell a waiting gang's pods: a new message, or the last one if it was told
         less than :data:`GANG_POD_MESSAGE_SECONDS` ago."""
@@ -515,6 +552,8 @@ class Session:
             self._preemptor_refs[unit.key] = refs
             for ref in refs:
                 out.events.append(EventNote(ref, "Normal", "Preempting", rec.summary))
+            for member, node in zip(unit.pods, rec.nodes, strict=False):
+                out.nominated.append((pod_ref(member), node))
             for victim, message in zip(rec.victims, rec.messages, strict=True):
                 for rp in victim.pods:
                     pod = self.state.pods.get(PodUID(rp.uid))

@@ -72,7 +72,16 @@ class _Condition:
     since: float = field(compare=False)
 
 
-_Key = str | tuple[str, str]  # a pod UID (its condition), or ("event", the Event's name)
+@dataclass(frozen=True, slots=True)
+class _Nominated:
+    """A pod's ``status.nominatedNodeName`` ("" clears it)."""
+
+    ref: ObjectRef = field(compare=False)
+    node: str
+
+
+#: a pod UID (its condition), ("event", the Event's name) or ("nominated", a pod UID)
+_Key = str | tuple[str, str]
 
 
 class StatusWriter:
@@ -102,7 +111,7 @@ class StatusWriter:
         self.max_queue = max_queue
         self.retry = status_writes()
         self._clock = clock
-        self._writes: CoalescingWriter[_Key, _EventWrite | _Condition] = CoalescingWriter(
+        self._writes: CoalescingWriter[_Key, _EventWrite | _Condition | _Nominated] = CoalescingWriter(
             write=self._write, concurrency=concurrency, name="status-writer"
         )
         self._refused = 0  # Events not queued: the queue was full
@@ -155,6 +164,12 @@ class StatusWriter:
         }
         self._writes.put(("event", f"{namespace}/{name}"), _EventWrite(namespace, body))
 
+    def pod_nominated(self, ref: ObjectRef, node: str) -> None:
+        """Set (or, with "", clear) the node a preemptor's pod is nominated to, as
+        kube-scheduler does: users and cluster-autoscaler read it, and a restarted
+        scheduler holds the node for it again."""
+        self._writes.offer(("nominated", ref.uid), _Nominated(ref, node))
+
     def pod_unschedulable(
         self, ref: ObjectRef, message: str, *, reason: str = "Unschedulable"
     ) -> None:
@@ -183,6 +198,7 @@ class StatusWriter:
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a pod (it was deleted or scheduled)."""
         self._writes.forget(uid)
+        self._writes.forget(("nominated", uid))
 
     # -- the writers --------------------------------------------------------------------
 
@@ -195,7 +211,17 @@ class StatusWriter:
         ``timeout`` seconds."""
         return await self._writes.drain(timeout)
 
-    async def _write(self, key: _Key, item: _EventWrite | _Condition) -> bool:
+    async def _write(self, key: _Key, item: _EventWrite | _Condition | _Nominated) -> bool:
+        if isinstance(item, _Nominated):
+            pod = item.ref
+            body: JSON = {"metadata": {"uid": pod.uid}, "status": {"nominatedNodeName": item.node or None}}
+            return await try_write(
+                self.retry,
+                lambda: self.client.patch(
+                    f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", body, kind="merge",
+                ),
+                what=f"nominated node of pod {pod.namespace}/{pod.name}",
+            )
         if isinstance(item, _EventWrite):
             path = f"/api/v1/namespaces/{item.namespace}/events"
             what = f"event {item.body['reason']} about {item.body['involvedObject']['name']}"

@@ -318,3 +318,40 @@ def test_a_node_whose_allocatable_cannot_be_read_is_told_once() -> None:
     s.on_node("MODIFIED", parse_node(odd))
     assert [e for e in s.step(T0 + 1).events if e.reason == "UnreadableAllocatable"] == []
     assert s.state.nodes["odd"].allocatable[GPU] == 8
+
+
+def test_a_preemption_writes_the_nominated_node_and_clears_it_when_given_up() -> None:
+    c, _, high = _preemption_world(timeout=60.0)
+    d = c.step(after=1.0)
+    assert [(r.uid, node) for r, node in d.nominated] == [(high, "n0")]
+    c.pods[high]["status"]["nominatedNodeName"] = "n0"
+    c._modified(high)
+    d = c.step(after=61.0)
+    assert [(r.uid, node) for r, node in d.nominated] == [(high, "")]
+
+
+def test_after_a_restart_the_nominated_preemptor_still_gets_the_capacity_it_freed() -> None:
+    # what a restarted replica lists: of the two 4-GPU victims one is gone and one still
+    # terminating, the preemptor nominated to their node, and smaller work that arrived
+    s = Session()
+    c = Cluster(s)
+    c.node("n0", 8)
+    staying = gpu_pod("victim-1", 4)
+    staying["spec"]["nodeName"] = "n0"
+    staying["status"]["phase"] = "Running"
+    staying["metadata"]["deletionTimestamp"] = "2027-01-15T08:00:00Z"
+    preemptor = gpu_pod("urgent", 8, priority=100)
+    preemptor["status"]["nominatedNodeName"] = "n0"
+    small = gpu_pod("small", 1)
+    c.pod(staying)
+    high = c.pod(preemptor)
+    c.pod(small)
+    d = c.step()
+    assert d.binds == []  # the 4 free GPUs are held for the preemptor
+    assert d.plan is not None
+    held = d.plan.results["default/urgent"]
+    assert (held.status, held.reason) == (UnitStatus.WAITING, "WaitingForPreemption")
+    assert held.message == "waiting for 1 preempted pod(s) to terminate; node(s) n0 are held for it"
+    c.delete_pod(str(staying["metadata"]["uid"]))
+    d = c.step(after=1.0)
+    assert [(b.uid, b.node) for b in d.binds] == [(high, "n0")]

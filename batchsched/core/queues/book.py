@@ -341,6 +341,10 @@ class QueueBook:
             if key in queue_of:
                 self.waiting[key] = queue_of[key]
 
+    def restore(self, nomination: Nomination) -> None:
+        """Hold capacity again for a preemptor found after a restart (see the session)."""
+        self.nominations.setdefault(nomination.unit, nomination)
+
     def drop(self, unit: str) -> Nomination | None:
         """Give up ``unit``'s nomination (an eviction for it was refused, or it is gone)."""
         return self.nominations.pop(unit, None)
