@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -453,8 +453,3 @@ class CycleReservations:
                 names = [walk.snap.nodes[int(x)].name for x in rows[room]]
                 return explain.behind_reservation(message, r.display, names)
         return message
-
-
-def reserved_units(plan: Plan) -> Sequence[str]:
-    """The units that hold a reservation after ``plan``'s cycle."""
-    return [k for k, r in plan.results.items() if r.reason == RESERVED]
