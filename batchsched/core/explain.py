@@ -200,5 +200,21 @@ def unreadable_object(kind: str, why: str) -> str:
     return f"batchsched cannot read this {kind} and ignores it until it changes: {why}"
 
 
+def min_resources_short(group: str, short: Iterable[tuple[str, int, int, int]]) -> str:
+    """Why a gang's ``minResources`` cannot be met: per resource (name, missing, free,
+    preemptible for it); empty when nothing is short."""
+    short = list(short)
+    if not short:
+        return ""
+    if not any(p for _, _, _, p in short):
+        parts = [f"{format_units(r, m)} {r} (free: {format_units(r, f)})" for r, m, f, _ in short]
+        return f"gang {group} needs minResources the cluster does not have free: " + ", ".join(parts)
+    parts = [
+        f"{format_units(r, m)} {r} (free: {format_units(r, f)}, preemptible for it: {format_units(r, p)})"
+        for r, m, f, p in short
+    ]
+    return f"gang {group} needs minResources the cluster cannot free for it: " + ", ".join(parts)
+
+
 def invalid_group(group: str, why: str) -> str:
     return f"PodGroup {group} is invalid, its pods are not scheduled: {why}"

@@ -74,6 +74,7 @@ from batchsched.core.plan import (
     UnitStatus,
     single_unit,
 )
+from batchsched.core.preemption import Claim, entitled
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
 from batchsched.core.requeue import RetryGate
 from batchsched.core.reservation import RESERVED, ReservationSettings
@@ -124,6 +125,32 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
         group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
         group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
     )
+
+
+class _Room:
+    """What a gang could have, for its ``minResources``: the free capacity, and the running
+    work it may preempt or reclaim (the preemption rule, :func:`entitled`). Built once per
+    step, lazily."""
+
+    def __init__(self, session: Session, snap: Snapshot, now: float) -> None:
+        self.session, self.snap, self.now = session, snap, now
+        self._free: dict[str, int] | None = None
+
+    def __call__(self, group: PodGroup, pods: Sequence[Pod]) -> tuple[dict[str, int], dict[str, int]]:
+        s, snap = self.session, self.snap
+        if self._free is None:
+            self._free = free_capacity(snap)
+        if not s.settings.queues.preemption:
+            return self._free, {}
+        tree = s.queues.tree(snap.columns)
+        running = s.queues.running(state=s.state, groups=s.groups, snap=snap, tree=tree, now=self.now)
+        q = s.queues.queue_of(pods, group, tree)
+        claim = Claim(
+            key=group.key, uid=group.uid or group.key, queue=q if isinstance(q, str) else None,
+            priority=s.groups.priority(group, pods), created=group.created, name=group.display,
+        )
+        vec = entitled(claim, running, tree, len(snap.columns))
+        return self._free, {c: int(vec[i]) for i, c in enumerate(snap.columns) if vec[i]}
 
 
 class Session:
@@ -418,15 +445,8 @@ class Session:
             if self._pod_retry.skip(uid, gen, now, retry) and pod.key not in nominated:
                 continue
             units.append(single_unit(pod))
-        free: dict[str, int] | None = None
-
-        def cluster_free() -> dict[str, int]:
-            nonlocal free
-            if free is None:
-                free = free_capacity(snap if snap is not None else self.state.snapshot())
-            return free
-
-        for unit in self.groups.units(self.state, now, cluster_free):
+        room = _Room(self, snap if snap is not None else self.state.snapshot(), now)
+        for unit in self.groups.units(self.state, now, room):
             if (not unit.blocked and self._group_retry.skip(unit.key, gen, now, retry)
                     and unit.key not in nominated):
                 continue
@@ -616,7 +636,7 @@ class Session:
             self._last_sweep = now
             self._dirty_groups.update(self.groups.groups)
         dirty, self._dirty_groups = self._dirty_groups, set()
-        free: dict[str, int] | None = None
+        room: _Room | None = None
         for key in sorted(dirty):
             group = self.groups.groups.get(key)
             if group is None:
@@ -632,9 +652,9 @@ class Session:
                 continue
             admitted = False
             if group.api == VOLCANO and group.observed.phase in ("", "Pending"):
-                if free is None:
-                    free = free_capacity(self.state.snapshot())
-                admitted = self.groups.admitted(group, self.state, now, free)
+                if room is None:
+                    room = _Room(self, self.state.snapshot(), now)
+                admitted = self.groups.admitted(group, self.state, now, room)
             reason, message = self._unit_message.get(key, ("", ""))
             backing_off = self.groups.backing_off(key, now)
             if not tally.pending and not group.invalid and not backing_off:

@@ -165,3 +165,13 @@ def condition(group: dict[str, Any]) -> dict[str, Any]:
 def bound(pods: list[dict[str, Any]], prefix: str) -> list[str]:
     """Names of the pods of ``prefix`` bound to a node."""
     return [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")]
+
+
+VOLCANO_CRD = Path(__file__).parent / "crds" / "volcano-podgroup.yaml"
+
+
+async def owner(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
+    """A stand-in for the job object (the PyTorchJob / RayCluster CRDs are not installed)."""
+    cm = await kube.create(f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": name}})
+    return {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": cm["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}

@@ -21,6 +21,7 @@ from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
     VOLCANO,
+    VOLCANO_CRD,
     XK8S,
     assert_no_overcommit,
     bound,
@@ -30,6 +31,7 @@ from tests.integration.helpers import (
     events_for,
     get_group,
     list_pods,
+    owner,
     pod_body,
     running_scheduler,
     start_process,
@@ -38,14 +40,6 @@ from tests.integration.helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-VOLCANO_CRD = Path(__file__).parent / "crds" / "volcano-podgroup.yaml"
-
-
-async def owner(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
-    """A stand-in for the job object (the PyTorchJob / RayCluster CRDs are not installed)."""
-    cm = await kube.create(f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": name}})
-    return {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": cm["metadata"]["uid"],
-            "controller": True, "blockOwnerDeletion": True}
 
 
 def holding(pods: list[dict[str, Any]], prefix: str) -> list[str]:

@@ -56,8 +56,11 @@ class World:
             single_unit(p) for uid, p in self.state.pending.items()
             if not p.gated and not self.book.in_group(uid)
         ]
-        free = lambda: free_capacity(self.state.snapshot())  # noqa: E731
-        return singles + self.book.units(self.state, now, free)
+        return singles + self.book.units(self.state, now, self.room)
+
+    def room(self, group: PodGroup, pods: object) -> tuple[dict[str, int], dict[str, int]]:
+        """The free capacity; nothing is preemptible (the session adds that)."""
+        return free_capacity(self.state.snapshot()), {}
 
     def run(self, now: float = 0.0) -> Plan:
         plan = self.cycle.run(self.state.snapshot(), self.units(now))
@@ -461,10 +464,9 @@ def test_volcano_phases_pending_inqueue_running_completed() -> None:
 def test_volcano_admission_needs_min_resources_free() -> None:
     w = World().add(*gpu_nodes(1), make_group("j").volcano().min_member(2).min_resources(gpu=12).build())
     group = w.book.groups["volcano:default/j"]  # type: ignore[index]
-    free = free_capacity(w.state.snapshot())
-    assert not w.book.admitted(group, w.state, 0.0, free)
+    assert not w.book.admitted(group, w.state, 0.0, w.room)
     w.state.node_event("ADDED", make_node("big").cap(gpu=8).build())
-    assert w.book.admitted(group, w.state, 0.0, free_capacity(w.state.snapshot()))
+    assert w.book.admitted(group, w.state, 0.0, w.room)
 
 
 def test_invalid_group_status_says_why() -> None:

@@ -355,3 +355,29 @@ def test_after_a_restart_the_nominated_preemptor_still_gets_the_capacity_it_free
     c.delete_pod(str(staying["metadata"]["uid"]))
     d = c.step(after=1.0)
     assert [(b.uid, b.node) for b in d.binds] == [(high, "n0")]
+
+
+def test_a_gang_with_min_resources_preempts_what_it_may_and_only_that() -> None:
+    s = Session(SessionSettings(gang_report_delay=0.0))
+    c = Cluster(s)
+    c.node("n0", 8)
+    c.node("n1", 8)
+    low = c.pod(gpu_pod("low", 8, priority=0))
+    same = c.pod(gpu_pod("same", 8, priority=50))
+    assert len(c.step().binds) == 2
+    s.on_groups_listed("scheduling.x-k8s.io", [make_group("g").min_member(2).min_resources(gpu=16).build()])
+    members = [c.pod(gpu_pod(f"g-{i}", 8, priority=50, group="g")) for i in range(2)]
+    d = c.step(after=1.0)
+    # it may evict "low" (lower priority), not "same" (equal): 16 GPUs are out of its reach
+    assert d.evictions == []
+    assert {u.message for u in d.unschedulable} == {
+        "gang default/g needs minResources the cluster cannot free for it: 16 nvidia.com/gpu "
+        "(free: 0, preemptible for it: 8)"
+    }
+    # "same" ends: free and preemptible now cover minResources, and the gang preempts "low"
+    c.delete_pod(same)
+    d = c.step(after=1.0)
+    assert [(e.uid, e.preemptor) for e in d.evictions] == [(low, "x-k8s:default/g")]
+    c.delete_pod(low)
+    d = c.step(after=1.0)
+    assert sorted(b.uid for b in d.binds) == sorted(members)

@@ -1,7 +1,7 @@
 """Gangs: PodGroups of scheduler-plugins, Volcano and kube-batch, their members, quorum,
 timeouts and status."""
 
-from batchsched.core.gangs.book import GangCheck, GroupBook, GroupNotice, free_capacity
+from batchsched.core.gangs.book import GangCheck, GroupBook, GroupNotice, Room, free_capacity
 from batchsched.core.gangs.podgroup import (
     ANNOTATION_GROUP,
     ANNOTATION_TASK,
@@ -30,6 +30,7 @@ __all__ = [
     "GroupNotice",
     "GroupStatus",
     "PodGroup",
+    "Room",
     "Tally",
     "condition_type",
     "desired_status",

@@ -28,12 +28,13 @@ Pure: no I/O, no clock (``now`` is passed in, monotonic seconds).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from batchsched.core import explain
 from batchsched.core.gangs.podgroup import (
     _ANY,
     _SHORT,
@@ -52,7 +53,10 @@ from batchsched.core.placement.topology import (
     topology_policy,
 )
 from batchsched.core.plan import Eviction, Unit
-from batchsched.core.quantity import format_units
+
+#: what a group could have, given the group and its pods waiting: the free capacity and what
+#: it may preempt, per resource (see the session, which knows who may be evicted)
+Room = Callable[[PodGroup, Sequence[Pod]], tuple[Mapping[str, int], Mapping[str, int]]]
 
 __all__ = [
     "GangCheck",
@@ -292,15 +296,15 @@ class GroupBook:
         self,
         state: ClusterState,
         now: float,
-        free: Callable[[], Mapping[str, int]] | None = None,
+        room: Room | None = None,
     ) -> list[Unit]:
         """One unit per group (or missing group) with pods waiting to be placed.
 
-        ``free`` gives the cluster's free capacity (see :func:`free_capacity`); it is only
-        called when a group has ``minResources``.
+        ``room(group, pods)`` gives what the group could have: the cluster's free capacity
+        (see :func:`free_capacity`) and what it may preempt; it is only called when a group
+        has ``minResources``.
         """
         units: list[Unit] = []
-        free_now: Mapping[str, int] | None = None
         # only groups with a pending member have anything to place
         missing: dict[tuple[str, str], list[Pod]] = {}
         waiting: set[GroupKey] = set()
@@ -328,9 +332,8 @@ class GroupBook:
             pods = tuple(schedulable)
             reason, blocked = self._blocked_reason(group, t, now)
             if not blocked and group.min_resources and t.placed < group.min_member:
-                if free_now is None:
-                    free_now = free() if free is not None else {}
-                reason, blocked = "InsufficientMinResources", _short_of(group, t, free_now)
+                free, preemptible = room(group, pods) if room is not None else ({}, {})
+                reason, blocked = "InsufficientMinResources", _short_of(group, t, free, preemptible)
             if blocked:
                 units.append(_blocked(key, pods, priority, group.created, group.uid, blocked, reason))
                 continue
@@ -378,14 +381,16 @@ class GroupBook:
         timer = self._timers.get(group.key)
         return timer.backoff_message if timer is not None and now < timer.backoff_until else ""
 
-    def admitted(self, group: PodGroup, state: ClusterState, now: float, free: Mapping[str, int]) -> bool:
+    def admitted(self, group: PodGroup, state: ClusterState, now: float, room: Room) -> bool:
         """Whether the group may start (Volcano's Inqueue): valid, not backing off, and
-        ``minResources`` fits in what is free (besides what its members already hold)."""
+        ``minResources`` fits in what is free or it may preempt (besides what its members
+        already hold)."""
         if group.invalid or self.backing_off(group.key, now):
             return False
         if not group.min_resources:
             return True
-        return not _short_of(group, self.tally(group, state), free)
+        t = self.tally(group, state)
+        return not _short_of(group, t, *room(group, t.pending))
 
     # -- no partial gang survives ----------------------------------------------------------
 
@@ -465,8 +470,11 @@ def _blocked(
                 uid=uid or key, blocked=why, blocked_reason=reason)
 
 
-def _short_of(group: PodGroup, t: Tally, free: Mapping[str, int]) -> str:
-    """Why ``minResources`` cannot be met now, or "" when it can."""
+def _short_of(
+    group: PodGroup, t: Tally, free: Mapping[str, int], preemptible: Mapping[str, int],
+) -> str:
+    """Why ``minResources`` cannot be met now, or "" when it can: what its members hold,
+    plus what is free, plus what it may preempt (``preemptible``), must cover it."""
     held: dict[str, int] = {}
     for pod in t.holding:
         for r, v in pod.requests.items():
@@ -476,13 +484,9 @@ def _short_of(group: PodGroup, t: Tally, free: Mapping[str, int]) -> str:
         if r == PODS:
             continue
         missing = need - held.get(r, 0)
-        if missing > free.get(r, 0):
-            short.append(
-                f"{format_units(r, missing)} {r} (free: {format_units(r, free.get(r, 0))})"
-            )
-    if not short:
-        return ""
-    return f"gang {group.display} needs minResources the cluster does not have free: " + ", ".join(short)
+        if missing > free.get(r, 0) + preemptible.get(r, 0):
+            short.append((r, missing, free.get(r, 0), preemptible.get(r, 0)))
+    return explain.min_resources_short(group.display, short)
 
 
 def _topology_annotations(group: PodGroup, ordered: list[Pod]) -> Mapping[str, str]:

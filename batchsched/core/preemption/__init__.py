@@ -2,7 +2,13 @@
 and the nominations it holds."""
 
 from batchsched.core.preemption.attempt import CyclePreemption, Walk
-from batchsched.core.preemption.candidates import Candidates
+from batchsched.core.preemption.candidates import (
+    Candidates,
+    Claim,
+    Claimant,
+    entitled,
+    eviction_kind,
+)
 from batchsched.core.preemption.nominations import Held, Terminating, held_nominations
 from batchsched.core.preemption.victims import (
     NoPreemption,
@@ -13,6 +19,8 @@ from batchsched.core.preemption.victims import (
 
 __all__ = [
     "Candidates",
+    "Claim",
+    "Claimant",
     "CyclePreemption",
     "Held",
     "NoPreemption",
@@ -20,6 +28,8 @@ __all__ = [
     "Preemptor",
     "Terminating",
     "Walk",
+    "entitled",
+    "eviction_kind",
     "held_nominations",
     "select_victims",
 ]

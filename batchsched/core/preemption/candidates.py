@@ -13,17 +13,118 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from batchsched.core.plan import QueueName, RunningUnit, Victim
+from batchsched.core.plan import QueueName, RunningUnit, Victim, VictimKind
 from batchsched.core.queues import QueueTree, ReclaimPolicy, WithinQueuePolicy
 
-__all__ = ["Candidates"]
+__all__ = ["Candidates", "Claim", "Claimant", "entitled", "eviction_kind"]
 
 IntArray = npt.NDArray[np.int64]
+
+
+class Claimant(Protocol):
+    """Who asks to evict others: a preemptor, or a gang whose ``minResources`` is weighed."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def queue(self) -> QueueName | None: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def created(self) -> float: ...
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(slots=True, frozen=True)
+class Claim:
+    """A :class:`Claimant` as plain values (a gang weighed before it has a layout)."""
+
+    key: str
+    uid: str
+    queue: QueueName | None
+    priority: int
+    created: float
+    name: str
+
+
+def eviction_kind(w: RunningUnit, p: Claimant, tree: QueueTree | None) -> tuple[VictimKind, str] | None:
+    """Whether ``p`` may evict running unit ``w``, as what kind of victim and why (the
+    victim's message); None when it may not. The rule of this module, in one place.
+    Reclaim also needs ``w``'s queue to be borrowing what ``p`` asks for: the search
+    checks that against the resources."""
+    if w.key == p.key or w.uid == p.uid or w.protected:
+        return None
+    who = p.name or p.key
+    if w.queue is None:
+        # unqueued work has no guarantee: anyone of a higher priority may evict it
+        if w.priority < p.priority:
+            return VictimKind.PRIORITY, f"preempted by {who} (priority {p.priority} > {w.priority})"
+        return None
+    if p.queue is None:
+        return None  # unqueued work never evicts queued work
+    if tree is None or tree.leaf_problem(w.queue) is not None or tree.leaf_problem(p.queue) is not None:
+        return None
+    own = tree.queue(p.queue)
+    if w.queue == p.queue:
+        policy = own.within_queue
+        if w.priority < p.priority and policy is not WithinQueuePolicy.NEVER:
+            return VictimKind.PRIORITY, (
+                f"preempted by {who} in queue {p.queue} (priority {p.priority} > {w.priority})"
+            )
+        if (
+            policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
+            and w.priority == p.priority
+            and (w.created, w.uid) > (p.created, p.uid)
+        ):
+            return VictimKind.PRIORITY, (
+                f"preempted by {who} in queue {p.queue} (same priority {p.priority}, older)"
+            )
+        return None
+    if tree.root(w.queue) != tree.root(p.queue):
+        return None
+    reclaim = own.reclaim
+    if reclaim is ReclaimPolicy.NEVER:
+        return None
+    if reclaim is ReclaimPolicy.LOWER_PRIORITY and not w.priority < p.priority:
+        return None
+    return VictimKind.RECLAIM, f"reclaimed by queue {p.queue} for {who}"
+
+
+def entitled(p: Claimant, running: Sequence[RunningUnit], tree: QueueTree | None, width: int) -> IntArray:
+    """What ``p`` could have on top of the free capacity, per resource column: the requests
+    of the running work it may evict by :func:`eviction_kind`, counting from each other
+    queue only what that queue uses beyond its nominal (reclaim gives back a nominal, it
+    never takes one away). An upper bound: the victim search decides what is evicted."""
+    total = np.zeros(width, dtype=np.int64)
+    reclaimable: dict[QueueName, IntArray] = {}
+    usage: dict[QueueName, IntArray] = {}
+    for w in running:
+        vec = np.zeros(width, dtype=np.int64)
+        for pod in w.pods:
+            vec += pod.req[:width]
+        if w.queue is not None:
+            usage[w.queue] = usage.get(w.queue, np.zeros(width, dtype=np.int64)) + vec
+        kind = eviction_kind(w, p, tree)
+        if kind is None:
+            continue
+        if kind[0] is VictimKind.RECLAIM and w.queue is not None:
+            reclaimable[w.queue] = reclaimable.get(w.queue, np.zeros(width, dtype=np.int64)) + vec
+        else:
+            total += vec
+    for q, vec in reclaimable.items():
+        assert tree is not None
+        above = np.clip(usage[q] - tree.nominal_vector(q)[:width], 0, None)
+        total += np.minimum(vec, above)
+    return total
 
 
 class Candidates:

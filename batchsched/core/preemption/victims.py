@@ -63,6 +63,7 @@ import numpy.typing as npt
 from batchsched.core.placement import kernels
 from batchsched.core.placement.scoring import ScoringArrays
 from batchsched.core.plan import QueueName, RunningPod, RunningUnit, Victim, VictimKind
+from batchsched.core.preemption.candidates import eviction_kind
 from batchsched.core.quantity import format_units
 from batchsched.core.queues import (
     QueueTree,
@@ -136,10 +137,6 @@ class _Piece:
     cost: tuple[float, int, int, float, str, int] = field(default=(0.0, 0, 0, 0.0, "", 0))
 
 
-def _newer(a: RunningUnit, p: Preemptor) -> bool:
-    return (a.created, a.uid) > (p.created, p.uid)
-
-
 class _Search:
     def __init__(
         self,
@@ -195,43 +192,7 @@ class _Search:
         return self.usage[q], self.nominal[q]
 
     def _kind(self, w: RunningUnit) -> tuple[VictimKind, str] | None:
-        p = self.p
-        if w.key == p.key or w.uid == p.uid or w.protected:
-            return None
-        who = p.name or p.key
-        if w.queue is None:
-            # unqueued work has no guarantee: anyone of a higher priority may evict it
-            if w.priority < p.priority:
-                return VictimKind.PRIORITY, f"preempted by {who} (priority {p.priority} > {w.priority})"
-            return None
-        if p.queue is None:
-            return None  # unqueued work never evicts queued work
-        tree = self.tree
-        if tree is None or tree.leaf_problem(w.queue) is not None:
-            return None
-        if w.queue == p.queue:
-            policy = self.within
-            if w.priority < p.priority and policy is not WithinQueuePolicy.NEVER:
-                return VictimKind.PRIORITY, (
-                    f"preempted by {who} in queue {p.queue} (priority {p.priority} > {w.priority})"
-                )
-            if (
-                policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
-                and w.priority == p.priority
-                and _newer(w, p)
-            ):
-                return VictimKind.PRIORITY, (
-                    f"preempted by {who} in queue {p.queue} (same priority {p.priority}, older)"
-                )
-            return None
-        if tree.root(w.queue) != tree.root(p.queue):
-            return None
-        reclaim = self.reclaim
-        if reclaim is ReclaimPolicy.NEVER:
-            return None
-        if reclaim is ReclaimPolicy.LOWER_PRIORITY and not w.priority < p.priority:
-            return None
-        return VictimKind.RECLAIM, f"reclaimed by queue {p.queue} for {who}"
+        return eviction_kind(w, self.p, self.tree)
 
     def _borrowed_resource(self, queue: str, vec: IntArray) -> int:
         """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
