@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchsched.core.model import Pod, Requirement
+from batchsched.core.model import LabelSelector, Pod, Requirement
 
 __all__ = ["DisruptionBook", "DisruptionBudget", "parse_pdb", "selector_matches"]
 
@@ -49,26 +49,7 @@ class DisruptionBudget:
 def selector_matches(
     match_labels: Mapping[str, str], expressions: Iterable[Requirement], labels: Mapping[str, str]
 ) -> bool:
-    for k, v in match_labels.items():
-        if labels.get(k) != v:
-            return False
-    for req in expressions:
-        op = req.operator
-        if op == "In":
-            if labels.get(req.key) not in req.values:
-                return False
-        elif op == "NotIn":
-            if req.key in labels and labels[req.key] in req.values:
-                return False
-        elif op == "Exists":
-            if req.key not in labels:
-                return False
-        elif op == "DoesNotExist":
-            if req.key in labels:
-                return False
-        else:
-            return False  # an operator the apiserver would not accept: select nothing
-    return True
+    return LabelSelector(match_labels, tuple(expressions)).matches(labels)
 
 
 def parse_pdb(obj: Mapping[str, Any]) -> DisruptionBudget:

@@ -57,6 +57,67 @@ class Toleration:
 
 
 @dataclass(slots=True, frozen=True)
+class LabelSelector:
+    """A ``metav1.LabelSelector``: ``matchLabels`` and ``matchExpressions`` ANDed."""
+
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    expressions: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for k, v in self.match_labels.items():
+            if labels.get(k) != v:
+                return False
+        for req in self.expressions:
+            op = req.operator
+            if op == "In":
+                if labels.get(req.key) not in req.values:
+                    return False
+            elif op == "NotIn":
+                if req.key in labels and labels[req.key] in req.values:
+                    return False
+            elif op == "Exists":
+                if req.key not in labels:
+                    return False
+            elif op == "DoesNotExist":
+                if req.key in labels:
+                    return False
+            else:
+                return False  # an operator the apiserver would not accept: select nothing
+        return True
+
+
+@dataclass(slots=True, frozen=True)
+class SpreadConstraint:
+    """One of ``spec.topologySpreadConstraints``."""
+
+    max_skew: int
+    topology_key: str
+    #: DoNotSchedule (a filter) or ScheduleAnyway (a score)
+    when_unsatisfiable: str
+    selector: LabelSelector | None
+    min_domains: int = 1
+    #: Honor (default) or Ignore: whether the pod's node affinity limits the domains counted
+    node_affinity_policy: str = "Honor"
+    #: Honor or Ignore (default): whether untolerated tainted nodes are counted
+    node_taints_policy: str = "Ignore"
+    match_label_keys: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class PodAffinityTerm:
+    """A required inter-pod (anti-)affinity term: pods matching ``selector`` in
+    ``namespaces`` (the pod's own when empty and no ``namespace_selector``), counted per
+    domain of ``topology_key``."""
+
+    selector: LabelSelector | None
+    topology_key: str
+    namespaces: tuple[str, ...] = ()
+    namespace_selector: LabelSelector | None = None
+    match_label_keys: tuple[str, ...] = ()
+    mismatch_label_keys: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
 class Pod:
     uid: PodUID
     namespace: str
@@ -83,6 +144,15 @@ class Pod:
     started: float = 0.0
     #: ``spec.activeDeadlineSeconds``, 0 when not set
     active_deadline: float = 0.0
+    spread: tuple[SpreadConstraint, ...] = ()
+    #: required inter-pod affinity and anti-affinity terms
+    affinity_terms: tuple[PodAffinityTerm, ...] = ()
+    anti_affinity_terms: tuple[PodAffinityTerm, ...] = ()
+    #: PersistentVolumeClaims its volumes use (generic ephemeral volumes included, by the
+    #: claim name Kubernetes gives them: ``<pod>-<volume>``)
+    claims: tuple[str, ...] = ()
+    #: ``spec.resourceClaims`` (dynamic resource allocation), by name
+    resource_claims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -203,6 +273,57 @@ def _requirements(items: Any) -> tuple[Requirement, ...]:
     )
 
 
+def parse_selector(raw: Any) -> LabelSelector | None:
+    """A label selector, None when absent (which selects nothing where it is optional)."""
+    if not isinstance(raw, Mapping):
+        return None
+    return LabelSelector(
+        match_labels={str(k): str(v) for k, v in (raw.get("matchLabels") or {}).items()},
+        expressions=_requirements(raw.get("matchExpressions")),
+    )
+
+
+def _spread(items: Any) -> tuple[SpreadConstraint, ...]:
+    return tuple(
+        SpreadConstraint(
+            max_skew=int(c.get("maxSkew") or 1),
+            topology_key=str(c.get("topologyKey") or ""),
+            when_unsatisfiable=str(c.get("whenUnsatisfiable") or "DoNotSchedule"),
+            selector=parse_selector(c.get("labelSelector")),
+            min_domains=int(c.get("minDomains") or 1),
+            node_affinity_policy=str(c.get("nodeAffinityPolicy") or "Honor"),
+            node_taints_policy=str(c.get("nodeTaintsPolicy") or "Ignore"),
+            match_label_keys=tuple(str(k) for k in (c.get("matchLabelKeys") or [])),
+        )
+        for c in (items or [])
+    )
+
+
+def _affinity_terms(items: Any) -> tuple[PodAffinityTerm, ...]:
+    return tuple(
+        PodAffinityTerm(
+            selector=parse_selector(t.get("labelSelector")),
+            topology_key=str(t.get("topologyKey") or ""),
+            namespaces=tuple(str(n) for n in (t.get("namespaces") or [])),
+            namespace_selector=parse_selector(t.get("namespaceSelector")),
+            match_label_keys=tuple(str(k) for k in (t.get("matchLabelKeys") or [])),
+            mismatch_label_keys=tuple(str(k) for k in (t.get("mismatchLabelKeys") or [])),
+        )
+        for t in (items or [])
+    )
+
+
+def _claims(name: str, volumes: Any) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in volumes or ():
+        pvc = v.get("persistentVolumeClaim")
+        if isinstance(pvc, Mapping) and pvc.get("claimName"):
+            out.append(str(pvc["claimName"]))
+        elif isinstance(v.get("ephemeral"), Mapping):
+            out.append(f"{name}-{v.get('name', '')}")
+    return tuple(out)
+
+
 def _term(t: Mapping[str, Any]) -> Term:
     return Term(
         expressions=_requirements(t.get("matchExpressions")),
@@ -268,6 +389,15 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         invalid=invalid,
         nominated_node=str(status.get("nominatedNodeName") or ""),
         started=parse_time(status.get("startTime")),
+        spread=_spread(spec.get("topologySpreadConstraints")),
+        affinity_terms=_affinity_terms(
+            (affinity.get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+        ),
+        anti_affinity_terms=_affinity_terms(
+            (affinity.get("podAntiAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+        ),
+        claims=_claims(str(meta.get("name", "")), spec.get("volumes")),
+        resource_claims=tuple(str(c.get("name", "")) for c in (spec.get("resourceClaims") or [])),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
     )
 
