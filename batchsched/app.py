@@ -38,6 +38,7 @@ from batchsched.core.model import Pod, PodUID, parse_node, parse_pod
 from batchsched.core.placement import kernels
 from batchsched.core.plan import Binding, Eviction, ObjectRef
 from batchsched.core.session import Session
+from batchsched.core.volumes import parse_claim, parse_storage_class, parse_volume
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
 from batchsched.kube.endpoints import serve_endpoints
@@ -116,6 +117,12 @@ class Scheduler:
                        s.on_namespaces_listed, s.on_namespace),
             self._feed("/apis/policy/v1/poddisruptionbudgets", "poddisruptionbudgets", "PodDisruptionBudget",
                        parse_pdb, s.on_budgets_listed, s.on_budget),
+            self._feed("/api/v1/persistentvolumeclaims", "persistentvolumeclaims", "PersistentVolumeClaim",
+                       parse_claim, s.on_claims_listed, s.on_claim),
+            self._feed("/api/v1/persistentvolumes", "persistentvolumes", "PersistentVolume",
+                       parse_volume, s.on_volumes_listed, s.on_volume),
+            self._feed("/apis/storage.k8s.io/v1/storageclasses", "storageclasses", "StorageClass",
+                       parse_storage_class, s.on_storage_classes_listed, s.on_storage_class),
         ]
         for api, path in PODGROUP_PATHS.items():
             self.reflectors.append(self._feed(

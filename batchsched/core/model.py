@@ -324,6 +324,11 @@ def _claims(name: str, volumes: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def parse_node_terms(items: Any) -> tuple[Term, ...]:
+    """``nodeSelectorTerms`` (of a pod's required node affinity, or a volume's)."""
+    return tuple(_term(t) for t in (items or []))
+
+
 def _term(t: Mapping[str, Any]) -> Term:
     return Term(
         expressions=_requirements(t.get("matchExpressions")),

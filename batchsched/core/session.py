@@ -56,7 +56,7 @@ from batchsched.core.gangs import (
     free_capacity,
 )
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.model import Node, Pod, PodUID, format_time
+from batchsched.core.model import Node, Pod, PodUID, Term, format_time
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import (
     CLUSTER,
@@ -78,6 +78,7 @@ from batchsched.core.preemption import Claim, entitled
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
 from batchsched.core.requeue import RetryGate
 from batchsched.core.reservation import RESERVED, ReservationSettings
+from batchsched.core.volumes import VolumeBook, VolumeClaim
 
 __all__ = ["Session", "SessionSettings"]
 
@@ -165,6 +166,9 @@ class Session:
             max_backoff=s.gang_max_backoff, levels=s.levels,
         )
         self.queues = QueueBook(s.queues)
+        self.volumes = VolumeBook()
+        #: pending pods with claims, as parsed (their claims are applied again on a change)
+        self._claiming: dict[PodUID, Pod] = {}
         self.cycles = 0
         self.wants_step = False
         #: single pods (by UID) and gangs (by unit key) that failed, and when
@@ -230,12 +234,48 @@ class Session:
             self.wants_step = True
 
     def on_pods_listed(self, pods: list[Pod]) -> None:
+        self._claiming.clear()
+        pods = [self._with_volumes("ADDED", p) for p in pods]
         self.state.replace_pods(pods)
         self.groups.replace_pods(pods)
         self._dirty_groups.update(self.groups.groups)
         self.wants_step = True
 
+    def _with_volumes(self, kind: str, pod: Pod) -> Pod:
+        """A pending pod with volume or resource claims, as its claims let it be placed
+        (:mod:`batchsched.core.volumes`); the pod as parsed is kept to look at again."""
+        if kind == "DELETED" or pod.node_name or not (pod.claims or pod.resource_claims):
+            self._claiming.pop(pod.uid, None)
+            return pod
+        self._claiming[pod.uid] = pod
+        return self.volumes.apply(pod)
+
+    def _claims_changed(self, keys: set[tuple[str, str]]) -> None:
+        """Claims, volumes or classes changed: the pending pods using them, again."""
+        for pod in list(self._claiming.values()):
+            if any((pod.namespace, name) in keys for name in pod.claims):
+                self.on_pod("MODIFIED", pod)
+
+    def on_claims_listed(self, claims: list[VolumeClaim]) -> None:
+        self._claims_changed(self.volumes.replace_claims(claims))
+
+    def on_claim(self, kind: str, claim: VolumeClaim) -> None:
+        self._claims_changed(self.volumes.claim_event(kind, claim))
+
+    def on_volumes_listed(self, volumes: list[tuple[str, tuple[Term, ...] | None]]) -> None:
+        self._claims_changed(self.volumes.replace_volumes(volumes))
+
+    def on_volume(self, kind: str, volume: tuple[str, tuple[Term, ...] | None]) -> None:
+        self._claims_changed(self.volumes.volume_event(kind, *volume))
+
+    def on_storage_classes_listed(self, classes: list[tuple[str, str]]) -> None:
+        self._claims_changed(self.volumes.replace_classes(classes))
+
+    def on_storage_class(self, kind: str, storage_class: tuple[str, str]) -> None:
+        self._claims_changed(self.volumes.class_event(kind, *storage_class))
+
     def on_pod(self, kind: str, pod: Pod) -> None:
+        pod = self._with_volumes(kind, pod)
         state = self.state
         before = state.capacity_generation
         was_pending = pod.uid in state.pending
