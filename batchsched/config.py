@@ -20,7 +20,7 @@ from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
-from batchsched.core.session import SessionSettings
+from batchsched.core.settings import SessionSettings
 
 
 class ConfigError(ValueError):

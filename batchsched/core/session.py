@@ -33,7 +33,6 @@ stops.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from batchsched.core import explain
@@ -48,75 +47,39 @@ from batchsched.core.decisions import (
 )
 from batchsched.core.disruption import DisruptionBudget
 from batchsched.core.gangs import (
-    VOLCANO,
     GroupBook,
     GroupKey,
     PodGroup,
-    desired_status,
-    free_capacity,
 )
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.model import Node, Pod, PodUID, Term, format_time
-from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.model import Node, Pod, PodUID, Term
 from batchsched.core.placement.topology import (
-    CLUSTER,
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_PREFERRED_ANNOTATION,
-    TopologyLevels,
 )
 from batchsched.core.plan import (
     Binding,
     Eviction,
-    Nomination,
     ObjectRef,
     Plan,
     Unit,
     UnitStatus,
     single_unit,
 )
-from batchsched.core.preemption import Claim, entitled
-from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueSettings
+from batchsched.core.preemption import Room, restored_nominations
+from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput
+from batchsched.core.reporting import GroupReports
 from batchsched.core.requeue import RetryGate
-from batchsched.core.reservation import RESERVED, ReservationSettings
+from batchsched.core.reservation import RESERVED
+from batchsched.core.settings import SessionSettings
 from batchsched.core.volumes import VolumeBook, VolumeClaim
 
 __all__ = ["Session", "SessionSettings"]
 
-#: a full pass over every group's status, besides the groups known to have changed
-GROUP_SWEEP_SECONDS = 5.0
 #: how often the gang timers are looked at
 GANG_CHECK_SECONDS = 0.5
 #: how often the mirror's usage is recomputed from every charge to check it
 FULL_CHECK_SECONDS = 60.0
-#: a waiting gang's message changes with every change of capacity ("only 12 fit now"); its
-#: PodGroup condition follows each change (one write), its pods at most this often (a
-#: write per member)
-GANG_POD_MESSAGE_SECONDS = 30.0
-
-
-@dataclass(slots=True, frozen=True)
-class SessionSettings:
-    """What the session applies (the config file's sections, see :mod:`batchsched.config`)."""
-
-    scheduler_names: tuple[str, ...] = ("batchsched",)
-    scoring: ScoringConfig = field(default_factory=ScoringConfig)
-    levels: TopologyLevels = field(default_factory=TopologyLevels)
-    queues: QueueSettings = field(default_factory=QueueSettings)
-    #: a unit that did not fit is tried again after this long even if nothing changed
-    retry_unschedulable: float = 30.0
-    #: a binding the watch has not confirmed after this long is read again
-    assumed_timeout: float = 30.0
-    gang_default_timeout: float = 60.0
-    gang_initial_backoff: float = 5.0
-    gang_max_backoff: float = 300.0
-    #: a gang blocked before placement (members or its PodGroup still arriving) is told so
-    #: only after this long
-    gang_report_delay: float = 2.0
-    #: Queue statuses are written at most this often
-    queue_status_interval: float = 5.0
-    #: write a ``Scheduled`` Event for each bound pod
-    scheduled_events: bool = True
-    reservation: ReservationSettings = field(default_factory=ReservationSettings)
 
 
 def _spec(group: PodGroup) -> tuple[Any, ...]:
@@ -126,32 +89,6 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
         group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
         group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
     )
-
-
-class _Room:
-    """What a gang could have, for its ``minResources``: the free capacity, and the running
-    work it may preempt or reclaim (the preemption rule, :func:`entitled`). Built once per
-    step, lazily."""
-
-    def __init__(self, session: Session, snap: Snapshot, now: float) -> None:
-        self.session, self.snap, self.now = session, snap, now
-        self._free: dict[str, int] | None = None
-
-    def __call__(self, group: PodGroup, pods: Sequence[Pod]) -> tuple[dict[str, int], dict[str, int]]:
-        s, snap = self.session, self.snap
-        if self._free is None:
-            self._free = free_capacity(snap)
-        if not s.settings.queues.preemption:
-            return self._free, {}
-        tree = s.queues.tree(snap.columns)
-        running = s.queues.running(state=s.state, groups=s.groups, snap=snap, tree=tree, now=self.now)
-        q = s.queues.queue_of(pods, group, tree)
-        claim = Claim(
-            key=group.key, uid=group.uid or group.key, queue=q if isinstance(q, str) else None,
-            priority=s.groups.priority(group, pods), created=group.created, name=group.display,
-        )
-        vec = entitled(claim, running, tree, len(snap.columns))
-        return self._free, {c: int(vec[i]) for i, c in enumerate(snap.columns) if vec[i]}
 
 
 class Session:
@@ -167,6 +104,7 @@ class Session:
         )
         self.queues = QueueBook(s.queues)
         self.volumes = VolumeBook()
+        self.reports = GroupReports(self.groups, s.levels)
         #: pending pods with claims, as parsed (their claims are applied again on a change)
         self._claiming: dict[PodUID, Pod] = {}
         self.cycles = 0
@@ -179,16 +117,8 @@ class Session:
         self._preemptor_refs: dict[str, list[ObjectRef]] = {}
         #: (preemptor, victim unit) pairs already told on the victim's group
         self._told_groups: set[tuple[str, str]] = set()
-        #: group unit key -> (reason, message) of why it was not placed in the last cycle
-        self._unit_message: dict[str, tuple[str, str]] = {}
         #: group unit key -> when it was first found blocked (its pods are told after a delay)
         self._blocked_since: dict[str, float] = {}
-        self._schedule_start: dict[GroupKey, str] = {}
-        self._reported_invalid: dict[GroupKey, str] = {}
-        self._dirty_groups: set[GroupKey] = set()
-        self._last_sweep = -1e18
-        #: gang unit key -> (message, time) last told its pods
-        self._pods_told: dict[str, tuple[str, float]] = {}
         self._last_gang_check = -1e18
         self._last_queue_status = -1e18
         self._last_full_check = -1e18
@@ -238,7 +168,7 @@ class Session:
         pods = [self._with_volumes("ADDED", p) for p in pods]
         self.state.replace_pods(pods)
         self.groups.replace_pods(pods)
-        self._dirty_groups.update(self.groups.groups)
+        self.reports.dirty.update(self.groups.groups)
         self.wants_step = True
 
     def _with_volumes(self, kind: str, pod: Pod) -> Pod:
@@ -284,7 +214,7 @@ class Session:
         self.groups.pod_event(kind, pod)
         for g in (group, self.groups.group_of(pod.uid)):
             if g is not None:
-                self._dirty_groups.add(g.key)
+                self.reports.dirty.add(g.key)
                 if pod.uid in state.pending:
                     self._group_retry.clear(g.key)  # a member arrived or changed: try again
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
@@ -301,7 +231,7 @@ class Session:
         """A full list of one API's PodGroups; returns the keys of those that are gone."""
         gone = {k for k, g in self.groups.groups.items() if g.api == api} - {g.key for g in groups}
         self.groups.replace_groups(api, groups)
-        self._dirty_groups.update(g.key for g in groups)
+        self.reports.dirty.update(g.key for g in groups)
         self._group_retry.clear()
         self.wants_step = True
         return gone
@@ -309,17 +239,11 @@ class Session:
     def on_podgroup(self, kind: str, group: PodGroup) -> None:
         old = self.groups.groups.get(group.key)
         self.groups.group_event(kind, group)
-        if kind == "DELETED" or old is None or _spec(old) != _spec(group):
+        spec = old is None or _spec(old) != _spec(group)
+        if kind == "DELETED" or spec:
             self._group_retry.clear(group.key)
-            self._pods_told.pop(f"missing:{group.display}", None)
             self.wants_step = True
-        if kind == "DELETED":
-            self._reported_invalid.pop(group.key, None)
-            self._schedule_start.pop(group.key, None)
-            self._unit_message.pop(group.key, None)
-            self._pods_told.pop(group.key, None)
-        else:
-            self._dirty_groups.add(group.key)
+        self.reports.changed(group, spec=spec, deleted=kind == "DELETED")
 
     def _queues_changed(self, before: int) -> None:
         """Which queue a unit goes to, or whether it fits its quota, may have changed."""
@@ -386,7 +310,7 @@ class Session:
         if group is not None:
             # the rest of the gang is retried as its remainder at once
             self._group_retry.clear(group.key)
-            self._dirty_groups.add(group.key)
+            self.reports.dirty.add(group.key)
         if outcome == "conflict":
             out.resyncs.append(pod_ref(b))
         elif outcome == "failed":
@@ -402,7 +326,7 @@ class Session:
         out = Decisions()
         key = GroupKey(e.unit)
         group = self.groups.groups.get(key)
-        self._dirty_groups.add(key)
+        self.reports.dirty.add(key)
         if outcome != "evicted":
             self.groups.eviction_done(key, PodUID(e.uid))
         if group is None:
@@ -457,7 +381,9 @@ class Session:
         self._check_assumed(now, out)
         self._check_gangs(now, out)
         self._run_cycle(now, out)
-        self._sync_groups(now, out)
+        self.reports.statuses(
+            self.state, now, lambda: Room(self.state, self.groups, self.queues, self.state.snapshot(), now), out,
+        )
         self._sync_queues(now, out)
         self.check(now)
         return out
@@ -485,7 +411,7 @@ class Session:
             if self._pod_retry.skip(uid, gen, now, retry) and pod.key not in nominated:
                 continue
             units.append(single_unit(pod))
-        room = _Room(self, snap if snap is not None else self.state.snapshot(), now)
+        room = Room(self.state, self.groups, self.queues, snap if snap is not None else self.state.snapshot(), now)
         for unit in self.groups.units(self.state, now, room):
             if (not unit.blocked and self._group_retry.skip(unit.key, gen, now, retry)
                     and unit.key not in nominated):
@@ -510,7 +436,7 @@ class Session:
         self._last_gang_check = now
         check = self.groups.check(self.state, now)
         for n in check.notices:
-            self._dirty_groups.add(n.group.key)
+            self.reports.dirty.add(n.group.key)
             out.events.append(EventNote(group_ref(n.group), n.type, n.reason, n.message))
         out.evictions.extend(check.evictions)
 
@@ -551,7 +477,7 @@ class Session:
             elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
                 continue  # members and PodGroups usually arrive together: do not report yet
             elif message == plan.failed_units.get(unit.key) or u.reason == RESERVED:
-                message = self._gang_pod_message(unit.key, message, now)
+                message = self.reports.pod_message(unit.key, message, now)
             out.unschedulable.append(PodCondition(pod_ref(u.pod), u.reason, message))
         self._preempt(plan, out)
         self._gang_results(plan, gangs, gen, now, out)
@@ -566,42 +492,19 @@ class Session:
             del self._blocked_since[key]
 
     def _restore_nominations(self, units: list[Unit], snap: Snapshot, now: float) -> None:
-        """After a restart: a unit whose quorum carries ``status.nominatedNodeName`` (written
-        when it preempted) holds those nodes again, its victims being the pods still
-        terminating there, so the capacity they free still goes to it."""
-        tree = self.queues.tree(snap.columns)
-        for unit in units:
-            quorum = unit.pods[: max(1, unit.min_count)]
-            if unit.blocked or not quorum or not all(p.nominated_node in self.state.nodes for p in quorum):
-                continue
-            nodes = tuple(p.nominated_node for p in quorum)
-            victims = frozenset(
-                p.uid for node in set(nodes) for p in self.state.pods_on(node) if p.deleting
-            )
-            queue = self.queues.queue_of(quorum, self.groups.groups.get(GroupKey(unit.key)), tree)
-            self.queues.restore(Nomination(
-                unit=unit.key, queue=queue if isinstance(queue, str) else None,
-                pods=tuple(p.uid for p in quorum), nodes=nodes,
-                requests=tuple(dict(p.requests) for p in quorum), victims=victims, since=now,
-                priority=unit.priority,
-            ))
-            group = self.groups.groups.get(GroupKey(unit.key))
-            self._preemptor_refs[unit.key] = [group_ref(group)] if group is not None else [pod_ref(p) for p in quorum]
+        """After a restart: units whose quorum carries ``status.nominatedNodeName`` hold
+        those nodes again (:func:`~batchsched.core.preemption.restored_nominations`)."""
+        for n in restored_nominations(units, self.state, self.groups, self.queues, snap, now):
+            self.queues.restore(n)
+            group = self.groups.groups.get(GroupKey(n.unit))
+            quorum = [self.state.pods[PodUID(uid)] for uid in n.pods]
+            self._preemptor_refs[n.unit] = [group_ref(group)] if group is not None else [pod_ref(p) for p in quorum]
 
     def _clear_nominated(self, uids: Iterable[str], out: Decisions) -> None:
         for uid in uids:
             pod = self.state.pods.get(PodUID(uid))
             if pod is not None and pod.nominated_node:
                 out.nominated.append((pod_ref(pod), ""))
-
-    def _gang_pod_message(self, key: str, message: str, now: float) -> str:
-        """What to tell a waiting gang's pods: a new message, or the last one if it was told
-        less than :data:`GANG_POD_MESSAGE_SECONDS` ago."""
-        told = self._pods_told.get(key)
-        if told is None or (told[0] != message and now - told[1] >= GANG_POD_MESSAGE_SECONDS):
-            self._pods_told[key] = (message, now)
-            return message
-        return told[0]
 
     def _preempt(self, plan: Plan, out: Decisions) -> None:
         """The cycle's preemptions: Events, then each victim evicted."""
@@ -631,82 +534,20 @@ class Session:
     def _gang_results(
         self, plan: Plan, gangs: dict[str, Unit], gen: int, now: float, out: Decisions,
     ) -> None:
+        """Each gang's result: told to its PodGroup, and when to try it again."""
         for key, unit in gangs.items():
-            gkey = GroupKey(key)
-            self._dirty_groups.add(gkey)
             if not unit.blocked:
                 self._blocked_since.pop(key, None)
-                self._schedule_start.setdefault(gkey, format_time(now))
             result = plan.results.get(key)
+            holding = key in plan.nominated
+            self.reports.result(unit, result, holding=holding, now=now, out=out)
             if result is None:
                 continue
-            if result.status is UnitStatus.SCHEDULED:
-                self._unit_message.pop(key, None)
-                self._pods_told.pop(key, None)
+            if result.status is UnitStatus.SCHEDULED or holding:
+                # placed, or it preempted others (or waits for them to go): tried next cycle
                 self._group_retry.clear(key)
-                group = self.groups.groups.get(gkey)
-                if group is not None:
-                    message = explain.gang_placed(
-                        quorum=unit.min_count, min_member=group.min_member,
-                        extra=result.placed - unit.min_count, where=self._placed_where(unit, result.where),
-                    )
-                    out.events.append(EventNote(group_ref(group), "Normal", "Scheduled", message))
-            elif key in plan.nominated:
-                # it preempted others (or waits for them to go): retried in the next cycles
-                self._unit_message[key] = ("WaitingForPreemption", result.message)
-                self._group_retry.clear(key)
-            elif result.failed or result.reason == RESERVED:
-                self._unit_message[key] = (result.reason, result.message)
-                if result.failed and not unit.blocked and key not in plan.deferred:
-                    self._group_retry.failed(key, gen, now)
-
-    def _placed_where(self, unit: Unit, where: str) -> str:
-        """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
-        if not where:
-            return ""
-        level = unit.topology_level
-        return explain.placed_where(
-            where, fell_back=where == CLUSTER,
-            level_name=self.cycle.levels.name(level) if level is not None else "domain",
-        )
-
-    def _sync_groups(self, now: float, out: Decisions) -> None:
-        """The status of the groups that changed (and, now and then, of every group)."""
-        if now - self._last_sweep >= GROUP_SWEEP_SECONDS:
-            self._last_sweep = now
-            self._dirty_groups.update(self.groups.groups)
-        dirty, self._dirty_groups = self._dirty_groups, set()
-        room: _Room | None = None
-        for key in sorted(dirty):
-            group = self.groups.groups.get(key)
-            if group is None:
-                continue
-            if group.invalid and self._reported_invalid.get(key) != group.invalid:
-                self._reported_invalid[key] = group.invalid
-                out.events.append(EventNote(
-                    group_ref(group), "Warning", "InvalidPodGroup",
-                    explain.invalid_group(group.display, group.invalid),
-                ))
-            tally = self.groups.tally(group, self.state)
-            if not tally.ours:
-                continue
-            admitted = False
-            if group.api == VOLCANO and group.observed.phase in ("", "Pending"):
-                if room is None:
-                    room = _Room(self, self.state.snapshot(), now)
-                admitted = self.groups.admitted(group, self.state, now, room)
-            reason, message = self._unit_message.get(key, ("", ""))
-            backing_off = self.groups.backing_off(key, now)
-            if not tally.pending and not group.invalid and not backing_off:
-                reason, message = "", ""  # the cycle's last word is stale: nothing waits
-            elif backing_off:
-                reason = "GangBackoff"
-                message = self.groups.blocked_message(group, now)
-            status = desired_status(
-                group, tally, waiting=message, reason=reason, admitted=admitted,
-                schedule_start=self._schedule_start.get(key, ""),
-            )
-            out.group_statuses.append((group, status))
+            elif result.failed and not unit.blocked and key not in plan.deferred:
+                self._group_retry.failed(key, gen, now)
 
     def _sync_queues(self, now: float, out: Decisions, queues: QueueInput | None = None) -> None:
         """The Queue statuses, at most every ``queue_status_interval``.

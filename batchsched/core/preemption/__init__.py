@@ -9,7 +9,13 @@ from batchsched.core.preemption.candidates import (
     entitled,
     eviction_kind,
 )
-from batchsched.core.preemption.nominations import Held, Terminating, held_nominations
+from batchsched.core.preemption.nominations import (
+    Held,
+    Terminating,
+    held_nominations,
+    restored_nominations,
+)
+from batchsched.core.preemption.room import Room
 from batchsched.core.preemption.victims import (
     NoPreemption,
     Preemption,
@@ -26,10 +32,12 @@ __all__ = [
     "NoPreemption",
     "Preemption",
     "Preemptor",
+    "Room",
     "Terminating",
     "Walk",
     "entitled",
     "eviction_kind",
     "held_nominations",
+    "restored_nominations",
     "select_victims",
 ]

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from batchsched.core.plan import Nomination
-from batchsched.core.queues import QueueTree
+from batchsched.core.gangs import GroupBook, GroupKey
+from batchsched.core.mirror import ClusterState, Snapshot
+from batchsched.core.plan import Nomination, Unit
+from batchsched.core.queues import QueueBook, QueueTree
 
 __all__ = ["Held", "Terminating", "held_nominations"]
 
@@ -85,3 +87,27 @@ class Terminating:
             if row in self.pods and bool((self.used[row] + self.term[row] > self.alloc[row]).any()):
                 out |= self.pods[row]
         return out
+
+
+def restored_nominations(
+    units: Sequence[Unit], state: ClusterState, groups: GroupBook, queues: QueueBook, snap: Snapshot, now: float,
+) -> list[Nomination]:
+    """After a restart: a unit whose quorum carries ``status.nominatedNodeName`` (written
+    when it preempted) holds those nodes again, its victims being the pods still
+    terminating there, so the capacity they free still goes to it."""
+    tree = queues.tree(snap.columns)
+    out = []
+    for unit in units:
+        quorum = unit.pods[: max(1, unit.min_count)]
+        if unit.blocked or not quorum or not all(p.nominated_node in state.nodes for p in quorum):
+            continue
+        nodes = tuple(p.nominated_node for p in quorum)
+        victims = frozenset(p.uid for node in set(nodes) for p in state.pods_on(node) if p.deleting)
+        queue = queues.queue_of(quorum, groups.groups.get(GroupKey(unit.key)), tree)
+        out.append(Nomination(
+            unit=unit.key, queue=queue if isinstance(queue, str) else None,
+            pods=tuple(p.uid for p in quorum), nodes=nodes,
+            requests=tuple(dict(p.requests) for p in quorum), victims=victims, since=now,
+            priority=unit.priority,
+        ))
+    return out

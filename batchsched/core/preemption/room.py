@@ -1,0 +1,47 @@
+"""What a gang could have, for its ``minResources``: the free capacity, and the running
+work it may preempt or reclaim by the one eviction rule (:func:`entitled`).
+
+A gang's ``minResources`` is weighed against this, not against free capacity alone: a
+high-priority training job on a cluster full of lower-priority work is entitled to the
+room its preemption frees, and a queue below its nominal to what others borrowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from batchsched.core.gangs import GroupBook, PodGroup, free_capacity
+from batchsched.core.mirror import ClusterState, Snapshot
+from batchsched.core.model import Pod
+from batchsched.core.preemption.candidates import Claim, entitled
+from batchsched.core.queues import QueueBook
+
+__all__ = ["Room"]
+
+
+class Room:
+    """Built once per step over its snapshot; computes lazily."""
+
+    def __init__(
+        self, state: ClusterState, groups: GroupBook, queues: QueueBook, snap: Snapshot, now: float,
+    ) -> None:
+        self.state, self.groups, self.queues = state, groups, queues
+        self.snap, self.now = snap, now
+        self._free: dict[str, int] | None = None
+
+    def __call__(self, group: PodGroup, pods: Sequence[Pod]) -> tuple[dict[str, int], dict[str, int]]:
+        """(free capacity, what ``group`` may preempt), per resource."""
+        snap = self.snap
+        if self._free is None:
+            self._free = free_capacity(snap)
+        if not self.queues.settings.preemption:
+            return self._free, {}
+        tree = self.queues.tree(snap.columns)
+        running = self.queues.running(state=self.state, groups=self.groups, snap=snap, tree=tree, now=self.now)
+        q = self.queues.queue_of(pods, group, tree)
+        claim = Claim(
+            key=group.key, uid=group.uid or group.key, queue=q if isinstance(q, str) else None,
+            priority=self.groups.priority(group, pods), created=group.created, name=group.display,
+        )
+        vec = entitled(claim, running, tree, len(snap.columns))
+        return self._free, {c: int(vec[i]) for i, c in enumerate(snap.columns) if vec[i]}

@@ -1,0 +1,143 @@
+"""What each PodGroup is told: its status, the message its pods get, and its Events.
+
+A group's status is written when something about it changed (a member arrived or was
+bound, a cycle decided about it, its spec changed) and, besides, on a slow sweep over every
+group. Its condition carries the last cycle's word on why it waits; its pods get the same
+message, but a waiting gang's message changes with every change of capacity ("only 12 fit
+now"), so they are told a new one at most every :data:`POD_MESSAGE_SECONDS` (a write per
+member), while the PodGroup condition follows each change (one write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from batchsched.core import explain
+from batchsched.core.decisions import Decisions, EventNote, group_ref
+from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup, Room, desired_status
+from batchsched.core.mirror import ClusterState
+from batchsched.core.model import format_time
+from batchsched.core.placement.topology import CLUSTER, TopologyLevels
+from batchsched.core.plan import Unit, UnitResult, UnitStatus
+from batchsched.core.reservation import RESERVED
+
+__all__ = ["GROUP_SWEEP_SECONDS", "POD_MESSAGE_SECONDS", "GroupReports"]
+
+#: a full pass over every group's status, besides the groups known to have changed
+GROUP_SWEEP_SECONDS = 5.0
+#: a waiting gang's pods are told a new message at most this often
+POD_MESSAGE_SECONDS = 30.0
+
+
+class GroupReports:
+    """The books of what was told to each group and its pods."""
+
+    def __init__(self, groups: GroupBook, levels: TopologyLevels) -> None:
+        self.groups = groups
+        self.levels = levels
+        #: groups whose status is to be written in the next step
+        self.dirty: set[GroupKey] = set()
+        #: group unit key -> (reason, message) of why it was not placed in the last cycle
+        self._message: dict[str, tuple[str, str]] = {}
+        self._schedule_start: dict[GroupKey, str] = {}
+        self._reported_invalid: dict[GroupKey, str] = {}
+        #: gang unit key -> (message, time) last told its pods
+        self._pods_told: dict[str, tuple[str, float]] = {}
+        self._last_sweep = -1e18
+
+    def changed(self, group: PodGroup, *, spec: bool, deleted: bool) -> None:
+        """A PodGroup event: ``spec`` when what decides its placement changed."""
+        if spec or deleted:
+            self._pods_told.pop(f"missing:{group.display}", None)
+        if deleted:
+            self._reported_invalid.pop(group.key, None)
+            self._schedule_start.pop(group.key, None)
+            self._message.pop(group.key, None)
+            self._pods_told.pop(group.key, None)
+        else:
+            self.dirty.add(group.key)
+
+    def pod_message(self, key: str, message: str, now: float) -> str:
+        """What to tell a waiting gang's pods: a new message, or the last one if it was told
+        less than :data:`POD_MESSAGE_SECONDS` ago."""
+        told = self._pods_told.get(key)
+        if told is None or (told[0] != message and now - told[1] >= POD_MESSAGE_SECONDS):
+            self._pods_told[key] = (message, now)
+            return message
+        return told[0]
+
+    def result(
+        self, unit: Unit, result: UnitResult | None, *, holding: bool, now: float, out: Decisions,
+    ) -> None:
+        """A cycle's word on a gang: kept for its condition; a placed gang's Event."""
+        key = GroupKey(unit.key)
+        self.dirty.add(key)
+        if not unit.blocked:
+            self._schedule_start.setdefault(key, format_time(now))
+        if result is None:
+            return
+        if result.status is UnitStatus.SCHEDULED:
+            self._message.pop(key, None)
+            self._pods_told.pop(key, None)
+            group = self.groups.groups.get(key)
+            if group is not None:
+                message = explain.gang_placed(
+                    quorum=unit.min_count, min_member=group.min_member,
+                    extra=result.placed - unit.min_count, where=self._placed_where(unit, result.where),
+                )
+                out.events.append(EventNote(group_ref(group), "Normal", "Scheduled", message))
+        elif holding:
+            self._message[key] = ("WaitingForPreemption", result.message)
+        elif result.failed or result.reason == RESERVED:
+            self._message[key] = (result.reason, result.message)
+
+    def _placed_where(self, unit: Unit, where: str) -> str:
+        """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
+        if not where:
+            return ""
+        level = unit.topology_level
+        return explain.placed_where(
+            where, fell_back=where == CLUSTER,
+            level_name=self.levels.name(level) if level is not None else "domain",
+        )
+
+    def statuses(
+        self, state: ClusterState, now: float, room: Callable[[], Room], out: Decisions,
+    ) -> None:
+        """The status of the groups that changed (and, now and then, of every group).
+        ``room()``: what groups could have, for Volcano's admission (built when needed)."""
+        if now - self._last_sweep >= GROUP_SWEEP_SECONDS:
+            self._last_sweep = now
+            self.dirty.update(self.groups.groups)
+        dirty, self.dirty = self.dirty, set()
+        admission: Room | None = None
+        for key in sorted(dirty):
+            group = self.groups.groups.get(key)
+            if group is None:
+                continue
+            if group.invalid and self._reported_invalid.get(key) != group.invalid:
+                self._reported_invalid[key] = group.invalid
+                out.events.append(EventNote(
+                    group_ref(group), "Warning", "InvalidPodGroup",
+                    explain.invalid_group(group.display, group.invalid),
+                ))
+            tally = self.groups.tally(group, state)
+            if not tally.ours:
+                continue
+            admitted = False
+            if group.api == VOLCANO and group.observed.phase in ("", "Pending"):
+                if admission is None:
+                    admission = room()
+                admitted = self.groups.admitted(group, state, now, admission)
+            reason, message = self._message.get(key, ("", ""))
+            backing_off = self.groups.backing_off(key, now)
+            if not tally.pending and not group.invalid and not backing_off:
+                reason, message = "", ""  # the cycle's last word is stale: nothing waits
+            elif backing_off:
+                reason = "GangBackoff"
+                message = self.groups.blocked_message(group, now)
+            status = desired_status(
+                group, tally, waiting=message, reason=reason, admitted=admitted,
+                schedule_start=self._schedule_start.get(key, ""),
+            )
+            out.group_statuses.append((group, status))

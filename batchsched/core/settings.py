@@ -1,0 +1,42 @@
+"""What the scheduling session applies: the config file's sections, as one value.
+
+:mod:`batchsched.config` reads and validates the file and builds these
+(:meth:`batchsched.config.Config.session_settings`); tests and the replay build them
+directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.placement.topology import TopologyLevels
+from batchsched.core.queues import QueueSettings
+from batchsched.core.reservation import ReservationSettings
+
+__all__ = ["SessionSettings"]
+
+
+@dataclass(slots=True, frozen=True)
+class SessionSettings:
+    """What the session applies (the config file's sections, see :mod:`batchsched.config`)."""
+
+    scheduler_names: tuple[str, ...] = ("batchsched",)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    levels: TopologyLevels = field(default_factory=TopologyLevels)
+    queues: QueueSettings = field(default_factory=QueueSettings)
+    #: a unit that did not fit is tried again after this long even if nothing changed
+    retry_unschedulable: float = 30.0
+    #: a binding the watch has not confirmed after this long is read again
+    assumed_timeout: float = 30.0
+    gang_default_timeout: float = 60.0
+    gang_initial_backoff: float = 5.0
+    gang_max_backoff: float = 300.0
+    #: a gang blocked before placement (members or its PodGroup still arriving) is told so
+    #: only after this long
+    gang_report_delay: float = 2.0
+    #: Queue statuses are written at most this often
+    queue_status_interval: float = 5.0
+    #: write a ``Scheduled`` Event for each bound pod
+    scheduled_events: bool = True
+    reservation: ReservationSettings = field(default_factory=ReservationSettings)
