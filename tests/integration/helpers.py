@@ -17,6 +17,7 @@ from batchsched.app import Scheduler
 from batchsched.config import parse_config
 from batchsched.core.quantity import to_units
 from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import NotFoundError
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, interval: float = 0.2) -> Any:
@@ -175,3 +176,22 @@ async def owner(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
     cm = await kube.create(f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": name}})
     return {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": cm["metadata"]["uid"],
             "controller": True, "blockOwnerDeletion": True}
+
+
+QUEUES = "/apis/batchsched.io/v1alpha1/queues"
+
+
+@contextlib.asynccontextmanager
+async def queues(kube: KubeClient, *specs: tuple[str, dict[str, Any]]) -> AsyncIterator[None]:
+    """Queues (name, spec) made for the test, deleted after it."""
+    made: list[str] = []
+    try:
+        for name, spec in specs:
+            await kube.create(QUEUES, {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue",
+                                       "metadata": {"name": name}, "spec": spec})
+            made.append(name)
+        yield
+    finally:
+        for name in reversed(made):
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"{QUEUES}/{name}")

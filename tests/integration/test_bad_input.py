@@ -11,6 +11,7 @@ import pytest
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
+    QUEUES,
     create_pods,
     events_for,
     list_pods,
@@ -21,7 +22,6 @@ from tests.integration.helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-QUEUES = "/apis/batchsched.io/v1alpha1/queues"
 WIDGET = "example.com/widget"
 
 

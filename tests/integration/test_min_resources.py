@@ -11,15 +11,12 @@ workers).
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
     VOLCANO,
     VOLCANO_CRD,
@@ -31,13 +28,13 @@ from tests.integration.helpers import (
     list_pods,
     owner,
     pod_body,
+    queues,
     running_scheduler,
     wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-QUEUES = "/apis/batchsched.io/v1alpha1/queues"
 GPU = "nvidia.com/gpu"
 
 
@@ -134,21 +131,6 @@ async def test_volcano_group_with_min_resources_is_admitted_when_it_may_preempt(
         await wait_for(whole, timeout=40)
 
 
-@contextlib.asynccontextmanager
-async def _queues(kube: KubeClient, *specs: tuple[str, dict[str, Any]]) -> AsyncIterator[None]:
-    made: list[str] = []
-    try:
-        for name, spec in specs:
-            await kube.create(QUEUES, {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue",
-                                       "metadata": {"name": name}, "spec": spec})
-            made.append(name)
-        yield
-    finally:
-        for name in reversed(made):
-            with contextlib.suppress(NotFoundError):
-                await kube.delete(f"{QUEUES}/{name}")
-
-
 async def test_kuberay_gang_with_min_resources_reclaims_its_queues_nominal(
     sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:
@@ -156,7 +138,7 @@ async def test_kuberay_gang_with_min_resources_reclaims_its_queues_nominal(
     org, research, prod = f"org-{tag}", f"research-{tag}", f"prod-{tag}"
     await make_nodes(count=2, gpus=8, labels={"pool": tag})
     quota = {"resources": [{"name": GPU, "nominal": 8}]}
-    async with _queues(kube, (org, {}), (research, {"parent": org, **quota}), (prod, {"parent": org, **quota})), \
+    async with queues(kube, (org, {}), (research, {"parent": org, **quota}), (prod, {"parent": org, **quota})), \
             running_scheduler(sandbox.kubeconfig, namespace):
         # research borrows prod's idle 8 GPUs: both nodes are its
         fillers = await _fill(kube, namespace, tag, 2, **{"batchsched.io/queue": research})

@@ -11,43 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
+    QUEUES,
     XK8S,
     assert_no_overcommit,
     create_pods,
     events_for,
     list_pods,
     pod_body,
+    queues,
     running_scheduler,
     wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-QUEUES = "/apis/batchsched.io/v1alpha1/queues"
 GPU = "nvidia.com/gpu"
-
-
-@contextlib.asynccontextmanager
-async def queues(kube: KubeClient, *specs: tuple[str, dict[str, Any]]) -> AsyncIterator[None]:
-    made: list[str] = []
-    try:
-        for name, spec in specs:
-            await kube.create(QUEUES, {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue",
-                                       "metadata": {"name": name}, "spec": spec})
-            made.append(name)
-        yield
-    finally:
-        for name in reversed(made):
-            with contextlib.suppress(NotFoundError):
-                await kube.delete(f"{QUEUES}/{name}")
 
 
 def gpu_queue(parent: str | None, nominal: int, **preemption: str) -> dict[str, Any]:
