@@ -25,49 +25,30 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from batchsched.config import Config, ConfigError, load_config
-from batchsched.core import explain
 from batchsched.core.decisions import Decisions
-from batchsched.core.disruption import parse_pdb
-from batchsched.core.gangs import VOLCANO, XK8S, PodGroup, parse_podgroup
-from batchsched.core.model import Pod, PodUID, parse_node, parse_pod
+from batchsched.core.model import PodUID
 from batchsched.core.placement import kernels
 from batchsched.core.plan import Binding, Eviction, ObjectRef
 from batchsched.core.session import Session
-from batchsched.core.volumes import parse_claim, parse_storage_class, parse_volume
 from batchsched.kube.binder import Binder
 from batchsched.kube.client import KubeClient
 from batchsched.kube.endpoints import serve_endpoints
 from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.groupstatus import GroupStatusWriter
+from batchsched.kube.intake import Intake
 from batchsched.kube.leader import LeaderElector
-from batchsched.kube.queuestatus import QUEUES_PATH, QueueStatusWriter
+from batchsched.kube.queuestatus import QueueStatusWriter
 from batchsched.kube.status import StatusWriter
-from batchsched.kube.watch import Reflector
 from batchsched.metrics import Metrics
 
 log = logging.getLogger("batchsched")
 
-PODGROUP_PATHS = {
-    XK8S: "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
-    VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
-}
-
-
 class SchedulerFailed(RuntimeError):
     """The replica stopped on an unexpected error (it was reported and the lease released)."""
-
-
-def _named(obj: dict[str, Any]) -> dict[str, Any]:
-    """An object the session reads itself (Queues, Namespaces): only its name is checked."""
-    if not isinstance(obj.get("metadata"), dict) or not isinstance(obj["metadata"].get("name"), str):
-        raise ValueError("it has no metadata.name")
-    return obj
 
 
 class Scheduler:
@@ -102,81 +83,11 @@ class Scheduler:
         self._tasks: list[asyncio.Task[Any]] = []
         self.elector: LeaderElector | None = None
         self._failure: BaseException | None = None
-        #: uid -> the error last told about an object that could not be read
-        self._told_unreadable: dict[str, str] = {}
-        s = self.session
-        self.reflectors = [
-            self._feed("/api/v1/nodes", "nodes", "Node", parse_node, s.on_nodes_listed, s.on_node),
-            self._feed("/api/v1/pods", "pods", "Pod", parse_pod, s.on_pods_listed, self._pod_event),
-            self._feed("/apis/scheduling.k8s.io/v1/priorityclasses", "priorityclasses", "PriorityClass",
-                       lambda o: (str(o["metadata"]["name"]), int(o.get("value") or 0)),
-                       lambda items: s.on_priority_classes_listed(dict(items)),
-                       lambda kind, pc: s.on_priority_class(kind, *pc)),
-            self._feed(QUEUES_PATH, "queues", "Queue", _named, self._queues_listed, self._queue_event),
-            self._feed("/api/v1/namespaces", "namespaces", "Namespace", _named,
-                       s.on_namespaces_listed, s.on_namespace),
-            self._feed("/apis/policy/v1/poddisruptionbudgets", "poddisruptionbudgets", "PodDisruptionBudget",
-                       parse_pdb, s.on_budgets_listed, s.on_budget),
-            self._feed("/api/v1/persistentvolumeclaims", "persistentvolumeclaims", "PersistentVolumeClaim",
-                       parse_claim, s.on_claims_listed, s.on_claim),
-            self._feed("/api/v1/persistentvolumes", "persistentvolumes", "PersistentVolume",
-                       parse_volume, s.on_volumes_listed, s.on_volume),
-            self._feed("/apis/storage.k8s.io/v1/storageclasses", "storageclasses", "StorageClass",
-                       parse_storage_class, s.on_storage_classes_listed, s.on_storage_class),
-        ]
-        for api, path in PODGROUP_PATHS.items():
-            self.reflectors.append(self._feed(
-                path, f"podgroups.{api}", "PodGroup", partial(parse_podgroup, api),
-                partial(self._groups_listed, api), self._group_event,
-            ))
-
-    def _feed(
-        self, path: str, name: str, kind: str, parse: Callable[[dict[str, Any]], Any],
-        listed: Callable[[list[Any]], Any], event: Callable[[str, Any], Any],
-    ) -> Reflector:
-        """A watch whose objects are parsed one by one (an object that cannot be read is
-        reported and skipped) and handed to the session (an error there stops the replica:
-        its books may be half-updated)."""
-
-        def parsed(obj: dict[str, Any]) -> Any:
-            try:
-                return parse(obj)
-            except Exception as exc:  # one bad object must not stop the watch
-                self._unreadable(kind, obj, exc)
-                return None
-
-        def on_list(items: list[dict[str, Any]]) -> None:
-            values = [v for v in map(parsed, items) if v is not None]
-            self._guard(listed, values)
-
-        def on_event(etype: str, obj: dict[str, Any]) -> None:
-            self.metrics.watch_events.labels(name).inc()
-            value = parsed(obj)
-            if value is not None:
-                self._guard(event, etype, value)
-
-        return Reflector(self.client, path, on_list=on_list, on_event=on_event, name=name)
-
-    def _guard(self, intake: Callable[..., Any], *args: Any) -> None:
-        try:
-            intake(*args)
-        except Exception as exc:
-            self._fail(exc)
-            return
-        self._poke()
-
-    def _unreadable(self, kind: str, obj: dict[str, Any], exc: Exception) -> None:
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-            log.warning("skipped a %s without a name: %s", kind, exc)
-            return
-        ref = ObjectRef.of(obj, kind=kind)
-        message = explain.unreadable_object(kind, str(exc))
-        if self._told_unreadable.get(ref.uid) == message:
-            return
-        self._told_unreadable[ref.uid] = message
-        log.warning("%s %s/%s: %s", kind, ref.namespace, ref.name, message)
-        self.status.event(ref, type="Warning", reason="Unreadable", message=message)
+        self.intake = Intake(
+            client, self.session, status=self.status, group_status=self.group_status,
+            queue_status=self.queue_status, metrics=self.metrics, on_change=self._poke, on_failure=self._fail,
+        )
+        self.reflectors = self.intake.reflectors
 
     def _fail(self, exc: BaseException) -> None:
         """An unexpected error: never keep a replica that looks alive and schedules
@@ -195,37 +106,11 @@ class Scheduler:
         if self.session.wants_step:
             self._wake.set()
 
-    # -- watch intake that also keeps the writers' books ------------------------------------------
-
-    def _pod_event(self, kind: str, pod: Pod) -> None:
-        self.session.on_pod(kind, pod)
-        if kind == "DELETED":
-            self.status.forget(pod.uid)
-            self._told_unreadable.pop(pod.uid, None)
-
-    def _groups_listed(self, api: str, groups: list[PodGroup]) -> None:
-        for key in self.session.on_groups_listed(api, groups):
-            self.group_status.forget(key)
-
-    def _group_event(self, kind: str, group: PodGroup) -> None:
-        self.session.on_podgroup(kind, group)
-        if kind == "DELETED":
-            self.group_status.forget(group.key)
-
-    def _queues_listed(self, items: list[dict[str, Any]]) -> None:
-        for name in self.session.on_queues_listed(items):
-            self.queue_status.forget(name)
-
-    def _queue_event(self, kind: str, obj: dict[str, Any]) -> None:
-        self.session.on_queue(kind, obj)
-        if kind == "DELETED":
-            self.queue_status.forget(str(obj["metadata"]["name"]))
-
     # -- results -----------------------------------------------------------------------------------
 
     def _bind_result(self, b: Binding, outcome: str, err: KubeError | None) -> None:
         self.metrics.binds.labels(outcome).inc()
-        self._guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time())))
+        self.intake.guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time())))
 
     def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
         if e.preemptor and outcome == "evicted":
@@ -233,7 +118,7 @@ class Scheduler:
         if e.preemptor and outcome in ("blocked", "failed"):
             log.info("preemption for %s: eviction of %s/%s %s: %s", e.preemptor, e.namespace, e.name, outcome, err)
         error = str(err) if err is not None else ""
-        self._guard(lambda: self._apply(self.session.on_evict_result(e, outcome, error=error)))
+        self.intake.guard(lambda: self._apply(self.session.on_evict_result(e, outcome, error=error)))
 
     def _resync(self, ref: ObjectRef) -> None:
         """Read a pod again (a conflict, a binding never confirmed) and feed what is there."""
@@ -256,12 +141,7 @@ class Scheduler:
                 old = state.pods.get(uid)
                 if old is not None:
                     self.session.on_pod("DELETED", old)
-            try:
-                pod = parse_pod(obj)
-            except Exception as exc:
-                self._unreadable("Pod", obj, exc)
-                return
-            self._guard(self._pod_event, "MODIFIED", pod)
+            self.intake.pod("MODIFIED", obj)
 
         self._tasks.append(asyncio.get_running_loop().create_task(fetch()))
 
