@@ -63,6 +63,7 @@ from batchsched.core.placement.layout import (
     request_matrix,
 )
 from batchsched.core.placement.nodefilter import NodeFilter
+from batchsched.core.placement.podtopology import TopologyCache
 from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import (
     CLUSTER,
@@ -114,6 +115,7 @@ class Cycle:
         self._rows: dict[str, int] = {}
         self._arrays: ScoringArrays | None = None
         self._arrays_columns: tuple[str, ...] = ()
+        self._pod_topology = TopologyCache()
 
     def _node_filter(self, snap: Snapshot) -> NodeFilter:
         key = (snap.node_generation, len(snap.nodes))
@@ -176,6 +178,7 @@ class _Walk:
         self.held: dict[str, Held] = {}
         self.preemption = CyclePreemption(self)
         self.reserve = cycle.reservations.begin(self, state)
+        self.topo = cycle._pod_topology.begin(self.filt, self.rows, state, snap, self.arrays, cycle._place, cycle._insufficient)
 
     # -- setup: running work, nominations, history -----------------------------------------
 
@@ -274,7 +277,9 @@ class _Walk:
         self, pod: Pod, req: IntArray | None, mask: npt.NDArray[np.bool_], usage: IntArray | None = None
     ) -> str:
         """Why ``pod`` fits no node, against ``usage`` (the walk's usage by default)."""
-        key = (pod.constraint_key(), pod.pod_affinity, None if req is None else req.tobytes())
+        if req is not None and self.topo.affected((pod,)):
+            return self.topo.explain(pod, req, mask, self.used if usage is None else usage)
+        key = (pod.constraint_key(), None if req is None else req.tobytes())
         cached = self.explain_cache.get(key) if usage is None else None
         if cached is not None:
             return cached
@@ -291,10 +296,10 @@ class _Walk:
             self.explain_cache[key] = message
         return message
 
-    def _kernel(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int, out: IntArray) -> int:
+    def _kernel(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int, out: IntArray, place: Kernel | None = None) -> int:
         k0 = time.perf_counter()
         a = self.arrays
-        placed = self.cycle._place(
+        placed = (place or self.cycle._place)(
             self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, a.weights, a.scalar,
             a.shape_u, a.shape_s, a.strategy, min_count, out,
         )
@@ -315,13 +320,13 @@ class _Walk:
         sig = lay.sig[:k]
         level = unit.topology_level
         if level is None or mc == 0:
-            placed = self._kernel(reqs, lay, sig, mc, out)
+            placed = self._kernel(reqs, lay, sig, mc, out, self.topo.kernel(unit.pods))
             return placed, lay.domain if placed else ""
         k0 = time.perf_counter()
         placed, where = place_gang_topology(
             self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, self.arrays, mc, out,
             self.domains(), required_level=level if unit.topology_required else None,
-            place=self.cycle._place, columns=self.snap.columns,
+            place=self.topo.kernel(unit.pods), columns=self.snap.columns,
         )
         self.kernel_time += time.perf_counter() - k0
         return placed, where
@@ -330,11 +335,12 @@ class _Walk:
         """The placement the victim search checks room with: topology-aware for a gang with
         a policy, so that the room it frees is room the gang can use."""
         level = unit.topology_level
+        place = self.topo.kernel(unit.pods)
         if level is None:
-            return self.cycle._place
+            return place
         return topology_placer(
             self.domains(), required_level=level if unit.topology_required else None,
-            place=self.cycle._place, columns=self.snap.columns,
+            place=place, columns=self.snap.columns,
         )
 
     def fail(
@@ -348,6 +354,7 @@ class _Walk:
             plan.unschedulable.append(Unschedulable(pod, message, unit.key, reason))
 
     def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "") -> None:
+        self.topo.add(pod, row)
         self.plan.bindings.append(
             Binding(pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key, where)
         )
@@ -400,8 +407,8 @@ class _Walk:
             if unit.blocked:
                 self.fail(unit, unit.blocked, reason=unit.blocked_reason, status=blocked_status(unit))
                 order.skipped(unit)
-            elif unit.single and q is None and unit.topology_level is None:
-                more = order.more(self.reserve.alike(unit))
+            elif unit.single and q is None and unit.topology_level is None and not self.topo.affected(unit.pods):
+                more = order.more(self.topo.alike(self.reserve.alike(unit)))
                 plan.tried.extend(u.key for u in more)
                 self._singles(order, [unit, *more])
             else:
@@ -576,12 +583,14 @@ class _Walk:
             reason = where if not lay.domain else explain.rest_in_domain(lay.domain, where)
         elif unit.single:
             reason = self.explain(pods[0], None if reqs is None else reqs[0], lay.masks[lay.sig[0]])
+        elif reqs is not None and len(pods) >= mc and self.topo.affected(pods):
+            reason = self.topo.gang_message(pods, mc, reqs, lay.sig, lay.masks, self.used)
         else:
             reason = gang_message(
                 pods, unit.min_count, lay, self.explain, alloc=self.snap.alloc, used=self.used,
                 columns=self.snap.columns, arrays=self.arrays, place=self.cycle._place,
             )
-        why = ""
+        why, lay = "", self.topo.narrow(pods, lay)
         if reqs is not None and mc > 0 and len(pods) >= mc:
             preempted, why = self.preemption.preempt(q, unit, lay)
             if preempted:

@@ -134,7 +134,6 @@ class Pod:
     required_terms: tuple[Term, ...] | None = None
     preferred_terms: tuple[tuple[int, Term], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
-    pod_affinity: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
@@ -168,14 +167,24 @@ class Pod:
         return bool(self.node_name) and not self.terminal
 
     def constraint_key(self) -> tuple[Any, ...]:
-        """Everything that decides which nodes a pod may use, apart from free capacity.
-        An invalid pod shares its key with no other pod (it is reported on its own)."""
+        """Everything that decides which nodes a pod may use, apart from free capacity and
+        where other pods are. An invalid pod shares its key with no other pod (it is
+        reported on its own); one with spread constraints or inter-pod terms only with pods
+        of its namespace and labels that carry the same (their terms hold dicts: by repr)."""
+        topology: tuple[Any, ...] = ()
+        if self.spread or self.affinity_terms or self.anti_affinity_terms:
+            topology = (
+                repr((self.spread, self.affinity_terms, self.anti_affinity_terms)),
+                self.namespace,
+                tuple(sorted(self.labels.items())),
+            )
         return (
             tuple(sorted(self.node_selector.items())),
             self.required_terms,
             self.preferred_terms,
             self.tolerations,
             self.uid if self.invalid else "",
+            *topology,
         )
 
 
@@ -357,11 +366,6 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         (int(p.get("weight", 0)), _term(p.get("preference") or {}))
         for p in (node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
     )
-    pod_affinity = ""
-    if (affinity.get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
-        pod_affinity = "required pod affinity"
-    if (affinity.get("podAntiAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
-        pod_affinity = (pod_affinity + " and " if pod_affinity else "") + "required pod anti-affinity"
     tolerations = tuple(
         Toleration(
             key=str(t.get("key") or ""),
@@ -387,7 +391,6 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         required_terms=required_terms,
         preferred_terms=preferred,
         tolerations=tolerations,
-        pod_affinity=pod_affinity,
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
         resource_version=str(meta.get("resourceVersion", "")),

@@ -117,12 +117,13 @@ def test_max_pods_per_node() -> None:
     assert "insufficient pods" in plan.unschedulable[0].message
 
 
-def test_pod_affinity_is_reported_not_ignored() -> None:
+def test_pod_anti_affinity_is_honoured_not_ignored() -> None:
     state = mirror(
-        make_node("n").cap(cpu="4", memory="8Gi").build(),
+        make_node("n").cap(cpu="4", memory="8Gi").label({"kubernetes.io/hostname": "n"}).build(),
+        make_pod("x").label(app="x").uid("x").running("n").build(),
         make_pod("p").pod_anti_affinity(app="x").build(),
     )
-    plan = run(state)
+    plan = Cycle(ScoringConfig()).run(state.snapshot(), [single_unit(p) for p in state.pending.values()], state=state)
     assert plan.bindings == []
     assert "pod anti-affinity" in plan.unschedulable[0].message
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchsched.core.model import GPU, Node, Pod, Taint, Toleration
+from batchsched.core.model import GPU, LabelSelector, Node, Pod, PodAffinityTerm, Taint, Toleration
 from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.placement.predicates import (
     REASON_AFFINITY,
@@ -387,10 +388,19 @@ def test_reasons_come_in_order() -> None:
         check(pod, [node.build()], [expected])
 
 
-def test_pod_affinity_fits_nowhere() -> None:
-    pod = make_pod("p").pod_anti_affinity(app="x").build()
+def with_namespace_selector(pod: Pod) -> Pod:
+    """``pod`` with a required anti-affinity term that selects namespaces by label."""
+    term = PodAffinityTerm(LabelSelector({"app": "x"}), "kubernetes.io/hostname",
+                           namespace_selector=LabelSelector({"team": "a"}))
+    return replace(pod, anti_affinity_terms=(*pod.anti_affinity_terms, term))
+
+
+def test_pod_affinity_is_left_to_podtopology_but_a_namespace_selector_fits_nowhere() -> None:
     nodes = [make_node("a").build(), make_node("b").build()]
-    assert pod.pod_affinity
+    plain = make_pod("p").pod_anti_affinity(app="x").build()
+    assert NodeFilter(nodes).mask(plain).tolist() == [True, True]
+    assert all(reject_reason(plain, n) is None for n in nodes)
+    pod = with_namespace_selector(make_pod("p").build())
     assert not NodeFilter(nodes).mask(pod).any()
     assert all(reject_reason(pod, n) is not None for n in nodes)
     assert NodeFilter(nodes).static_score(pod).tolist() == [0, 0]
@@ -543,14 +553,13 @@ def test_explain_special_cases() -> None:
     assert (
         NodeFilter([]).explain(make_pod("p").build()) == "0/0 nodes fit: the cluster has no nodes."
     )
-    anti = make_pod("p").pod_anti_affinity(app="x").build()
-    expected = "0/2 nodes fit: batchsched does not support required pod anti-affinity yet."
+    anti = with_namespace_selector(make_pod("p").build())
+    expected = (
+        "0/2 nodes fit: batchsched does not support a namespaceSelector in required pod "
+        "anti-affinity terms yet (list the namespaces instead)."
+    )
     assert explain(anti, nodes) == expected
     assert NodeFilter(nodes).explain(anti) == expected
-    both = make_pod("p").pod_affinity(app="x").pod_anti_affinity(app="y").build()
-    assert explain(both, nodes) == (
-        "0/2 nodes fit: batchsched does not support required pod affinity and required pod anti-affinity yet."
-    )
     # Every node passed the filters and nothing was reported insufficient.
     assert explain(make_pod("p").build(), nodes) == "0/2 nodes fit."
 
@@ -582,9 +591,9 @@ def test_results_are_cached_by_constraints() -> None:
     other = make_pod("p2").selector(pool="b").build()
     assert fil.mask(other).tolist() == [False, True]
     assert fil.mask(first).tolist() == [True, False]
-    # The same constraints plus required pod affinity must not reuse the cached mask.
-    anti = make_pod("p3").selector(pool="a").pod_anti_affinity(app="x").build()
-    assert anti.constraint_key() == first.constraint_key()
+    # The same constraints plus refused pod affinity must not reuse the cached mask.
+    anti = with_namespace_selector(make_pod("p3").selector(pool="a").build())
+    assert anti.constraint_key() != first.constraint_key()
     assert fil.mask(anti).tolist() == [False, False]
     assert fil.mask(first).tolist() == [True, False]
 

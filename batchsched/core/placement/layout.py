@@ -83,7 +83,7 @@ def build_layout(pods: Sequence[Pod], reqs: IntArray | None, filt: NodeFilter, n
     sig = np.empty(len(pods), dtype=np.int64)
     rep: list[Pod] = []
     for m, pod in enumerate(pods):
-        k = (pod.constraint_key(), pod.pod_affinity, bool(pod.invalid))
+        k = (pod.constraint_key(), bool(pod.invalid))
         s = sig_keys.get(k)
         if s is None:
             s = sig_keys[k] = len(rep)

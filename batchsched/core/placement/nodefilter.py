@@ -287,9 +287,23 @@ class NodeFilter:
 
     # -- the answers
 
+    def label_codes(self, key: str) -> tuple[npt.NDArray[np.intp], int]:
+        """Per node, a code for its value of label ``key`` (-1 without it); how many values."""
+        column = self._column(key)
+        return column.codes, len(column.values)
+
+    def affinity_mask(self, pod: Pod) -> BoolArray:
+        """Per node, whether ``nodeSelector`` and required node affinity hold."""
+        return self._affinity_mask(pod)
+
+    def tolerated_mask(self, pod: Pod) -> BoolArray:
+        """Per node, whether it passes every filter but node affinity (taints, cordon...)."""
+        return self._hard(pod.tolerations)[1]
+
     def mask(self, pod: Pod) -> BoolArray:
-        """Per node, whether it passes every filter for ``pod`` (all False with pod affinity)."""
-        if pod.pod_affinity:
+        """Per node, whether it passes every filter for ``pod`` (all False when
+        :func:`unsupported_reason`)."""
+        if (pod.affinity_terms or pod.anti_affinity_terms) and unsupported_reason(pod):
             return self._none
         key = pod.constraint_key()
         cached = self._masks.get(key)
@@ -310,7 +324,7 @@ class NodeFilter:
         everywhere when the max is 0). Terms with weight 0 or no requirements are skipped,
         as kube-scheduler does; weights below 0 (which the apiserver refuses) are too.
         """
-        if pod.pod_affinity:
+        if unsupported_reason(pod):
             return self._frozen(np.zeros(len(self._nodes), dtype=np.int64))
         key = pod.constraint_key()
         cached = self._scores.get(key)
@@ -350,9 +364,10 @@ class NodeFilter:
         """How many nodes each filter reason rejects for ``pod`` (as :func:`reject_reason`)."""
         n = len(self._nodes)
         counts: Counter[str] = Counter()
-        if pod.pod_affinity:
+        unsupported = unsupported_reason(pod)
+        if unsupported:
             if n:
-                counts[unsupported_reason(pod)] = n
+                counts[unsupported] = n
             return counts
         group_reasons, ok = self._hard(pod.tolerations)
         per_group = np.bincount(self._hard_codes, minlength=len(self._hard_groups)).tolist()
@@ -367,8 +382,9 @@ class NodeFilter:
     def explain(self, pod: Pod, insufficient: Mapping[str, int] | None = None) -> str:
         """:func:`explain` for these nodes, without looking at them one by one."""
         total = len(self._nodes)
-        if pod.pod_affinity:
-            return f"0/{total} nodes fit: {unsupported_reason(pod)}."
+        unsupported = unsupported_reason(pod)
+        if unsupported:
+            return f"0/{total} nodes fit: {unsupported}."
         if total == 0:
             return "0/0 nodes fit: the cluster has no nodes."
         counts = self.reasons(pod)

@@ -13,8 +13,10 @@ capacity, with the same semantics, decided per (pod, node):
 * NodeAffinity: ``nodeSelector`` and the required node affinity terms must both hold.
 
 Resources are not decided here: the kernels do that over the nodes this module lets
-through. Required inter-pod (anti-)affinity is not evaluated at all: a pod that carries it
-fits no node, and the explanation says so.
+through. Pod topology spread and required inter-pod (anti-)affinity depend on where other
+pods are: :mod:`batchsched.core.placement.podtopology` decides them. A pod whose inter-pod
+terms cannot be evaluated (:func:`unsupported_reason`) fits no node, and the explanation
+says so.
 
 The plain functions here (:func:`reject_reason`, :func:`matches_affinity`, ...) look at one
 node at a time and are the reference; :class:`~batchsched.core.placement.nodefilter.NodeFilter`
@@ -194,8 +196,20 @@ def matches_affinity(node: Node, pod: Pod) -> bool:
 
 
 def unsupported_reason(pod: Pod) -> str:
-    """Why a pod with required inter-pod (anti-)affinity fits no node."""
-    return f"batchsched does not support {pod.pod_affinity} yet"
+    """Why a pod fits no node because batchsched cannot evaluate what it asks, or ``""``:
+    a required inter-pod (anti-)affinity term with a non-empty ``namespaceSelector`` (the
+    core does not see namespace labels; ``{}``, every namespace, is supported)."""
+    if not pod.affinity_terms and not pod.anti_affinity_terms:
+        return ""
+    for terms, kind in ((pod.affinity_terms, "affinity"), (pod.anti_affinity_terms, "anti-affinity")):
+        for t in terms:
+            ns = t.namespace_selector
+            if ns is not None and (ns.match_labels or ns.expressions):
+                return (
+                    f"batchsched does not support a namespaceSelector in required pod {kind} "
+                    "terms yet (list the namespaces instead)"
+                )
+    return ""
 
 
 def _hard_reason(
@@ -223,11 +237,12 @@ def reject_reason(pod: Pod, node: Node) -> str | None:
     """None if ``node`` passes every filter for ``pod``, else a short reason key.
 
     Checked in order: deleting, unschedulable, not ready, untolerated taint, node
-    affinity/selector. A pod with required inter-pod (anti-)affinity is rejected by every
-    node with :func:`unsupported_reason`, before anything else.
+    affinity/selector. A pod with :func:`unsupported_reason` is rejected by every node with
+    it, before anything else.
     """
-    if pod.pod_affinity:
-        return unsupported_reason(pod)
+    unsupported = unsupported_reason(pod)
+    if unsupported:
+        return unsupported
     reason = _hard_reason(
         deleting=node.deleting,
         unschedulable=node.unschedulable,
@@ -274,8 +289,9 @@ def explain(
     insufficient) is ``"0/N nodes fit."``.
     """
     total = len(nodes)
-    if pod.pod_affinity:
-        return f"0/{total} nodes fit: {unsupported_reason(pod)}."
+    unsupported = unsupported_reason(pod)
+    if unsupported:
+        return f"0/{total} nodes fit: {unsupported}."
     if total == 0:
         return "0/0 nodes fit: the cluster has no nodes."
     passed = np.zeros(total, dtype=np.bool_) if mask is None else np.asarray(mask, dtype=np.bool_)
