@@ -145,11 +145,48 @@ class PodSource(Protocol):
 
 @dataclass(slots=True)
 class _Running:
-    """The counted pods of a mirror generation: (pod, node row), and those with required
-    anti-affinity (the symmetric rule)."""
+    """The counted pods of a mirror generation, read when first needed: (pod, node row) of
+    every pod, and of those with required anti-affinity (the symmetric rule)."""
 
-    pods: list[tuple[Pod, int]]
-    holders: list[tuple[Pod, int]]
+    source: PodSource | None
+    rows: Mapping[str, int]
+    _pods: list[tuple[Pod, int]] | None = None
+    _holders: list[tuple[Pod, int]] | None = None
+
+    def _row(self, uid: Any) -> tuple[Pod, int] | None:
+        assert self.source is not None
+        pod = self.source.pods.get(uid)
+        charged = self.source.charges.get(uid)
+        row = None if charged is None else self.rows.get(charged[0])
+        if pod is None or row is None or pod.deleting:
+            return None
+        return pod, row
+
+    @property
+    def holders(self) -> list[tuple[Pod, int]]:
+        """Only pods with required anti-affinity are looked at (a pass over the pods with
+        no allocation: the plain path pays this much in a cycle that tries any unit)."""
+        if self._holders is None:
+            self._holders = []
+            if self.source is not None:
+                charges = self.source.charges
+                for uid, pod in self.source.pods.items():
+                    if pod.anti_affinity_terms and uid in charges:
+                        hit = self._row(uid)
+                        if hit is not None:
+                            self._holders.append(hit)
+        return self._holders
+
+    @property
+    def pods(self) -> list[tuple[Pod, int]]:
+        if self._pods is None:
+            self._pods = []
+            if self.source is not None:
+                for uid in self.source.charges:
+                    hit = self._row(uid)
+                    if hit is not None:
+                        self._pods.append(hit)
+        return self._pods
 
 
 @dataclass(slots=True)
@@ -161,20 +198,10 @@ class TopologyCache:
 
     def running(self, source: PodSource | None, rows: Mapping[str, int], node_generation: int) -> _Running:
         if source is None:
-            return _Running([], [])
+            return _Running(None, rows)
         key = (id(source), source.charge_generation, node_generation)
         if self._running is None or key != self._key:
-            pods, holders = [], []
-            by_uid = source.pods
-            for uid, (node, _) in source.charges.items():
-                pod = by_uid.get(uid)
-                row = rows.get(node)
-                if pod is None or row is None or pod.deleting:
-                    continue
-                pods.append((pod, row))
-                if pod.anti_affinity_terms:
-                    holders.append((pod, row))
-            self._running, self._key = _Running(pods, holders), key
+            self._running, self._key = _Running(source, rows), key
         return self._running
 
     def begin(
