@@ -57,14 +57,14 @@ from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
 from batchsched.core.placement.layout import (
     Layout,
+    PlacementCaches,
     build_layout,
     gang_message,
     narrow,
     request_matrix,
 )
-from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.placement.podtopology import TopologyCache
-from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
+from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import (
     CLUSTER,
     DomainCache,
@@ -110,29 +110,11 @@ class Cycle:
         self._insufficient: Callable[..., Any] = (
             kernels.insufficient_counts if use_jit else reference.insufficient_counts
         )
-        self._filter: NodeFilter | None = None
-        self._filter_key: tuple[int, int] = (-1, -1)
-        self._rows: dict[str, int] = {}
-        self._arrays: ScoringArrays | None = None
-        self._arrays_columns: tuple[str, ...] = ()
+        self.caches = PlacementCaches(scoring)
         self._pod_topology = TopologyCache()
-
-    def _node_filter(self, snap: Snapshot) -> NodeFilter:
-        key = (snap.node_generation, len(snap.nodes))
-        if self._filter is None or key != self._filter_key:
-            self._filter = NodeFilter(snap.nodes)
-            self._filter_key = key
-            self._rows = {n.name: i for i, n in enumerate(snap.nodes)}
-        return self._filter
 
     def _topology(self, snap: Snapshot) -> Domains:
         return self._domain_cache.get(snap.nodes, self.levels)
-
-    def _scoring_arrays(self, columns: tuple[str, ...]) -> ScoringArrays:
-        if self._arrays is None or columns != self._arrays_columns:
-            self._arrays = self.scoring.arrays(columns)
-            self._arrays_columns = columns
-        return self._arrays
 
     def run(self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None, state: ClusterState | None = None) -> Plan:
         return _Walk(self, snap, units, queues, state).run()
@@ -158,9 +140,8 @@ class _Walk:
         )
         self.tree = self.qi.tree
         self.plan = Plan()
-        self.filt = cycle._node_filter(snap)
-        self.rows = cycle._rows
-        self.arrays = cycle._scoring_arrays(snap.columns)
+        self.filt, self.rows = cycle.caches.node_filter(snap.nodes, snap.node_generation)
+        self.arrays = cycle.caches.scoring_arrays(snap.columns)
         self.used = snap.used.copy()
         self.col = {c: i for i, c in enumerate(snap.columns)}
         self.explain_cache: dict[tuple[Any, ...], str] = {}

@@ -21,9 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core import explain
-from batchsched.core.model import Pod
+from batchsched.core.model import Node, Pod
 from batchsched.core.placement.nodefilter import NodeFilter
-from batchsched.core.placement.scoring import ScoringArrays
+from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import Domains, PlaceMembers
 
 __all__ = ["Layout", "build_layout", "gang_message", "narrow", "request_matrix"]
@@ -145,3 +145,30 @@ def gang_message(
         if total and name != "pods":
             need[name] = total
     return explain.gang_short(min_count, need, placeable, pods[first_missing].name, detail)
+
+
+class PlacementCaches:
+    """What placement keeps between cycles: the node filter and the row of each node (rebuilt
+    when the nodes change), and the scoring arrays (rebuilt when the resource columns do)."""
+
+    def __init__(self, scoring: ScoringConfig) -> None:
+        self.scoring = scoring
+        self._filter: NodeFilter | None = None
+        self._filter_key: tuple[int, int] = (-1, -1)
+        self._rows: dict[str, int] = {}
+        self._arrays: ScoringArrays | None = None
+        self._columns: tuple[str, ...] = ()
+
+    def node_filter(self, nodes: Sequence[Node], generation: int) -> tuple[NodeFilter, dict[str, int]]:
+        key = (generation, len(nodes))
+        if self._filter is None or key != self._filter_key:
+            self._filter = NodeFilter(nodes)
+            self._filter_key = key
+            self._rows = {n.name: i for i, n in enumerate(nodes)}
+        return self._filter, self._rows
+
+    def scoring_arrays(self, columns: tuple[str, ...]) -> ScoringArrays:
+        if self._arrays is None or columns != self._columns:
+            self._arrays = self.scoring.arrays(columns)
+            self._columns = columns
+        return self._arrays
