@@ -261,6 +261,11 @@ class UnitResult:
     def failed(self) -> bool:
         return _RANK[self.status] == 1
 
+    @property
+    def holding(self) -> bool:
+        """It preempted others, or waits for its victims to go, holding their capacity."""
+        return self.reason in _HOLDING and self.status in (UnitStatus.PREEMPTING, UnitStatus.WAITING)
+
 
 @dataclass(slots=True)
 class Plan:
@@ -292,7 +297,8 @@ class Plan:
                 return
         self.results[key] = result
 
-    # views of ``results`` by status, for readers that want one kind
+    # views of ``results`` by status, built on each call: for readers that want one kind
+    # once, never inside a loop over units (look ``results`` up instead)
     @property
     def failed_units(self) -> dict[str, str]:
         """unit key -> message, for units that were not placed."""
@@ -321,10 +327,7 @@ class Plan:
     @property
     def nominated(self) -> dict[str, str]:
         """unit key -> why it waits, for units holding capacity after a preemption."""
-        return {
-            k: r.message for k, r in self.results.items()
-            if r.status in (UnitStatus.PREEMPTING, UnitStatus.WAITING) and r.reason in _HOLDING
-        }
+        return {k: r.message for k, r in self.results.items() if r.holding}
 
 
 _HOLDING = ("Preempting", "WaitingForPreemption")

@@ -91,6 +91,13 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
     )
 
 
+def _failed_with(plan: Plan, key: str, message: str) -> bool:
+    """Whether ``key`` failed in ``plan`` with ``message`` (the gang's own message, not an
+    elastic extra's)."""
+    result = plan.results.get(key)
+    return result is not None and result.failed and result.message == message
+
+
 class Session:
     """One scheduler's decisions. Single writer: call it from one thread (the event loop)."""
 
@@ -476,7 +483,7 @@ class Session:
                     self._pod_retry.failed(u.pod.uid, gen, now)
             elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
                 continue  # members and PodGroups usually arrive together: do not report yet
-            elif message == plan.failed_units.get(unit.key) or u.reason == RESERVED:
+            elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
                 message = self.reports.pod_message(unit.key, message, now)
             out.unschedulable.append(PodCondition(pod_ref(u.pod), u.reason, message))
         self._preempt(plan, out)
@@ -539,7 +546,7 @@ class Session:
             if not unit.blocked:
                 self._blocked_since.pop(key, None)
             result = plan.results.get(key)
-            holding = key in plan.nominated
+            holding = result is not None and result.holding
             self.reports.result(unit, result, holding=holding, now=now, out=out)
             if result is None:
                 continue

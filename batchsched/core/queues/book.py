@@ -35,7 +35,15 @@ from batchsched.core.disruption import DisruptionBook, DisruptionBudget
 from batchsched.core.gangs import ANNOTATION_TASK, VOLCANO, GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import GPU, Pod, PodUID
-from batchsched.core.plan import Nomination, Plan, QueueName, RunningPod, RunningUnit, Unit
+from batchsched.core.plan import (
+    Nomination,
+    Plan,
+    QueueName,
+    RunningPod,
+    RunningUnit,
+    Unit,
+    UnitStatus,
+)
 from batchsched.core.queues.assign import QueueProblem, assign_queue
 from batchsched.core.queues.fair import UsageHistory
 from batchsched.core.queues.tree import QueueTree
@@ -332,13 +340,15 @@ class QueueBook:
     def settle(self, plan: Plan, queue_of: Mapping[str, QueueName | QueueProblem | None]) -> None:
         """After a cycle: keep its nominations, and which units wait in which queue."""
         self.nominations = {n.unit: n for n in plan.nominations}
+        results = plan.results
         for key in plan.tried:
-            if key in plan.placed_units:
+            result = results.get(key)
+            if result is not None and result.status is UnitStatus.SCHEDULED:
                 self.waiting.pop(key, None)
             else:
                 self.waiting[key] = queue_of.get(key)
-        for key in plan.failed_units:
-            if key in queue_of:
+        for key, result in results.items():
+            if result.failed and key in queue_of:
                 self.waiting[key] = queue_of[key]
 
     def restore(self, nomination: Nomination) -> None:
