@@ -142,10 +142,11 @@ def about(seconds: float) -> str:
     return f"{seconds / 3600:.1f}".rstrip("0").rstrip(".") + "h"
 
 
-def reserved(nodes: Iterable[str], start_in: float | None, ending: int) -> str:
-    """A unit that holds a reservation; ``start_in`` None when no running work on those
-    nodes declares when it ends."""
-    held = f"holds a reservation on node(s) {_nodes(nodes)}"
+def reserved(why: str, nodes: Iterable[str], start_in: float | None, ending: int) -> str:
+    """A unit that holds a reservation: why it does not fit now, then where it holds and
+    when it should start (``start_in`` None when no running work on those nodes declares
+    when it ends)."""
+    held = f"{why.rstrip('.')}; holds a reservation on node(s) {_nodes(nodes)}"
     if start_in is None:
         return f"{held}; start time unknown (running work on those nodes declares no end)"
     return f"{held}; expected to start in about {about(start_in)} (when {ending} running pod(s) end)"

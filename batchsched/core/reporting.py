@@ -41,8 +41,8 @@ class GroupReports:
         self._message: dict[str, tuple[str, str]] = {}
         self._schedule_start: dict[GroupKey, str] = {}
         self._reported_invalid: dict[GroupKey, str] = {}
-        #: gang unit key -> (message, time) last told its pods
-        self._pods_told: dict[str, tuple[str, float]] = {}
+        #: gang unit key -> (reason, message, time) last told its pods
+        self._pods_told: dict[str, tuple[str, str, float]] = {}
         self._last_sweep = -1e18
 
     def changed(self, group: PodGroup, *, spec: bool, deleted: bool) -> None:
@@ -57,14 +57,15 @@ class GroupReports:
         else:
             self.dirty.add(group.key)
 
-    def pod_message(self, key: str, message: str, now: float) -> str:
-        """What to tell a waiting gang's pods: a new message, or the last one if it was told
-        less than :data:`POD_MESSAGE_SECONDS` ago."""
+    def pod_message(self, key: str, reason: str, message: str, now: float) -> str:
+        """What to tell a waiting gang's pods: a new message, or, for the same reason, the
+        last one if it was told less than :data:`POD_MESSAGE_SECONDS` ago (a new reason is
+        always told at once, so reason and message never disagree)."""
         told = self._pods_told.get(key)
-        if told is None or (told[0] != message and now - told[1] >= POD_MESSAGE_SECONDS):
-            self._pods_told[key] = (message, now)
+        if told is None or told[0] != reason or (told[1] != message and now - told[2] >= POD_MESSAGE_SECONDS):
+            self._pods_told[key] = (reason, message, now)
             return message
-        return told[0]
+        return told[1]
 
     def result(
         self, unit: Unit, result: UnitResult | None, *, holding: bool, now: float, out: Decisions,

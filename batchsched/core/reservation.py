@@ -304,7 +304,7 @@ class CycleReservations:
             return
         self.per_queue[q] = self.per_queue.get(q, 0) + 1
         start_in = None if r.start == NEVER else r.start - self.now
-        walk.fail(unit, explain.reserved(r.nodes, start_in, r.ending), reason=RESERVED,
+        walk.fail(unit, explain.reserved(message, r.nodes, start_in, r.ending), reason=RESERVED,
                   status=UnitStatus.WAITING)
 
     def finish(self) -> None:

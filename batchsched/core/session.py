@@ -484,7 +484,7 @@ class Session:
             elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
                 continue  # members and PodGroups usually arrive together: do not report yet
             elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
-                message = self.reports.pod_message(unit.key, message, now)
+                message = self.reports.pod_message(unit.key, u.reason, message, now)
             out.unschedulable.append(PodCondition(pod_ref(u.pod), u.reason, message))
         self._preempt(plan, out)
         self._gang_results(plan, gangs, gen, now, out)

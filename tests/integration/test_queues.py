@@ -199,7 +199,11 @@ async def test_a_pod_disruption_budget_keeps_its_pod_and_the_preemptor_waits(
         await wait_for(lambda: _count(bound_names(kube, namespace, "serving"), 1), timeout=30)
         await create_pods(kube, namespace, [job("urgent", tag, priority_class="high-priority")])
         [failed] = await wait_for(lambda: events_for(kube, namespace, "urgent", "FailedScheduling"), timeout=30)
-        assert failed["message"] == "0/1 nodes fit: 1 insufficient nvidia.com/gpu."
+        # it cannot preempt the protected pod: it holds the node instead, and says why it waits
+        assert failed["message"] == (
+            f"0/1 nodes fit: 1 insufficient nvidia.com/gpu; holds a reservation on node(s) {node}; start "
+            "time unknown (running work on those nodes declares no end)"
+        )
         await asyncio.sleep(3)
         pods = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
         assert pods["serving"]["spec"].get("nodeName") and not pods["serving"]["metadata"].get("deletionTimestamp")

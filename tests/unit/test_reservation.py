@@ -158,7 +158,9 @@ def test_the_head_gang_holds_the_nodes_that_free_first_and_later_pods_stay_off_t
     result = d.plan.results[GANG] if d.plan else None
     assert result is not None and result.status is UnitStatus.WAITING and result.reason == "Reserved"
     assert result.message == (
-        "holds a reservation on node(s) n0, n1; expected to start in about 20s (when 16 running pod(s) end)"
+        "gang needs 2 pods (2 cpu, 16 nvidia.com/gpu) placed together; only 0 fit now. Member big-0: "
+        "0/3 nodes fit: 3 insufficient nvidia.com/gpu; holds a reservation on node(s) n0, n1; expected "
+        "to start in about 20s (when 16 running pod(s) end)"
     )
     assert {(c.ref.name, c.reason, c.message) for c in d.unschedulable} == {
         (f"big-{i}", "Reserved", result.message) for i in range(2)
@@ -202,8 +204,9 @@ def test_without_declared_ends_the_reservation_takes_the_nodes_with_the_least_un
     gang(sim, created=T0 - 60)
     d = sim.step(after=1.0)
     assert d.plan is not None and d.plan.results[GANG].message == (
-        "holds a reservation on node(s) n1, n2; start time unknown (running work on those nodes "
-        "declares no end)"
+        "gang needs 2 pods (2 cpu, 16 nvidia.com/gpu) placed together; only 0 fit now. Member big-0: "
+        "0/3 nodes fit: 3 insufficient nvidia.com/gpu; holds a reservation on node(s) n1, n2; start time "
+        "unknown (running work on those nodes declares no end)"
     )
 
 

@@ -381,3 +381,14 @@ def test_a_gang_with_min_resources_preempts_what_it_may_and_only_that() -> None:
     c.delete_pod(low)
     d = c.step(after=1.0)
     assert sorted(b.uid for b in d.binds) == sorted(members)
+
+
+def test_a_gangs_pods_are_told_a_new_reason_at_once_with_its_message() -> None:
+    from batchsched.core.reporting import GroupReports
+
+    reports = GroupReports(Session().groups, Session().settings.levels)
+    assert reports.pod_message("g", "Unschedulable", "only 1 fit now", T0) == "only 1 fit now"
+    # the same reason, a new message within the interval: the pods keep the last one
+    assert reports.pod_message("g", "Unschedulable", "only 0 fit now", T0 + 5) == "only 1 fit now"
+    # a new reason: told at once, never under the old message
+    assert reports.pod_message("g", "Reserved", "holds a reservation", T0 + 6) == "holds a reservation"
