@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from typing import Any
 
 import pytest
 
+from batchsched.app import Scheduler, SchedulerFailed
+from batchsched.core.mirror import StateError
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
     QUEUES,
+    config,
     create_pods,
     events_for,
     list_pods,
@@ -95,3 +99,33 @@ async def test_absurd_quantities_are_reported_and_scheduling_goes_on(
     finally:
         with contextlib.suppress(NotFoundError):
             await kube.delete(f"{QUEUES}/{queue}")
+
+
+async def test_a_failed_scheduling_loop_stops_the_replica_and_releases_its_lease(
+    sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+) -> None:
+    await make_nodes(count=1, gpus=8)
+    client = await KubeClient.connect(sandbox.kubeconfig)
+    sched = Scheduler(client, config(namespace))
+    task = asyncio.get_running_loop().create_task(sched.run())
+    try:
+        await wait_for(lambda: _is(sched.ready and sched.leading.is_set()), timeout=60)
+
+        def broken(now: float) -> Any:
+            raise StateError("usage bookkeeping is off on nodes ['n0']")
+
+        sched.session.step = broken  # type: ignore[method-assign]
+        await create_pods(kube, namespace, [pod_body("wakes-the-loop", gpu=1)])
+        # no replica that looks alive and schedules nothing: it stops, not ready, lease released
+        with pytest.raises(SchedulerFailed, match="usage bookkeeping is off"):
+            await asyncio.wait_for(task, 30)
+        assert not sched.ready
+        lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")
+        assert not lease["spec"].get("holderIdentity")
+    finally:
+        task.cancel()
+        await client.close()
+
+
+async def _is(value: bool) -> bool:
+    return value
