@@ -32,7 +32,7 @@ stops.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from batchsched.core import explain
@@ -89,6 +89,18 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
         group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
         group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
     )
+
+
+def _once(make: Callable[[], Snapshot]) -> Callable[[], Snapshot]:
+    """``make()`` on the first call, the same value after."""
+    held: list[Snapshot] = []
+
+    def get() -> Snapshot:
+        if not held:
+            held.append(make())
+        return held[0]
+
+    return get
 
 
 def _failed_with(plan: Plan, key: str, message: str) -> bool:
@@ -389,7 +401,8 @@ class Session:
         self._check_gangs(now, out)
         self._run_cycle(now, out)
         self.reports.statuses(
-            self.state, now, lambda: Room(self.state, self.groups, self.queues, self.state.snapshot(), now), out,
+            self.state, now, lambda: Room(self.state, self.groups, self.queues, _once(self.state.snapshot), now),
+            out,
         )
         self._sync_queues(now, out)
         self.check(now)
@@ -404,10 +417,10 @@ class Session:
             self._last_full_check = now
             self.state.check()
 
-    def schedulable_units(self, now: float, snap: Snapshot | None = None) -> list[Unit]:
+    def schedulable_units(self, now: float, snapshot: Callable[[], Snapshot] | None = None) -> list[Unit]:
         """The units worth trying at ``now``: pending, not gated, not failed since the last
         change of capacity (unless the retry interval passed or they hold a nomination).
-        ``snap``: the step's snapshot (taken when needed if not given)."""
+        ``snapshot()``: the step's snapshot, taken only when a gang's ``minResources`` needs it."""
         retry = self.settings.retry_unschedulable
         gen = self.state.capacity_generation
         nominated = self.queues.nominations
@@ -418,7 +431,7 @@ class Session:
             if self._pod_retry.skip(uid, gen, now, retry) and pod.key not in nominated:
                 continue
             units.append(single_unit(pod))
-        room = Room(self.state, self.groups, self.queues, snap if snap is not None else self.state.snapshot(), now)
+        room = Room(self.state, self.groups, self.queues, snapshot or _once(self.state.snapshot), now)
         for unit in self.groups.units(self.state, now, room):
             if (not unit.blocked and self._group_retry.skip(unit.key, gen, now, retry)
                     and unit.key not in nominated):
@@ -448,11 +461,13 @@ class Session:
         out.evictions.extend(check.evictions)
 
     def _run_cycle(self, now: float, out: Decisions) -> None:
-        # one snapshot for the whole decision: the units' admission and the cycle
-        snap = self.state.snapshot()
-        units = self.schedulable_units(now, snap)
+        # one snapshot for the whole decision (the units' admission and the cycle), taken
+        # only when there is something to decide
+        snapshot = _once(self.state.snapshot)
+        units = self.schedulable_units(now, snapshot)
         if not units:
             return
+        snap = snapshot()
         gen = self.state.capacity_generation
         if not self._restored:
             self._restored = True
@@ -503,9 +518,12 @@ class Session:
         those nodes again (:func:`~batchsched.core.preemption.restored_nominations`)."""
         for n in restored_nominations(units, self.state, self.groups, self.queues, snap, now):
             self.queues.restore(n)
-            group = self.groups.groups.get(GroupKey(n.unit))
-            quorum = [self.state.pods[PodUID(uid)] for uid in n.pods]
-            self._preemptor_refs[n.unit] = [group_ref(group)] if group is not None else [pod_ref(p) for p in quorum]
+            self._preemptor_refs[n.unit] = self._refs(n.unit, [self.state.pods[PodUID(uid)] for uid in n.pods])
+
+    def _refs(self, key: str, pods: Iterable[Pod]) -> list[ObjectRef]:
+        """What a unit's Events go to: its PodGroup, or its pods when it has none."""
+        group = self.groups.groups.get(GroupKey(key))
+        return [group_ref(group)] if group is not None else [pod_ref(p) for p in pods]
 
     def _clear_nominated(self, uids: Iterable[str], out: Decisions) -> None:
         for uid in uids:
@@ -517,9 +535,7 @@ class Session:
         """The cycle's preemptions: Events, then each victim evicted."""
         for rec in plan.preemptions:
             unit = rec.preemptor
-            group = self.groups.groups.get(GroupKey(unit.key))
-            refs = [group_ref(group)] if group is not None else [pod_ref(p) for p in unit.pods]
-            self._preemptor_refs[unit.key] = refs
+            refs = self._preemptor_refs[unit.key] = self._refs(unit.key, unit.pods)
             for ref in refs:
                 out.events.append(EventNote(ref, "Normal", "Preempting", rec.summary))
             for member, node in zip(unit.pods, rec.nodes, strict=False):

@@ -8,36 +8,44 @@ room its preemption frees, and a queue below its nominal to what others borrowed
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from batchsched.core.gangs import GroupBook, PodGroup, free_capacity
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod
+from batchsched.core.plan import RunningUnit
 from batchsched.core.preemption.candidates import Claim, entitled
-from batchsched.core.queues import QueueBook
+from batchsched.core.queues import QueueBook, QueueTree
 
 __all__ = ["Room"]
 
 
 class Room:
-    """Built once per step over its snapshot; computes lazily."""
+    """Built once per step; computes lazily, on the first group that has ``minResources``:
+    ``snapshot()`` gives the step's snapshot (taken only then), and the free capacity, the
+    queue tree and the running units are kept for the other groups of the step."""
 
     def __init__(
-        self, state: ClusterState, groups: GroupBook, queues: QueueBook, snap: Snapshot, now: float,
+        self, state: ClusterState, groups: GroupBook, queues: QueueBook,
+        snapshot: Callable[[], Snapshot], now: float,
     ) -> None:
         self.state, self.groups, self.queues = state, groups, queues
-        self.snap, self.now = snap, now
+        self.snapshot, self.now = snapshot, now
         self._free: dict[str, int] | None = None
+        self._running: tuple[QueueTree, list[RunningUnit]] | None = None
 
     def __call__(self, group: PodGroup, pods: Sequence[Pod]) -> tuple[dict[str, int], dict[str, int]]:
         """(free capacity, what ``group`` may preempt), per resource."""
-        snap = self.snap
+        snap = self.snapshot()
         if self._free is None:
             self._free = free_capacity(snap)
         if not self.queues.settings.preemption:
             return self._free, {}
-        tree = self.queues.tree(snap.columns)
-        running = self.queues.running(state=self.state, groups=self.groups, snap=snap, tree=tree, now=self.now)
+        if self._running is None:
+            tree = self.queues.tree(snap.columns)
+            running = self.queues.running(state=self.state, groups=self.groups, snap=snap, tree=tree, now=self.now)
+            self._running = (tree, running)
+        tree, running = self._running
         q = self.queues.queue_of(pods, group, tree)
         claim = Claim(
             key=group.key, uid=group.uid or group.key, queue=q if isinstance(q, str) else None,
