@@ -18,7 +18,6 @@ queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`.
 
 from __future__ import annotations
 
-import asyncio  # noqa: F401  (the I/O tests replace asyncio.sleep through this module)
 import time
 from collections.abc import Callable, Mapping
 from typing import Any

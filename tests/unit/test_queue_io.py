@@ -41,7 +41,7 @@ def _no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
         return None
 
     monkeypatch.setattr("batchsched.kube.evictor.asyncio.sleep", no_sleep)
-    monkeypatch.setattr("batchsched.kube.queuestatus.asyncio.sleep", no_sleep)
+    monkeypatch.setattr("batchsched.kube.retry.asyncio.sleep", no_sleep)
 
 
 def victim() -> Eviction:
