@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchsched.core.model import LabelSelector, Pod, Requirement
+from batchsched.core.model import LabelSelector, Pod, parse_selector
 
-__all__ = ["DisruptionBook", "DisruptionBudget", "parse_pdb", "selector_matches"]
+__all__ = ["DisruptionBook", "DisruptionBudget", "parse_pdb"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,9 +31,8 @@ class DisruptionBudget:
     namespace: str
     name: str
     uid: str = ""
-    #: None: the budget has no selector and selects nothing
-    match_labels: Mapping[str, str] | None = field(default_factory=dict)
-    expressions: tuple[Requirement, ...] = ()
+    #: None: the budget has no selector and selects nothing (an empty one selects all)
+    selector: LabelSelector | None = field(default_factory=LabelSelector)
     allowed: int = 0
 
     @property
@@ -41,42 +40,21 @@ class DisruptionBudget:
         return f"{self.namespace}/{self.name}"
 
     def selects(self, pod: Pod) -> bool:
-        if pod.namespace != self.namespace or self.match_labels is None:
+        if pod.namespace != self.namespace or self.selector is None:
             return False
-        return selector_matches(self.match_labels, self.expressions, pod.labels)
-
-
-def selector_matches(
-    match_labels: Mapping[str, str], expressions: Iterable[Requirement], labels: Mapping[str, str]
-) -> bool:
-    return LabelSelector(match_labels, tuple(expressions)).matches(labels)
+        return self.selector.matches(pod.labels)
 
 
 def parse_pdb(obj: Mapping[str, Any]) -> DisruptionBudget:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    selector = spec.get("selector")
-    match_labels: dict[str, str] | None = None
-    expressions: tuple[Requirement, ...] = ()
-    if isinstance(selector, Mapping):
-        match_labels = {str(k): str(v) for k, v in (selector.get("matchLabels") or {}).items()}
-        expressions = tuple(
-            Requirement(
-                key=str(e.get("key", "")),
-                operator=str(e.get("operator", "")),
-                values=tuple(str(v) for v in (e.get("values") or [])),
-            )
-            for e in (selector.get("matchExpressions") or [])
-            if isinstance(e, Mapping)
-        )
     allowed = status.get("disruptionsAllowed")
     return DisruptionBudget(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        match_labels=match_labels,
-        expressions=expressions,
+        selector=parse_selector(spec.get("selector")),
         # a budget the disruption controller has not looked at yet allows nothing
         allowed=allowed if isinstance(allowed, int) and not isinstance(allowed, bool) else 0,
     )

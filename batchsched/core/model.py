@@ -358,7 +358,7 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
     node_aff = affinity.get("nodeAffinity") or {}
     required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
     required_terms = (
-        tuple(_term(t) for t in (required.get("nodeSelectorTerms") or []))
+        parse_node_terms(required.get("nodeSelectorTerms"))
         if required is not None
         else None
     )
