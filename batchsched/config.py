@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
 from batchsched.core.queues import QueueSettings
@@ -122,6 +123,19 @@ class ReservationSection:
 
 
 @dataclass(slots=True, frozen=True)
+class GpuSharingSection:
+    #: where GPU shares go: fragmentation (least increase of the cluster's GPU
+    #: fragmentation against the mix of requests), binpack, spread or random; a pod may
+    #: choose with the annotation batchsched.io/gpu-placement
+    policy: str = "fragmentation"
+    #: "sharing": the policy places pods that ask for a share of a card; "all": whole-card
+    #: pods too (else they are scored by scoring.strategy, as any pod)
+    scope: str = "sharing"
+    #: seed of the random policy
+    seed: int = 0
+
+
+@dataclass(slots=True, frozen=True)
 class TopologySection:
     #: node label keys of the topology levels, narrowest first; gangs name a level by the
     #: key's last segment (``batchsched.io/topology: rack``)
@@ -141,6 +155,7 @@ class Config:
     preemption: PreemptionSection = field(default_factory=PreemptionSection)
     reservation: ReservationSection = field(default_factory=ReservationSection)
     topology: TopologySection = field(default_factory=TopologySection)
+    gpu_sharing: GpuSharingSection = field(default_factory=GpuSharingSection)
     metrics_address: str = "127.0.0.1:10351"
     identity: str = ""
 
@@ -152,6 +167,15 @@ class Config:
             return TopologyLevels(self.topology.levels)
         except ValueError as exc:
             raise ConfigError(f"config: topology.levels: {exc}") from None
+
+    def card_policy(self) -> CardPolicy:
+        g = self.gpu_sharing
+        policy = CardPolicy(policy=g.policy, scope=g.scope, seed=g.seed)
+        try:
+            policy.validate()
+        except ValueError as exc:
+            raise ConfigError(f"config: {exc}") from None
+        return policy
 
     def queue_settings(self) -> QueueSettings:
         q, p = self.queues, self.preemption
@@ -185,6 +209,7 @@ class Config:
                 enabled=self.reservation.enabled, per_queue=self.reservation.per_queue,
                 max_hold=self.reservation.max_hold_seconds,
             ),
+            cards=self.card_policy(),
         )
 
 
@@ -304,6 +329,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")
     cfg.scoring_config()
     cfg.topology_levels()
+    cfg.card_policy()
 
 
 def parse_config(data: Any) -> Config:

@@ -147,7 +147,7 @@ def bench_gang(nodes: int, size: int, *, repeats: int = 5) -> dict[str, Any]:
         t = time.perf_counter()
         placed = kernels.place_members(
             snap.alloc, used, reqs, sig, masks, static, arrays.weights, arrays.scalar,
-            arrays.shape_u, arrays.shape_s, arrays.strategy, size, out,
+            arrays.shape_u, arrays.shape_s, arrays.strategy, size, out, arrays.device,
         )
         k_times.append(time.perf_counter() - t)
         plan, t_cycle = _timed(cycle.run, snap, [unit])

@@ -52,9 +52,11 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core import explain
+from batchsched.core.devices import annotations_for
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.cards import CardPolicy, assigned, descriptor, shortfalls
 from batchsched.core.placement.layout import (
     Layout,
     PlacementCaches,
@@ -99,9 +101,11 @@ class Cycle:
 
     def __init__(
         self, scoring: ScoringConfig, *, use_jit: bool = True, levels: TopologyLevels | None = None,
-        reservation: ReservationSettings | None = None,
+        reservation: ReservationSettings | None = None, cards: CardPolicy | None = None,
     ) -> None:
         self.reservations = Reservations(reservation)
+        self.cards = cards if cards is not None else CardPolicy()
+        self.cards.validate()
         scoring.validate()
         self.scoring = scoring
         self.levels = levels if levels is not None else TopologyLevels()
@@ -141,7 +145,10 @@ class _Walk:
         self.tree = self.qi.tree
         self.plan = Plan()
         self.filt, self.rows = cycle.caches.node_filter(snap.nodes, snap.node_generation)
-        self.arrays = cycle.caches.scoring_arrays(snap.columns)
+        self.arrays = replace(
+            cycle.caches.scoring_arrays(snap.columns),
+            device=descriptor(snap.columns, cycle.cards, snap.card_mix),
+        )
         self.used = snap.used.copy()
         self.col = {c: i for i, c in enumerate(snap.columns)}
         self.explain_cache: dict[tuple[Any, ...], str] = {}
@@ -268,11 +275,11 @@ class _Walk:
             missing = sorted(set(pod.requests) - set(self.col))
             message = explain.no_node_has(len(self.snap.nodes), missing)
         else:
-            counts = self.cycle._insufficient(
-                self.snap.alloc, self.used if usage is None else usage, req, mask
-            )
+            use = self.used if usage is None else usage
+            counts = self.cycle._insufficient(self.snap.alloc, use, req, mask)
             insufficient = {self.snap.columns[r]: int(n) for r, n in enumerate(counts) if n > 0}
-            message = self.filt.explain(pod, insufficient)
+            cards = shortfalls(self.snap.alloc, use, req, mask, self.arrays.device) if pod.card_asks else None
+            message = self.filt.explain(pod, insufficient, cards)
         if usage is None:
             self.explain_cache[key] = message
         return message
@@ -282,7 +289,7 @@ class _Walk:
         a = self.arrays
         placed = (place or self.cycle._place)(
             self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, a.weights, a.scalar,
-            a.shape_u, a.shape_s, a.strategy, min_count, out,
+            a.shape_u, a.shape_s, a.strategy, min_count, out, a.device,
         )
         self.kernel_time += time.perf_counter() - k0
         return int(placed)
@@ -334,11 +341,18 @@ class _Walk:
         for pod in unit.pods:
             plan.unschedulable.append(Unschedulable(pod, message, unit.key, reason))
 
-    def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "") -> None:
+    def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "",
+              cards: tuple[tuple[int, ...], ...] | None = None) -> None:
         self.topo.add(pod, row)
-        self.plan.bindings.append(
-            Binding(pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key, where)
-        )
+        notes: tuple[tuple[str, str], ...] = ()
+        labels: tuple[tuple[str, str], ...] = ()
+        if cards is not None:
+            a, lb = annotations_for(pod.card_asks, cards)
+            notes, labels = tuple(sorted(a.items())), tuple(sorted(lb.items()))
+        self.plan.bindings.append(Binding(
+            pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key, where,
+            cards=cards, annotations=notes, labels=labels,
+        ))
 
     # -- the walk ---------------------------------------------------------------------------
 
@@ -468,9 +482,12 @@ class _Walk:
         if domain and unit.topology_required and level is not None and not lay.domain and rows:
             # the extras left out were held to the gang's domain: explain them there
             told = narrow(lay, self.domains(), level, rows[0]) or lay
+        # read the cards now: explaining the others below runs the kernel on these rows
+        cards = {m: assigned(unit.pods[m].card_asks, lay.reqs[m], self.arrays.device)
+                 for m in members if unit.pods[m].card_asks}
         for m, pod in enumerate(unit.pods):
             if m < k and out[m] >= 0:
-                self._bind(unit, pod, int(out[m]), domain)
+                self._bind(unit, pod, int(out[m]), domain, cards.get(m))
                 continue
             if pod.invalid:
                 message = explain.invalid_pod(pod.key, pod.invalid)

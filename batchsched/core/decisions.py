@@ -57,6 +57,10 @@ class Decisions:
     resyncs: list[ObjectRef] = field(default_factory=list)
     #: ``status.nominatedNodeName`` to write on preemptors' pods ("" clears it)
     nominated: list[tuple[ObjectRef, str]] = field(default_factory=list)
+    #: stale card assignments to remove from pods that are not bound (a binding that
+    #: failed after its annotations were written, or a restart in between): the pod,
+    #: the annotation keys and the label keys to delete
+    cleanups: list[tuple[ObjectRef, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
     #: the cycle's plan, when a cycle ran
     plan: Plan | None = None
     #: a unit is owed another step soon (its victim search was deferred)

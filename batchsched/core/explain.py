@@ -219,3 +219,14 @@ def min_resources_short(group: str, short: Iterable[tuple[str, int, int, int]]) 
 
 def invalid_group(group: str, why: str) -> str:
     return f"PodGroup {group} is invalid, its pods are not scheduled: {why}"
+
+
+# -- GPU cards ------------------------------------------------------------------------------
+
+CARDS_WHOLE_SHORT = "too few whole cards free"
+CARDS_MEMORY_SHORT = "insufficient gpu-memory on any card"
+
+
+def cards_compute_short(share_milli: int) -> str:
+    """A node where no card has room for a share of ``share_milli`` thousandths."""
+    return f"no card with {share_milli / 10:g}% free"

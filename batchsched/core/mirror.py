@@ -20,12 +20,23 @@ of the pods charged to each node; a broken invariant is a bug and stops the proc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from batchsched.core.devices import (
+    ASK_COLUMNS,
+    CARDS_ANY,
+    MixKind,
+    assigned_usage,
+    card_columns,
+    mix_kind,
+    mix_rows,
+    node_cards,
+)
 from batchsched.core.model import GPU, PODS, Node, Pod, PodUID
 
 IntArray = npt.NDArray[np.int64]
@@ -47,9 +58,28 @@ class Snapshot:
     alloc: IntArray
     used: IntArray
     node_generation: int
+    #: the workload mix of GPU requests: ``(weight per mille, cpu, whole cards, share)``
+    card_mix: tuple[tuple[int, int, int, int], ...] = ()
 
     def column(self, name: str) -> int:
         return self.columns.index(name)
+
+
+def held(pod: Pod, cards: tuple[tuple[int, ...], ...] | None) -> dict[str, int]:
+    """What a pod holds on its node: its requests, and the cards it was given in place of
+    its card asks. A card ask with no record (bound by someone who wrote none) holds whole
+    cards, never a share another pod may also be given."""
+    out = {k: v for k, v in pod.requests.items() if k not in _ASKS}
+    if pod.card_asks:
+        if cards is not None:
+            for k, v in assigned_usage(pod.card_asks, cards).items():
+                out[k] = out.get(k, 0) + v
+        else:
+            out[CARDS_ANY] = sum(max(1, a.whole) for a in pod.card_asks)
+    return out
+
+
+_ASKS = frozenset(ASK_COLUMNS)
 
 
 class ClusterState:
@@ -83,6 +113,9 @@ class ClusterState:
         #: bumps whenever the set of nodes or their labels/taints change
         self.node_generation = 0
         self.by_name: dict[tuple[str, str], PodUID] = {}
+        #: how many of our live pods ask for cards of each kind (the workload mix)
+        self.mix: Counter[MixKind] = Counter()
+        self._mix_of: dict[PodUID, MixKind] = {}
 
     # -- resource columns --------------------------------------------------------------
 
@@ -133,7 +166,7 @@ class ClusterState:
             return
         old = self.nodes.get(node.name)
         row = self._row_for(node.name)
-        vec = self.vector(dict(node.allocatable))
+        vec = self.vector({**node.allocatable, **card_columns(*node_cards(node.allocatable, node.labels))})
         self.alloc[row, :] = vec
         self.valid[row] = True
         self.nodes[node.name] = node
@@ -174,9 +207,9 @@ class ClusterState:
     def ours(self, pod: Pod) -> bool:
         return pod.scheduler_name in self.scheduler_names
 
-    def _charge(self, uid: PodUID, node: str, pod: Pod) -> None:
+    def _charge(self, uid: PodUID, node: str, pod: Pod, cards: tuple[tuple[int, ...], ...] | None = None) -> None:
         self.charge_generation += 1
-        vec = self.vector(dict(pod.requests))
+        vec = self.vector(held(pod, cards if cards is not None else pod.cards))
         self.charges[uid] = (node, vec)
         row = self.node_row.get(node)
         if row is None:
@@ -209,6 +242,9 @@ class ClusterState:
         old = self.pods.get(uid)
         self.pods[uid] = pod
         self.by_name[(pod.namespace, pod.name)] = uid
+        if pod.card_asks or uid in self._mix_of:
+            self._count_mix(uid, None if pod.terminal or not self.ours(pod)
+                            else mix_kind(pod.requests.get("cpu", 0), pod.card_asks))
         if uid in self.charges:
             self.charge_generation += 1
         if pod.holds_resources:
@@ -241,7 +277,18 @@ class ClusterState:
         else:
             self.pending.pop(uid, None)
 
+    def _count_mix(self, uid: PodUID, kind: MixKind | None) -> None:
+        old = self._mix_of.pop(uid, None)
+        if old is not None:
+            self.mix[old] -= 1
+            if self.mix[old] <= 0:
+                del self.mix[old]
+        if kind is not None:
+            self._mix_of[uid] = kind
+            self.mix[kind] += 1
+
     def _remove_pod(self, uid: PodUID) -> None:
+        self._count_mix(uid, None)
         pod = self.pods.pop(uid, None)
         if pod is not None and self.by_name.get((pod.namespace, pod.name)) == uid:
             del self.by_name[(pod.namespace, pod.name)]
@@ -260,7 +307,7 @@ class ClusterState:
 
     # -- assume / forget --------------------------------------------------------------------
 
-    def assume(self, uid: PodUID, node: str) -> None:
+    def assume(self, uid: PodUID, node: str, cards: tuple[tuple[int, ...], ...] | None = None) -> None:
         pod = self.pods.get(uid)
         if pod is None:
             raise StateError(f"assume of unknown pod {uid}")
@@ -268,7 +315,7 @@ class ClusterState:
             raise StateError(f"assume of pod {pod.key} that is already charged to {self.charges[uid][0]}")
         self.pending.pop(uid, None)
         self.assumed[uid] = node
-        self._charge(uid, node, pod)
+        self._charge(uid, node, pod, cards)
 
     def forget(self, uid: PodUID) -> None:
         """The binding did not happen: uncharge the pod and make it pending again."""
@@ -291,6 +338,7 @@ class ClusterState:
             alloc=self.alloc[rows].copy(),
             used=self.used[rows].copy(),
             node_generation=self.node_generation,
+            card_mix=mix_rows(self.mix),
         )
 
     def pods_on(self, node: str) -> Iterator[Pod]:

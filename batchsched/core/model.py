@@ -12,6 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
+from batchsched.core.devices import (
+    CardAsk,
+    DeviceError,
+    ask_requests,
+    assignment,
+    card_asks,
+    policy_code,
+)
 from batchsched.core.quantity import QuantityError, to_units
 
 PodUID = NewType("PodUID", str)
@@ -152,6 +160,10 @@ class Pod:
     claims: tuple[str, ...] = ()
     #: ``spec.resourceClaims`` (dynamic resource allocation), by name
     resource_claims: tuple[str, ...] = ()
+    #: what its containers ask of GPU cards (see :mod:`batchsched.core.devices`)
+    card_asks: tuple[CardAsk, ...] = ()
+    #: the cards each ask holds, as its annotations record them (None: not recorded)
+    cards: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def key(self) -> str:
@@ -350,10 +362,18 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     invalid = ""
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    asks: tuple[CardAsk, ...] = ()
     try:
         requests = pod_requests(spec)
     except QuantityError as exc:
         requests, invalid = {PODS: 1}, f"unreadable resource request: {exc}"
+    else:
+        try:
+            asks = card_asks(spec, annotations)
+            requests.update(ask_requests(asks, policy_code(annotations)))
+        except DeviceError as exc:
+            requests, invalid, asks = {PODS: 1}, f"GPU request refused: {exc}", ()
     affinity = spec.get("affinity") or {}
     node_aff = affinity.get("nodeAffinity") or {}
     required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
@@ -392,9 +412,11 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         preferred_terms=preferred,
         tolerations=tolerations,
         labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
+        annotations=annotations,
         resource_version=str(meta.get("resourceVersion", "")),
         invalid=invalid,
+        card_asks=asks,
+        cards=assignment(asks, annotations) if asks else None,
         nominated_node=str(status.get("nominatedNodeName") or ""),
         started=parse_time(status.get("startTime")),
         spread=_spread(spec.get("topologySpreadConstraints")),

@@ -158,6 +158,12 @@ class Binding:
     unit: str
     #: the topology domain its gang was placed in (``rack r-3``); empty when none was asked
     where: str = ""
+    #: the GPU cards each of the pod's card asks got (``Pod.card_asks`` order); None: no asks
+    cards: tuple[tuple[int, ...], ...] | None = None
+    #: annotations and labels to write on the pod before the Binding (the card assignment
+    #: a node agent reads); if that write fails, the pod is not bound
+    annotations: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

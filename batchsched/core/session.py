@@ -116,7 +116,7 @@ class Session:
     def __init__(self, settings: SessionSettings | None = None, *, use_jit: bool = True) -> None:
         s = self.settings = settings or SessionSettings()
         self.state = ClusterState(s.scheduler_names)
-        self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation)
+        self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation, cards=s.cards)
         self.groups = GroupBook(
             default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,
             max_backoff=s.gang_max_backoff, levels=s.levels,
@@ -485,7 +485,7 @@ class Session:
         gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
         for b in plan.bindings:
             uid = PodUID(b.uid)
-            self.state.assume(uid, b.node)
+            self.state.assume(uid, b.node, b.cards)
             self._pod_retry.clear(uid)
             self._assumed_at[uid] = now
             out.binds.append(b)

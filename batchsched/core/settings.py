@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import TopologyLevels
 from batchsched.core.queues import QueueSettings
@@ -40,3 +41,5 @@ class SessionSettings:
     #: write a ``Scheduled`` Event for each bound pod
     scheduled_events: bool = True
     reservation: ReservationSettings = field(default_factory=ReservationSettings)
+    #: how GPU shares are placed on cards
+    cards: CardPolicy = field(default_factory=CardPolicy)

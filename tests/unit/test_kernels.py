@@ -243,6 +243,7 @@ class Cluster:
             a.strategy,
             self.min_count,
             out,
+            a.device,
         )
         return int(placed), out.tolist()
 

@@ -298,6 +298,7 @@ def start_unit(draw: st.DrawFn, world: World, key: str, queue: str | None, gpus:
         world.alloc, world.used.copy(), reqs, np.zeros(len(gpus), dtype=np.int64),
         np.ones((1, n), dtype=np.bool_), np.zeros((1, n), dtype=np.int64),
         SCORING.weights, SCORING.scalar, SCORING.shape_u, SCORING.shape_s, SCORING.strategy, len(gpus), out,
+        SCORING.device,
     )
     if placed < len(gpus):
         return

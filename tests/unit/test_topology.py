@@ -318,6 +318,7 @@ def test_the_placer_has_the_kernel_signature() -> None:
     placed = placer(
         world.alloc, world.used, reqs, np.zeros(2, dtype=np.int64), np.ones((1, 16), np.bool_),
         np.zeros((1, 16), np.int64), a.weights, a.scalar, a.shape_u, a.shape_s, a.strategy, 2, out,
+        a.device,
     )
     assert placed == 2 and sorted(out.tolist()) == [2, 3]
 
@@ -432,7 +433,7 @@ class Problem:
         a = self.arrays
         return bool(reference.place_members(
             self.alloc, self.used.copy(), self.reqs, self.sig, masks, self.static, a.weights,
-            a.scalar, a.shape_u, a.shape_s, a.strategy, self.min_count, out,
+            a.scalar, a.shape_u, a.shape_s, a.strategy, self.min_count, out, a.device,
         ))
 
 

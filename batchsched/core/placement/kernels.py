@@ -30,6 +30,7 @@ import time
 import numpy as np
 from numba import njit
 
+from batchsched.core.placement import cards as D
 from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
@@ -210,6 +211,253 @@ def fits(alloc_row: IntArray, used_row: IntArray, req: IntArray) -> bool:
     return True
 
 
+# -- cards (see batchsched.core.placement.cards and the twin reference.card_place) -------------
+
+_FULL = 1000
+_PRIME = 2147483647
+_D_POLICY = D.POLICY
+_D_SCOPE_ALL = D.SCOPE_ALL
+_D_N_CARDS = D.N_CARDS
+_D_N_SHARES = D.N_SHARES
+_D_GPU = D.GPU
+_D_ANY = D.ANY
+_D_ASK_WHOLE = D.ASK_WHOLE
+_D_ASK_ANY = D.ASK_ANY
+_D_ASK_POLICY = D.ASK_POLICY
+_D_OUT_WHOLE = D.OUT_WHOLE
+_D_CPU = D.CPU
+_D_SEED = D.SEED
+_D_N_MIX = D.N_MIX
+_D_HEAD = D.HEAD
+_FRAGMENTATION = D.FRAGMENTATION
+_BINPACK = D.BINPACK
+_SPREAD = D.SPREAD
+_RANDOM = D.RANDOM
+_KEY_SHIFT = D.KEY_SHIFT
+
+
+@njit(cache=True, nogil=True, inline="always")
+def card_hash(seed: int, member: int, node: int, card: int) -> int:
+    h = (seed % _PRIME * 1000003 + member * 7919 + node * 104729 + card * 31) % _PRIME
+    return h * 48271 % _PRIME
+
+
+@njit(cache=True, nogil=True)
+def _asks_cards(req: IntArray, device: IntArray) -> bool:
+    k = device[_D_N_SHARES]
+    if device[_D_N_CARDS] == 0 and device[_D_ASK_ANY] < 0:
+        return False
+    for col in (device[_D_ASK_WHOLE], device[_D_ASK_ANY]):
+        if col >= 0 and req[col] > 0:
+            return True
+    for j in range(2 * k):
+        col = device[_D_HEAD + j]
+        if col >= 0 and req[col] > 0:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _uses_policy(req: IntArray, device: IntArray) -> bool:
+    if device[_D_SCOPE_ALL] != 0:
+        return True
+    k = device[_D_N_SHARES]
+    for j in range(2 * k):
+        col = device[_D_HEAD + j]
+        if col >= 0 and req[col] > 0:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _frag(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, held_any: int,
+          cpu_free: int, device: IntArray, free: IntArray) -> int:
+    """reference.frag over reference._free_list; ``free`` is scratch of n_cards."""
+    left = held_any
+    whole_free = 0
+    n = 0
+    total = 0
+    for i in range(n_cards):
+        if not exists[i]:
+            continue
+        if comp[i] == 0 and mem[i] == 0:
+            if left > 0:
+                left -= 1
+                free[n] = 0
+            else:
+                whole_free += 1
+                free[n] = _FULL
+        elif comp[i] > 0:
+            free[n] = _FULL - comp[i]
+        else:
+            free[n] = _FULL - 1
+        total += free[n]
+        n += 1
+    k = device[_D_N_SHARES]
+    start = _D_HEAD + 3 * k + 2 * n_cards
+    out = 0
+    for t in range(device[_D_N_MIX]):
+        weight = device[start + 4 * t]
+        cpu = device[start + 4 * t + 1]
+        whole = device[start + 4 * t + 2]
+        share = device[start + 4 * t + 3]
+        if cpu_free < cpu:
+            lost = total
+        elif whole == 0:
+            lost = 0
+            room = False
+            for j in range(n):
+                if free[j] >= share:
+                    room = True
+                else:
+                    lost += free[j]
+            if not room:
+                lost = total
+        else:
+            if whole_free >= whole:
+                lost = 0
+                for j in range(n):
+                    if free[j] < _FULL:
+                        lost += free[j]
+            else:
+                lost = total
+        out += weight * lost
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray,
+                member: int, node: int, uses_policy: bool, comp: IntArray, mem: IntArray,
+                exists: BoolArray, free: IntArray, add_card: IntArray, add_comp: IntArray,
+                add_mem: IntArray, share_cards: IntArray) -> tuple[bool, int, int, int]:
+    """The kernel twin of reference.card_place: ``(fits, key, number of adds, whole mask)``;
+    the adds go to add_card/add_comp/add_mem, each share slot's card + 1 to share_cards."""
+    k = device[_D_N_SHARES]
+    n_cards = device[_D_N_CARDS]
+    pcol = device[_D_ASK_POLICY]
+    policy = device[_D_POLICY]
+    if pcol >= 0 and req[pcol] > 0:
+        policy = req[pcol]
+    cc0 = _D_HEAD + 3 * k
+    cm0 = cc0 + n_cards
+    n_free = 0
+    for i in range(n_cards):
+        comp[i] = used_row[device[cc0 + i]]
+        mcol = device[cm0 + i]
+        mem[i] = used_row[mcol] if mcol >= 0 else 0
+        exists[i] = alloc_row[device[cc0 + i]] > 0
+        if exists[i] and comp[i] == 0 and mem[i] == 0:
+            n_free += 1
+    held_any = used_row[device[_D_ANY]] if device[_D_ANY] >= 0 else 0
+    spare = n_free - held_any
+    want_any = req[device[_D_ASK_ANY]] if device[_D_ASK_ANY] >= 0 else 0
+    want_whole = req[device[_D_ASK_WHOLE]] if device[_D_ASK_WHOLE] >= 0 else 0
+    if spare < want_any + want_whole:
+        return False, 0, 0, 0
+    cpu = device[_D_CPU]
+    cpu_free = alloc_row[cpu] - used_row[cpu] if cpu >= 0 else 2**62
+    cpu_after = cpu_free - (req[cpu] if cpu >= 0 else 0)
+    before = 0
+    if policy == _FRAGMENTATION and uses_policy:
+        before = _frag(comp, mem, exists, n_cards, held_any, cpu_free, device, free)
+    n_adds = 0
+    mask = 0
+    taken = 0
+    for i in range(n_cards):
+        if taken == want_whole:
+            break
+        if exists[i] and comp[i] == 0 and mem[i] == 0:
+            comp[i] = _FULL
+            mask |= 1 << i
+            add_card[n_adds] = i
+            add_comp[n_adds] = _FULL
+            add_mem[n_adds] = 0
+            n_adds += 1
+            taken += 1
+    spare -= want_whole + want_any
+    any_after = held_any + want_any
+    chosen_sum = 0
+    for j in range(k):
+        share_cards[j] = 0
+        scol = device[_D_HEAD + j]
+        mcol = device[_D_HEAD + k + j]
+        s = req[scol] if scol >= 0 else 0
+        m = req[mcol] if mcol >= 0 else 0
+        if s == 0 and m == 0:
+            continue
+        best = -1
+        best_val = 0
+        for i in range(n_cards):
+            if not exists[i] or comp[i] >= _FULL or comp[i] + s > _FULL:
+                continue
+            if m > 0:
+                capcol = device[cm0 + i]
+                cap = alloc_row[capcol] if capcol >= 0 else 0
+                if mem[i] + m > cap:
+                    continue
+            if comp[i] == 0 and mem[i] == 0 and spare < 1:
+                continue
+            if policy == _BINPACK:
+                val = comp[i]
+            elif policy == _SPREAD:
+                val = -comp[i]
+            elif policy == _RANDOM:
+                val = card_hash(device[_D_SEED], member, node, i)
+            else:
+                comp[i] += s
+                mem[i] += m
+                val = -_frag(comp, mem, exists, n_cards, any_after, cpu_after, device, free)
+                comp[i] -= s
+                mem[i] -= m
+            if best < 0 or val > best_val:
+                best = i
+                best_val = val
+        if best < 0:
+            return False, 0, 0, 0
+        if comp[best] == 0 and mem[best] == 0:
+            spare -= 1
+        comp[best] += s
+        mem[best] += m
+        add_card[n_adds] = best
+        add_comp[n_adds] = s
+        add_mem[n_adds] = m
+        n_adds += 1
+        share_cards[j] = best + 1
+        chosen_sum += comp[best]
+    key = 0
+    if uses_policy:
+        gcol = device[_D_GPU]
+        gpu_after = used_row[gcol] + req[gcol] if gcol >= 0 else 0
+        if policy == _BINPACK:
+            key = chosen_sum * 65536 + gpu_after
+        elif policy == _SPREAD:
+            key = -(chosen_sum * 65536 + gpu_after)
+        elif policy == _RANDOM:
+            key = card_hash(device[_D_SEED], member, node, n_cards)
+        else:
+            key = before - _frag(comp, mem, exists, n_cards, any_after, cpu_after, device, free)
+    return True, key, n_adds, mask
+
+
+@njit(cache=True, nogil=True)
+def _card_output_columns(device: IntArray, is_out: BoolArray) -> None:
+    """Mark the columns the kernel writes into a member's row (usage and outputs)."""
+    k = device[_D_N_SHARES]
+    n_cards = device[_D_N_CARDS]
+    if n_cards == 0:
+        return
+    for j in range(k):
+        col = device[_D_HEAD + 2 * k + j]
+        if col >= 0:
+            is_out[col] = True
+    for i in range(2 * n_cards):
+        col = device[_D_HEAD + 3 * k + i]
+        if col >= 0:
+            is_out[col] = True
+    if device[_D_OUT_WHOLE] >= 0:
+        is_out[device[_D_OUT_WHOLE]] = True
+
+
 @njit(cache=True, nogil=True)
 def _check_place_shapes(
     alloc: IntArray,
@@ -257,6 +505,7 @@ def place_members(
     strategy: int,
     min_count: int,
     out: IntArray,
+    device: IntArray,
 ) -> int:
     """Place members 0..M-1 in order, each on its best node; all-or-nothing for a gang's core.
 
@@ -270,6 +519,13 @@ def place_members(
     the result is 0. The same happens at once when ``min_count > M``. Members from
     ``min_count`` on are best effort: one that finds no node gets -1 and the rest go on.
 
+    GPU cards (``device``, see :mod:`batchsched.core.placement.cards`): a member that asks
+    for cards must also fit card by card (:func:`_card_place`); one whose shares are placed
+    by a card policy takes the node with the highest ``key * KEY_SHIFT + static_score``
+    instead of the resource score. The cards a placed member got are written into its row
+    of ``reqs`` (card usage and output columns, cleared at the start of every call and when
+    the gang is undone), so ``used`` gains them and an undo gives them back exactly.
+
     Returns the number of members placed. Raises ValueError for inconsistent shapes, a
     ``sig`` outside ``masks`` or an unknown strategy, before touching anything.
     """
@@ -279,8 +535,25 @@ def place_members(
     n_members = reqs.shape[0]
     for m in range(n_members):
         out[m] = -1
+    is_out = np.zeros(n_res, dtype=np.bool_)
+    _card_output_columns(device, is_out)
+    for r in range(n_res):
+        if is_out[r]:
+            for m in range(n_members):
+                reqs[m, r] = 0
     if min_count > n_members:
         return 0
+    n_cards = device[_D_N_CARDS]
+    comp = np.zeros(max(n_cards, 1), dtype=np.int64)
+    mem = np.zeros(max(n_cards, 1), dtype=np.int64)
+    exists = np.zeros(max(n_cards, 1), dtype=np.bool_)
+    free = np.zeros(max(n_cards, 1), dtype=np.int64)
+    add_card = np.zeros(n_cards + 8, dtype=np.int64)
+    add_comp = np.zeros(n_cards + 8, dtype=np.int64)
+    add_mem = np.zeros(n_cards + 8, dtype=np.int64)
+    share_cards = np.zeros(max(device[_D_N_SHARES], 1), dtype=np.int64)
+    cards = False
+    policy = False
 
     table = _shape_table(shape_u, shape_s)
     asked = np.empty(n_res, dtype=np.int64)  # columns the member requests (checked by fit)
@@ -306,7 +579,7 @@ def place_members(
                 continue
             dominated = True
             for r in range(n_res):
-                if reqs[m, r] < reqs[f, r]:
+                if not is_out[r] and reqs[m, r] < reqs[f, r]:
                     dominated = False
                     break
             if dominated:
@@ -319,9 +592,15 @@ def place_members(
         same = prev >= 0 and sig[prev] == s
         if same:
             for r in range(n_res):
-                if reqs[m, r] != reqs[prev, r]:
+                if not is_out[r] and reqs[m, r] != reqs[prev, r]:
                     same = False
                     break
+        if same and policy:
+            # the random policy draws per member: every node is new to it
+            pcol = device[_D_ASK_POLICY]
+            chosen = reqs[m, pcol] if pcol >= 0 and reqs[m, pcol] > 0 else device[_D_POLICY]
+            if chosen == _RANDOM:
+                same = False
         if same:
             first = out[prev]
             last = first + 1 if first >= 0 else first
@@ -332,6 +611,8 @@ def place_members(
                     asked[n_asked] = r
                     n_asked += 1
             n_scored = _scored_columns(reqs[m], weights, scalar, scored)
+            cards = _asks_cards(reqs[m], device)
+            policy = cards and _uses_policy(reqs[m], device)
             first = 0
             last = n_nodes
         prev = m
@@ -346,6 +627,15 @@ def place_members(
                 if used[n, r] + reqs[m, r] > alloc[n, r]:
                     fit = False
                     break
+            if fit and cards:
+                fit, key, _, _ = _card_place(
+                    alloc[n], used[n], reqs[m], device, m, n, policy, comp, mem, exists, free,
+                    add_card, add_comp, add_mem, share_cards,
+                )
+                if fit and policy:
+                    ok[n] = True
+                    total[n] = key * _KEY_SHIFT + static_score[s, n]
+                    continue
             ok[n] = fit
             if not fit:
                 continue
@@ -371,11 +661,33 @@ def place_members(
                             used[node, r] -= reqs[k, r]
                 for k in range(n_members):
                     out[k] = -1
+                for r in range(n_res):
+                    if is_out[r]:
+                        for k in range(n_members):
+                            reqs[k, r] = 0
                 return 0
             if n_failed < max_failed:
                 failed[n_failed] = m
                 n_failed += 1
             continue
+        if cards:
+            _, _, n_adds, mask = _card_place(
+                alloc[best], used[best], reqs[m], device, m, best, policy, comp, mem, exists,
+                free, add_card, add_comp, add_mem, share_cards,
+            )
+            k_shares = device[_D_N_SHARES]
+            cc0 = _D_HEAD + 3 * k_shares
+            for a in range(n_adds):
+                i = add_card[a]
+                reqs[m, device[cc0 + i]] += add_comp[a]
+                if add_mem[a] > 0:
+                    reqs[m, device[cc0 + n_cards + i]] += add_mem[a]
+            if device[_D_OUT_WHOLE] >= 0:
+                reqs[m, device[_D_OUT_WHOLE]] = mask
+            for j in range(k_shares):
+                col = device[_D_HEAD + 2 * k_shares + j]
+                if col >= 0:
+                    reqs[m, col] = share_cards[j]
         for r in range(n_res):
             used[best, r] += reqs[m, r]
         out[m] = best
@@ -449,6 +761,7 @@ def warm_up() -> float:
         arrays.strategy,
         2,
         out,
+        D.no_cards(),
     )
     insufficient_counts(alloc, used, reqs[0], masks[0])
     return time.perf_counter() - started

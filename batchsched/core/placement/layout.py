@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core import explain
+from batchsched.core.devices import shown
 from batchsched.core.model import Node, Pod
 from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
@@ -133,6 +134,7 @@ def gang_message(
     placeable = place(
         alloc, scratch_used, reqs, sig, masks, np.zeros_like(masks, dtype=np.int64),
         arrays.weights, arrays.scalar, arrays.shape_u, arrays.shape_s, arrays.strategy, 0, out,
+        arrays.device,
     )
     first_missing = int(np.argmax(out < 0)) if placeable < len(pods) else 0
     # the first member that did not fit, next to the members placed before it
@@ -144,7 +146,7 @@ def gang_message(
         total = int(reqs[:min_count, c].sum())
         if total and name != "pods":
             need[name] = total
-    return explain.gang_short(min_count, need, placeable, pods[first_missing].name, detail)
+    return explain.gang_short(min_count, shown(need), placeable, pods[first_missing].name, detail)
 
 
 class PlacementCaches:

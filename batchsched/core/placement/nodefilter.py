@@ -379,7 +379,8 @@ class NodeFilter:
             counts[REASON_AFFINITY] += off_affinity
         return counts
 
-    def explain(self, pod: Pod, insufficient: Mapping[str, int] | None = None) -> str:
+    def explain(self, pod: Pod, insufficient: Mapping[str, int] | None = None,
+                other: Mapping[str, int] | None = None) -> str:
         """:func:`explain` for these nodes, without looking at them one by one."""
         total = len(self._nodes)
         unsupported = unsupported_reason(pod)
@@ -388,5 +389,5 @@ class NodeFilter:
         if total == 0:
             return "0/0 nodes fit: the cluster has no nodes."
         counts = self.reasons(pod)
-        _add_insufficient(counts, insufficient)
+        _add_insufficient(counts, insufficient, other)
         return _message(total, counts)

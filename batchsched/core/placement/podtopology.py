@@ -229,7 +229,7 @@ class _Eval:
     reason: npt.NDArray[np.int8]
 
 
-_Args = tuple[IntArray, BoolArray, IntArray, IntArray, int]
+_Args = tuple[IntArray, BoolArray, IntArray, IntArray, int, IntArray]
 
 _REASONS = (
     REASON_SPREAD_LABEL, REASON_SPREAD, REASON_AFFINITY, REASON_ANTI_AFFINITY,
@@ -469,9 +469,9 @@ class PodTopology:
         def placer(
             alloc: IntArray, used: IntArray, reqs: IntArray, sig: IntArray, masks: BoolArray,
             static: IntArray, weights: IntArray, scalar: BoolArray, shape_u: IntArray,
-            shape_s: IntArray, strategy: int, min_count: int, out: IntArray, /,
+            shape_s: IntArray, strategy: int, min_count: int, out: IntArray, device: IntArray, /,
         ) -> int:
-            args = (weights, scalar, shape_u, shape_s, strategy)
+            args = (weights, scalar, shape_u, shape_s, strategy, device)
             placed, added = self._place(pods, place, alloc, used, reqs, sig, masks, static, args, min_count, out)
             for pod, row in added:
                 self.remove(pod, row)
@@ -486,7 +486,7 @@ class PodTopology:
     ) -> tuple[int, list[tuple[Pod, int]]]:
         """Members one at a time; ``used`` and ``out`` as the kernel leaves them, and the
         members counted (for the caller to remove)."""
-        weights, scalar, shape_u, shape_s, strategy = args
+        weights, scalar, shape_u, shape_s, strategy, device = args
         n_members = reqs.shape[0]
         out[:n_members] = -1
         if min_count > n_members:
@@ -503,7 +503,7 @@ class PodTopology:
             mask = np.ascontiguousarray((masks[s] & e.ok)[None, :])
             score = np.ascontiguousarray((static[s] + e.score)[None, :])
             got = place(alloc, scratch, np.ascontiguousarray(reqs[m : m + 1]), zero, mask, score,
-                        weights, scalar, shape_u, shape_s, strategy, 1 if m < min_count else 0, one)
+                        weights, scalar, shape_u, shape_s, strategy, 1 if m < min_count else 0, one, device)
             if got:
                 row = int(one[0])
                 out[m] = row
@@ -558,7 +558,7 @@ class PodTopology:
         scratch = used.copy()
         out = np.full(len(pods), -1, dtype=np.int64)
         a = self.arrays
-        args = (a.weights, a.scalar, a.shape_u, a.shape_s, a.strategy)
+        args = (a.weights, a.scalar, a.shape_u, a.shape_s, a.strategy, a.device)
         placeable, added = self._place(
             pods, self.place, self.alloc, scratch, reqs, sig, masks, np.zeros_like(masks, dtype=np.int64),
             args, 0, out,

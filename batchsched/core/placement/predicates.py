@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from batchsched.core.devices import shown
 from batchsched.core.model import Node, Pod, Requirement, Taint, Term, Toleration
 
 __all__ = [
@@ -267,10 +268,16 @@ def _message(total: int, counts: Mapping[str, int]) -> str:
     return f"0/{total} nodes fit: " + ", ".join(f"{c} {r}" for c, r in parts) + "."
 
 
-def _add_insufficient(counts: Counter[str], insufficient: Mapping[str, int] | None) -> None:
-    for resource, n in (insufficient or {}).items():
+def _add_insufficient(counts: Counter[str], insufficient: Mapping[str, int] | None,
+                      other: Mapping[str, int] | None = None) -> None:
+    """Count ``insufficient`` (resource -> nodes) as reasons, and ``other`` reasons as they
+    are. The device model's own columns are not named: a pod short of card compute is short
+    of the GPU resource it asked for, which is named instead when it is also short."""
+    for resource, n in shown({r: n for r, n in (insufficient or {}).items() if n > 0}).items():
+        counts[f"insufficient {resource}"] += n
+    for reason, n in (other or {}).items():
         if n > 0:
-            counts[f"insufficient {resource}"] += n
+            counts[reason] += n
 
 
 def explain(

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from batchsched.core.placement import cards as D
 from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
@@ -142,6 +143,224 @@ def fits(alloc_row: IntArray, used_row: IntArray, req: IntArray) -> bool:
     return _fits(_ints(alloc_row), _ints(used_row), _ints(req))
 
 
+# -- cards ------------------------------------------------------------------------------------
+
+FULL = 1000
+_PRIME = 2147483647
+
+
+def card_hash(seed: int, member: int, node: int, card: int) -> int:
+    """The random policy's draw for a (member, node, card): a Lehmer step, below 2**31."""
+    h = (seed % _PRIME * 1000003 + member * 7919 + node * 104729 + card * 31) % _PRIME
+    return h * 48271 % _PRIME
+
+
+def _card_cols(device: Sequence[int]) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    k, c = device[D.N_SHARES], device[D.N_CARDS]
+    body = list(device[D.HEAD:])
+    return body[:k], body[k:2 * k], body[2 * k:3 * k], body[3 * k:3 * k + c], body[3 * k + c:3 * k + 2 * c]
+
+
+def _mix(device: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    k, c, t = device[D.N_SHARES], device[D.N_CARDS], device[D.N_MIX]
+    start = D.HEAD + 3 * k + 2 * c
+    return [tuple(device[start + 4 * i: start + 4 * i + 4]) for i in range(t)]  # type: ignore[misc]
+
+
+def asks_cards(req: Sequence[int], device: Sequence[int]) -> bool:
+    """Whether a member asks for cards at all."""
+    if device[D.N_CARDS] == 0 and device[D.ASK_ANY] < 0:
+        return False
+    shares, mems, _, _, _ = _card_cols(device)
+    cols = [device[D.ASK_WHOLE], device[D.ASK_ANY], *shares, *mems]
+    return any(col >= 0 and req[col] > 0 for col in cols)
+
+
+def frag(free: Sequence[int], whole_free: int, cpu_free: int, mix: Sequence[tuple[int, int, int, int]]) -> int:
+    """A node's GPU fragmentation against the workload mix, in weight x milli: per kind of
+    request, the free compute it cannot use (all of it when the kind does not fit at all:
+    too little CPU, no card with room, too few whole cards), weighted by its share."""
+    total = sum(free)
+    out = 0
+    for weight, cpu, whole, share in mix:
+        if cpu_free < cpu:
+            lost = total
+        elif whole == 0:
+            lost = sum(x for x in free if x < share) if any(x >= share for x in free) else total
+        else:
+            lost = sum(x for x in free if x < FULL) if whole_free >= whole else total
+        out += weight * lost
+    return out
+
+
+def _free_list(comp: Sequence[int], mem: Sequence[int], exists: Sequence[bool], held_any: int) -> tuple[list[int], int]:
+    """Free compute per card (cards given out by count are taken from the empty ones, in
+    order; a card with memory used and no compute counts 999) and how many cards are
+    wholly free."""
+    free = []
+    left = held_any
+    whole_free = 0
+    for x, y, e in zip(comp, mem, exists, strict=True):
+        if not e:
+            continue
+        if x == 0 and y == 0:
+            if left > 0:
+                left -= 1
+                free.append(0)
+                continue
+            whole_free += 1
+            free.append(FULL)
+        else:
+            free.append(FULL - x if x > 0 else FULL - 1)
+    return free, whole_free
+
+
+def card_place(
+    alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int],
+    member: int, node: int, uses_policy: bool,
+) -> tuple[bool, int, list[tuple[int, int, int]], int, list[int]]:
+    """Whether member ``member`` (asking ``req``) fits node ``node`` card by card, and how.
+
+    Returns ``(fits, key, adds, whole_mask, share_cards)``: the policy's key for the node
+    (higher is better; 0 when ``uses_policy`` is false), the ``(card, compute, memory)``
+    added, the recorded whole cards as a bit mask, and per share slot its card + 1.
+
+    Rules: a card is wholly free with no compute and no memory used. ``ask-any`` cards are
+    counted from the wholly free ones (the device plugin picks which); recorded whole cards
+    are the lowest wholly free ones. A share (compute s, memory m) fits a card with compute
+    used below 1000 and ``used + s <= 1000``, and ``used memory + m`` within the card's
+    memory when m > 0; taking a wholly free card for a share needs a spare one. Shares go in
+    slot order, each on the card the member's policy prefers: fragmentation the least
+    increase of :func:`frag`, binpack the fullest card, spread the emptiest, random a draw;
+    ties to the lowest card.
+    """
+    shares, mems, _, cc, cm = _card_cols(device)
+    n_cards = device[D.N_CARDS]
+    policy = req[device[D.ASK_POLICY]] if device[D.ASK_POLICY] >= 0 and req[device[D.ASK_POLICY]] > 0 else device[D.POLICY]
+    comp = [used_row[cc[i]] for i in range(n_cards)]
+    mem = [used_row[cm[i]] for i in range(n_cards)]
+    exists = [alloc_row[cc[i]] > 0 for i in range(n_cards)]
+    memcap = [alloc_row[cm[i]] for i in range(n_cards)]
+    held_any = used_row[device[D.ANY]] if device[D.ANY] >= 0 else 0
+    n_free = sum(1 for i in range(n_cards) if exists[i] and comp[i] == 0 and mem[i] == 0)
+    spare = n_free - held_any
+    want_any = req[device[D.ASK_ANY]] if device[D.ASK_ANY] >= 0 else 0
+    want_whole = req[device[D.ASK_WHOLE]] if device[D.ASK_WHOLE] >= 0 else 0
+    if spare < want_any + want_whole:
+        return False, 0, [], 0, []
+    mix = _mix(device)
+    cpu = device[D.CPU]
+    cpu_free = alloc_row[cpu] - used_row[cpu] if cpu >= 0 else 2**62
+    cpu_after = cpu_free - (req[cpu] if cpu >= 0 else 0)
+    if policy == D.FRAGMENTATION and uses_policy:
+        free0, wf0 = _free_list(comp, mem, exists, held_any)
+        before = frag(free0, wf0, cpu_free, mix)
+    adds: list[tuple[int, int, int]] = []
+    mask = 0
+    taken = 0
+    for i in range(n_cards):
+        if taken == want_whole:
+            break
+        if exists[i] and comp[i] == 0 and mem[i] == 0:
+            comp[i] = FULL
+            mask |= 1 << i
+            adds.append((i, FULL, 0))
+            taken += 1
+    spare -= want_whole + want_any
+    any_after = held_any + want_any
+    share_cards = [0] * len(shares)
+    chosen_sum = 0
+    for k in range(len(shares)):
+        s = req[shares[k]] if shares[k] >= 0 else 0
+        m = req[mems[k]] if mems[k] >= 0 else 0
+        if s == 0 and m == 0:
+            continue
+        best = -1
+        best_val = 0
+        for i in range(n_cards):
+            if not exists[i] or comp[i] >= FULL or comp[i] + s > FULL:
+                continue
+            if m > 0 and mem[i] + m > memcap[i]:
+                continue
+            empty = comp[i] == 0 and mem[i] == 0
+            if empty and spare < 1:
+                continue
+            if policy == D.BINPACK:
+                val = comp[i]
+            elif policy == D.SPREAD:
+                val = -comp[i]
+            elif policy == D.RANDOM:
+                val = card_hash(device[D.SEED], member, node, i)
+            else:
+                comp[i] += s
+                mem[i] += m
+                free1, wf1 = _free_list(comp, mem, exists, any_after)
+                val = -frag(free1, wf1, cpu_after, mix)
+                comp[i] -= s
+                mem[i] -= m
+            if best < 0 or val > best_val:
+                best, best_val = i, val
+        if best < 0:
+            return False, 0, [], 0, []
+        if comp[best] == 0 and mem[best] == 0:
+            spare -= 1
+        comp[best] += s
+        mem[best] += m
+        adds.append((best, s, m))
+        share_cards[k] = best + 1
+        chosen_sum += comp[best]
+    key = 0
+    if uses_policy:
+        gpu_after = used_row[device[D.GPU]] + req[device[D.GPU]] if device[D.GPU] >= 0 else 0
+        if policy == D.BINPACK:
+            key = chosen_sum * 65536 + gpu_after
+        elif policy == D.SPREAD:
+            key = -(chosen_sum * 65536 + gpu_after)
+        elif policy == D.RANDOM:
+            key = card_hash(device[D.SEED], member, node, n_cards)
+        else:
+            free1, wf1 = _free_list(comp, mem, exists, any_after)
+            key = before - frag(free1, wf1, cpu_after, mix)
+    return True, key, adds, mask, share_cards
+
+
+def _uses_policy(req: Sequence[int], device: Sequence[int]) -> bool:
+    """Shares are placed by the card policy; whole cards only with scope ``all``."""
+    if device[D.SCOPE_ALL]:
+        return True
+    shares, mems, _, _, _ = _card_cols(device)
+    return any(col >= 0 and req[col] > 0 for col in (*shares, *mems))
+
+
+def _apply_cards(req: list[int], reqs_row: Any, device: Sequence[int], adds: Sequence[tuple[int, int, int]],
+                 mask: int, share_cards: Sequence[int]) -> None:
+    """Write a member's card assignment into its request row (usage and outputs)."""
+    _, _, outs, cc, cm = _card_cols(device)
+    for i, s, m in adds:
+        req[cc[i]] += s
+        reqs_row[cc[i]] += s
+        if m:
+            req[cm[i]] += m
+            reqs_row[cm[i]] += m
+    if device[D.OUT_WHOLE] >= 0:
+        req[device[D.OUT_WHOLE]] = mask
+        reqs_row[device[D.OUT_WHOLE]] = mask
+    for k, v in enumerate(share_cards):
+        if outs[k] >= 0:
+            req[outs[k]] = v
+            reqs_row[outs[k]] = v
+
+
+def _clear_outputs(reqs: IntArray, device: Sequence[int]) -> None:
+    """Reset the card columns a previous placement wrote into ``reqs``."""
+    if device[D.N_CARDS] == 0:
+        return
+    _, _, outs, cc, cm = _card_cols(device)
+    for col in (*outs, *cc, *cm, device[D.OUT_WHOLE]):
+        if col >= 0:
+            reqs[:, col] = 0
+
+
 def _check_place_shapes(
     alloc: IntArray,
     used: IntArray,
@@ -182,15 +401,19 @@ def place_members(
     strategy: int,
     min_count: int,
     out: IntArray,
+    device: IntArray,
 ) -> int:
     """Place members in order, each on its best fitting node, all-or-nothing for the first
-    ``min_count``. Writes ``used`` and ``out``; see the kernel for the contract."""
+    ``min_count``. Writes ``used`` and ``out`` (and each placed member's card assignment
+    into its row of ``reqs``); see the kernel for the contract."""
     _check_strategy(strategy)
     _check_place_shapes(alloc, used, reqs, sig, masks, static_score, weights, scalar, out)
     n_members = reqs.shape[0]
     out[:n_members] = -1
     if min_count > n_members:
         return 0
+    dev = _ints(device)
+    _clear_outputs(reqs, dev)
     alloc_l: list[list[int]] = alloc.tolist()
     used_l: list[list[int]] = used.tolist()
     reqs_l: list[list[int]] = reqs.tolist()
@@ -203,12 +426,21 @@ def place_members(
         s = int(sig[m])
         best = -1
         best_total = 0
+        cards = asks_cards(req, dev)
+        policy = cards and _uses_policy(req, dev)
         for n, alloc_row in enumerate(alloc_l):
             if not masks_l[s][n] or not _fits(alloc_row, used_l[n], req):
                 continue
-            total = static_l[s][n] + _score(
-                alloc_row, used_l[n], req, weights_l, scalar_l, su, ss, strategy
-            )
+            if cards:
+                ok, key, _, _, _ = card_place(alloc_row, used_l[n], req, dev, m, n, policy)
+                if not ok:
+                    continue
+            if policy:
+                total = static_l[s][n] + key * D.KEY_SHIFT
+            else:
+                total = static_l[s][n] + _score(
+                    alloc_row, used_l[n], req, weights_l, scalar_l, su, ss, strategy
+                )
             if best < 0 or total > best_total:
                 best, best_total = n, total
         if best < 0:
@@ -216,8 +448,12 @@ def place_members(
                 for k, n in reversed(placed):
                     used[n] -= reqs[k]
                 out[:n_members] = -1
+                _clear_outputs(reqs, dev)
                 return 0
             continue
+        if cards:
+            _, _, adds, mask, share_cards = card_place(alloc_l[best], used_l[best], req, dev, m, best, policy)
+            _apply_cards(req, reqs[m], dev, adds, mask, share_cards)
         used_l[best] = [u + q for u, q in zip(used_l[best], req, strict=True)]
         used[best] += reqs[m]
         out[m] = best

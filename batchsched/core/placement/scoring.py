@@ -14,7 +14,7 @@ scores.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
 import numpy as np
@@ -69,6 +69,14 @@ class ScoringArrays:
     """``[K]``: shape utilizations, strictly increasing within 0..100."""
     shape_s: IntArray
     """``[K]``: shape scores scaled to 0..100 (the configured 0..10 times 10)."""
+    device: IntArray = field(default_factory=lambda: _no_cards())
+    """The GPU card descriptor (:mod:`batchsched.core.placement.cards`)."""
+
+
+def _no_cards() -> IntArray:
+    from batchsched.core.placement.cards import no_cards
+
+    return no_cards()
 
 
 @dataclass(slots=True, frozen=True)

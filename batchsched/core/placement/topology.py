@@ -41,6 +41,7 @@ from typing import Final, Protocol
 
 import numpy as np
 
+from batchsched.core.devices import internal, shown
 from batchsched.core.model import PODS, Node
 from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays
 from batchsched.core.quantity import format_units
@@ -88,6 +89,7 @@ class PlaceMembers(Protocol):
         strategy: int,
         min_count: int,
         out: IntArray,
+        device: IntArray,
         /,
     ) -> int: ...
 
@@ -340,7 +342,7 @@ def place_gang_topology(
         return int(
             place(
                 alloc, use, r, s, m, static_score, arrays.weights, arrays.scalar,
-                arrays.shape_u, arrays.shape_s, arrays.strategy, mc, o,
+                arrays.shape_u, arrays.shape_s, arrays.strategy, mc, o, arrays.device,
             )
         )
 
@@ -349,6 +351,9 @@ def place_gang_topology(
         return placed, CLUSTER if placed else "none of the members fits on any node"
 
     quorum: IntArray = reqs[:min_count].sum(axis=0)
+    for c, name in enumerate(columns):
+        if internal(name):
+            quorum[c] = 0  # card columns: the kernel checks cards one by one
     allowed: BoolArray = np.asarray(masks[np.unique(sig[:min_count])].any(axis=0))
     free: IntArray = np.maximum(alloc - used, 0)
     free[~allowed] = 0
@@ -420,9 +425,10 @@ def topology_placer(
         strategy: int,
         min_count: int,
         out: IntArray,
+        device: IntArray,
         /,
     ) -> int:
-        arrays = ScoringArrays(strategy, weights, scalar, shape_u, shape_s)
+        arrays = ScoringArrays(strategy, weights, scalar, shape_u, shape_s, device)
         placed, _ = place_gang_topology(
             alloc, used, reqs, sig, masks, static_score, arrays, min_count, out, domains,
             required_level=required_level, place=place, columns=columns,
@@ -452,8 +458,9 @@ def _spill(
     if not rest.shape[0]:
         return 0
     sub = np.full(rest.shape[0], -1, dtype=np.int64)
-    placed = call(scratch, np.ascontiguousarray(reqs[rest]), np.ascontiguousarray(sig[rest]),
-                  masks, 0, sub)
+    rows = np.ascontiguousarray(reqs[rest])
+    placed = call(scratch, rows, np.ascontiguousarray(sig[rest]), masks, 0, sub)
+    reqs[rest] = rows  # with the cards the kernel gave them
     out[rest] = sub
     return placed
 
@@ -497,9 +504,9 @@ def _no_domain_message(
 ) -> str:
     """Why a gang requiring one domain of ``level`` got none, in one line."""
     name = domains.levels.name(level)
-    shown = [r for r in range(quorum.shape[0]) if quorum[r] > 0 and not (
-        r < len(columns) and columns[r] == PODS)]
-    needs = ", ".join(_amount(r, int(quorum[r]), columns) for r in shown) or "nothing"
+    named = shown({columns[r]: int(quorum[r]) for r in range(min(quorum.shape[0], len(columns)))
+                   if quorum[r] > 0 and columns[r] != PODS})
+    needs = ", ".join(_amount(columns.index(c), v, columns) for c, v in named.items()) or "nothing"
     head = f"no {name} can hold the gang's {min_count} members together (they need {needs})"
     if not bool((domains.ids[level][allowed] >= 0).any()):
         return f"{head}: no node it may use has the label {domains.levels.keys[level]}"

@@ -288,7 +288,7 @@ class _Search:
         s = self.scoring
         placed = self.place(
             self.alloc, scratch, self.core, self.core_sig, p.masks, p.static_score,
-            s.weights, s.scalar, s.shape_u, s.shape_s, s.strategy, self.mc, out,
+            s.weights, s.scalar, s.shape_u, s.shape_s, s.strategy, self.mc, out, s.device,
         )
         if placed < self.mc:
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
