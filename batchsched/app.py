@@ -34,6 +34,7 @@ from batchsched.core.placement import kernels
 from batchsched.core.plan import Binding, Eviction, ObjectRef
 from batchsched.core.session import Session
 from batchsched.kube.binder import Binder
+from batchsched.kube.cleanup import CleanupWriter
 from batchsched.kube.client import KubeClient
 from batchsched.kube.endpoints import serve_endpoints
 from batchsched.kube.errors import KubeError, NotFoundError
@@ -67,9 +68,10 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.identity = identity or config.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.session = Session(config.session_settings())
+        self.cleanups = CleanupWriter(client)
         self.binder = Binder(
             client, concurrency=config.binder.concurrency, retries=config.binder.retries,
-            on_result=self._bind_result,
+            on_result=self._bind_result, cleanups=self.cleanups,
         )
         self.evictor = Evictor(client, concurrency=config.gang.eviction_concurrency, on_result=self._evict_result)
         self.status = StatusWriter(client, instance=self.identity, concurrency=config.status.concurrency)
@@ -148,6 +150,9 @@ class Scheduler:
     # -- decisions -> I/O ----------------------------------------------------------------------------
 
     def _apply(self, d: Decisions) -> None:
+        # cleanups first: a binding that writes the same pod waits for its cleanup
+        for ref, stale_annotations, stale_labels in d.cleanups:
+            self.cleanups.submit(ref, stale_annotations, stale_labels)
         for b in d.binds:
             self.binder.submit(b)
         for e in d.evictions:

@@ -7,6 +7,17 @@ again under the same name. Outcomes go to ``on_result`` (called in the event loo
 * ``conflict``: 409, already bound, being deleted, gated or a different UID: forget and resync;
 * ``gone``: 404, the pod no longer exists: forget;
 * ``failed``: still failing after the retries (5xx, timeouts) or refused: forget, retry later.
+
+A Binding with annotations or labels (the GPU cards a pod was given, for the node agent)
+first writes them on the pod with one merge patch carrying the pod's UID
+(:func:`~batchsched.kube.cleanup.metadata_patch`), under the same retry policy and budget;
+the patch and the Binding are one step for the scheduler. If the patch fails, no Binding
+is sent and the outcome is the patch's, named as a Binding's would be (a pod replaced
+under the same name, which the apiserver refuses with a 422 on ``metadata.uid``, is a
+``conflict``). If the patch lands and the Binding fails, the outcome is the Binding's; the
+pod is left unbound with a stale assignment, which the core sees and has cleaned up
+(:class:`~batchsched.kube.cleanup.CleanupWriter`, waited for here before the pod's next
+patch). A Binding without annotations or labels costs one request, as ever.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from collections.abc import Callable
 
 from batchsched.core.plan import Binding
 from batchsched.kube.api import KubeAPI
+from batchsched.kube.cleanup import CleanupWriter, metadata_patch, pod_path, uid_refused
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.retry import bindings
 from batchsched.kube.tasks import TaskSet
@@ -28,7 +40,9 @@ Outcome = str
 
 class Binder:
     """Bind pods under ``concurrency`` requests at a time; ``retry`` is the policy each
-    Binding is retried under (:func:`~batchsched.kube.retry.bindings`)."""
+    Binding (and the patch before it) is retried under (:func:`~batchsched.kube.retry.bindings`).
+    ``cleanups``, when given, is the writer whose cleanups of a pod are waited for before
+    that pod's annotations are written."""
 
     def __init__(
         self,
@@ -37,8 +51,10 @@ class Binder:
         concurrency: int = 128,
         retries: int = 5,
         on_result: Callable[[Binding, Outcome, KubeError | None], None],
+        cleanups: CleanupWriter | None = None,
     ) -> None:
         self.client = client
+        self.cleanups = cleanups
         self.retry = bindings(retries)
         self.on_result = on_result
         self._sem = asyncio.Semaphore(concurrency)
@@ -66,7 +82,13 @@ class Binder:
             "metadata": {"name": b.name, "namespace": b.namespace, "uid": b.uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": b.node},
         }
-        path = f"/api/v1/namespaces/{b.namespace}/pods/{b.name}/binding"
+        pod = pod_path(b.namespace, b.name)
+        path = f"{pod}/binding"
+
+        async def label() -> None:
+            patch = metadata_patch(b.uid, b.annotations, b.labels)
+            async with self._sem:
+                await self.client.patch(pod, patch, kind="merge")
 
         async def send() -> None:
             async with self._sem:
@@ -74,6 +96,12 @@ class Binder:
 
         what = f"binding {b.namespace}/{b.name} to {b.node}"
         try:
+            if b.annotations or b.labels:
+                what = f"annotating {b.namespace}/{b.name} before binding it to {b.node}"
+                if self.cleanups is not None:
+                    await self.cleanups.settled(b.uid)
+                await self.retry.call(label, what=what)
+                what = f"binding {b.namespace}/{b.name} to {b.node}"
             await self.retry.call(send, what=what)
         except ConflictError as exc:
             self.on_result(b, "conflict", exc)
@@ -83,6 +111,9 @@ class Binder:
             log.warning("%s failed: %s", what, exc)
             self.on_result(b, "failed", exc)
         except KubeError as exc:
+            if uid_refused(exc):
+                self.on_result(b, "conflict", exc)
+                return
             log.warning("%s refused: %s", what, exc)
             self.on_result(b, "failed", exc)
         else:

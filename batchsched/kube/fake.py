@@ -4,8 +4,11 @@
 evictor, the writers, the elector and the reflector accept it as their client without a
 ``# type: ignore``. It records every call, keeps objects by path, raises scripted errors,
 can hold every call until released (to see what is in flight), and counts the most calls
-in flight per path. :class:`FakeSleep` records the pauses a retry policy asks for and
-returns at once, so a test of back-off runs in milliseconds.
+in flight per path. A merge patch of an object it keeps is applied to it (RFC 7386: null
+deletes a key), and one whose ``metadata.uid`` is not the object's (when it has one) is
+refused as the apiserver refuses it (422, the field is immutable). :class:`FakeSleep`
+records the pauses a retry policy asks for and returns at once, so a test of back-off runs
+in milliseconds.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchsched.kube.api import JSON
-from batchsched.kube.errors import KubeError, NotFoundError
+from batchsched.kube.errors import InvalidError, KubeError, NotFoundError
 
-__all__ = ["Call", "FakeKube", "FakeSleep"]
+__all__ = ["Call", "FakeKube", "FakeSleep", "merge_patch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,19 @@ class Call:
     path: str
     body: Any = None
     kind: str = ""
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``patch`` applied to ``target`` as a JSON merge patch (RFC 7386); neither is changed."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 class FakeKube:
@@ -94,7 +110,21 @@ class FakeKube:
 
     async def patch(self, path: str, body: Any, *, kind: str = "merge") -> JSON:
         await self._call("PATCH", path, body, kind)
-        return dict(body) if isinstance(body, dict) else {}
+        stored = self.objects.get(path)
+        if stored is None or kind != "merge" or not isinstance(body, dict):
+            return dict(body) if isinstance(body, dict) else {}
+        uid = (body.get("metadata") or {}).get("uid")
+        have = (stored.get("metadata") or {}).get("uid")
+        if uid is not None and have is not None and uid != have:
+            name = path.rsplit("/", 1)[-1]
+            raise InvalidError(
+                422, "Invalid",
+                f'"{name}" is invalid: metadata.uid: Invalid value: "{uid}": field is immutable',
+                causes=["FieldValueInvalid"],
+            )
+        merged: JSON = merge_patch(stored, body)
+        self.objects[path] = merged
+        return dict(merged)
 
     async def list(
         self, path: str, *, page: int = 500, **params: str | int
