@@ -377,6 +377,16 @@ def assigned_usage(asks: Sequence[CardAsk], cards: Sequence[Sequence[int]]) -> d
     return out
 
 
+def stale_keys(annotations: Mapping[str, str], labels: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The card assignment written on a pod: ``(annotation keys, label keys)``. On a pod
+    that is not bound and not being bound it is stale (its binding failed, or the scheduler
+    restarted in between) and must go before the pod is placed again, so that no node
+    agent reads cards the pod does not hold."""
+    notes = tuple(sorted(k for k in annotations if k.startswith(ELASTIC_CONTAINER_PREFIX) or k == CARDS_ANNOTATION))
+    marks = (ELASTIC_ASSUMED,) if ELASTIC_ASSUMED in labels else ()
+    return notes, marks
+
+
 # -- the workload mix (what the fragmentation policy measures against) -------------------
 
 #: request kinds of the mix kept (the most frequent); the rest are a small tail

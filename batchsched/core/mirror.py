@@ -36,6 +36,7 @@ from batchsched.core.devices import (
     mix_kind,
     mix_rows,
     node_cards,
+    stale_keys,
 )
 from batchsched.core.model import GPU, PODS, Node, Pod, PodUID
 
@@ -113,6 +114,9 @@ class ClusterState:
         #: bumps whenever the set of nodes or their labels/taints change
         self.node_generation = 0
         self.by_name: dict[tuple[str, str], PodUID] = {}
+        #: unbound pods of ours carrying a card assignment no binding followed (see
+        #: :func:`~batchsched.core.devices.stale_keys`): kept out of ``pending`` until clean
+        self.stale: dict[PodUID, Pod] = {}
         #: how many of our live pods ask for cards of each kind (the workload mix)
         self.mix: Counter[MixKind] = Counter()
         self._mix_of: dict[PodUID, MixKind] = {}
@@ -247,6 +251,8 @@ class ClusterState:
                             else mix_kind(pod.requests.get("cpu", 0), pod.card_asks))
         if uid in self.charges:
             self.charge_generation += 1
+        if pod.holds_resources or pod.node_name or pod.terminal:
+            self.stale.pop(uid, None)
         if pod.holds_resources:
             self.assumed.pop(uid, None)
             charged = self.charges.get(uid)
@@ -270,7 +276,12 @@ class ClusterState:
         if uid in self.assumed:
             # the binding is in flight; keep the pod charged to its assumed node
             return
-        if self.ours(pod) and not pod.deleting:
+        self.stale.pop(uid, None)
+        if self.ours(pod) and not pod.deleting and any(stale_keys(pod.annotations, pod.labels)):
+            # a card assignment from a binding that did not happen: not placed until removed
+            self.stale[uid] = pod
+            self.pending.pop(uid, None)
+        elif self.ours(pod) and not pod.deleting:
             for name in pod.requests:
                 self.column(name)
             self.pending[uid] = pod
@@ -294,6 +305,7 @@ class ClusterState:
             del self.by_name[(pod.namespace, pod.name)]
         self.assumed.pop(uid, None)
         self.pending.pop(uid, None)
+        self.stale.pop(uid, None)
         self._uncharge(uid)
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:

@@ -45,6 +45,7 @@ from batchsched.core.decisions import (
     group_ref,
     pod_ref,
 )
+from batchsched.core.devices import stale_keys
 from batchsched.core.disruption import DisruptionBudget
 from batchsched.core.gangs import (
     GroupBook,
@@ -132,6 +133,8 @@ class Session:
         self._pod_retry = RetryGate()
         self._group_retry = RetryGate()
         self._assumed_at: dict[PodUID, float] = {}
+        #: stale card assignments whose removal was asked for, and when
+        self._cleanup_at: dict[PodUID, float] = {}
         #: preemptor unit key -> the objects its Events go to
         self._preemptor_refs: dict[str, list[ObjectRef]] = {}
         #: (preemptor, victim unit) pairs already told on the victim's group
@@ -239,7 +242,9 @@ class Session:
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
             self._pod_retry.clear(pod.uid)
             self._assumed_at.pop(pod.uid, None)
-        if state.capacity_generation != before or (pod.uid in state.pending and not was_pending):
+        if state.capacity_generation != before or (pod.uid in state.pending and not was_pending) or (
+            pod.uid in state.stale and pod.uid not in self._cleanup_at
+        ):
             self.wants_step = True
         elif pod.uid in state.pending and pod.uid in self._pod_retry:
             # the pod itself changed (new tolerations, gates removed...): try it again
@@ -398,6 +403,7 @@ class Session:
         out.events.extend(self._notes)
         self._notes.clear()
         self._check_assumed(now, out)
+        self._clean_stale(now, out)
         self._check_gangs(now, out)
         self._run_cycle(now, out)
         self.reports.statuses(
@@ -438,6 +444,19 @@ class Session:
                 continue
             units.append(unit)
         return units
+
+    def _clean_stale(self, now: float, out: Decisions) -> None:
+        """Ask for the removal of card assignments no binding followed; again after the
+        assumed timeout if the watch never shows the pod clean."""
+        for uid, pod in self.state.stale.items():
+            asked = self._cleanup_at.get(uid)
+            if asked is not None and now - asked < self.settings.assumed_timeout:
+                continue
+            self._cleanup_at[uid] = now
+            notes, labels = stale_keys(pod.annotations, pod.labels)
+            out.cleanups.append((pod_ref(pod), notes, labels))
+        for uid in [u for u in self._cleanup_at if u not in self.state.stale]:
+            del self._cleanup_at[uid]
 
     def _check_assumed(self, now: float, out: Decisions) -> None:
         """A binding the apiserver accepted that the watch never confirmed: read it again."""
