@@ -37,8 +37,10 @@ import numpy as np
 import orjson
 
 from batchsched.core.cycle import Cycle
+from batchsched.core.devices import ELASTIC_CORE, ELASTIC_MEMORY
 from batchsched.core.mirror import ClusterState
-from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID
+from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID, parse_pod
+from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement import kernels, reference
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import Unit, single_unit
@@ -85,6 +87,64 @@ def pending_pods(count: int, *, seed: int = 2, mix: bool = True) -> list[Pod]:
         _pod(i, rng.choices(sizes, weights)[0] if mix else 1, priority=rng.choice(PRIORITIES), created=float(i))
         for i in range(count)
     ]
+
+
+CARD_NODE_ALLOC = {"cpu": 96_000, "memory": 1024 * 2**30, "pods": 110,
+                   ELASTIC_CORE: 800, ELASTIC_MEMORY: 8 * 16384}
+#: (gpu-core, share of pods): a fractional mix in the spirit of openb (most tasks share)
+CARD_MIX = ((25, 0.3), (50, 0.3), (100, 0.2), (200, 0.1), (400, 0.1))
+
+
+def card_state(nodes: int, pods: int, *, used_fraction: float = 1 / 3, seed: int = 1) -> ClusterState:
+    """``nodes`` nodes of 8 elasticgpu.io cards, about ``used_fraction`` of the cards held by
+    bound quarter/half-card pods (with their assignment annotations), and ``pods`` pending
+    pods of :data:`CARD_MIX`. Pods are parsed from JSON, as the watch gives them."""
+    rng = random.Random(seed)
+    state = ClusterState(["batchsched"])
+    for i in range(nodes):
+        state.node_event("ADDED", Node(name=NodeName(f"node-{i:05d}"), uid=f"n{i}",
+                                       labels={"kubernetes.io/hostname": f"node-{i:05d}"},
+                                       allocatable=CARD_NODE_ALLOC))
+
+    def pod(name: str, core: int, node: str = "", card: int = -1) -> Pod:
+        meta: dict[str, Any] = {"name": name, "namespace": "bench", "uid": name}
+        if card >= 0:
+            meta["annotations"] = {"elasticgpu.io/container-main": str(card)}
+        return parse_pod({
+            "metadata": meta,
+            "spec": {"schedulerName": "batchsched", "nodeName": node, "containers": [{
+                "name": "main", "resources": {"requests": {"cpu": "1", "memory": "4Gi", ELASTIC_CORE: str(core)}},
+            }]},
+            "status": {"phase": "Running" if node else "Pending"},
+        })
+
+    k = 0
+    for i in range(nodes):
+        for card in range(8):
+            if rng.random() < used_fraction:
+                state.pod_event("ADDED", pod(f"b-{k}", rng.choice((25, 50)), f"node-{i:05d}", card))
+                k += 1
+    sizes = [c for c, _ in CARD_MIX]
+    weights = [w for _, w in CARD_MIX]
+    for j in range(pods):
+        state.pod_event("ADDED", pod(f"p-{j:06d}", rng.choices(sizes, weights)[0]))
+    return state
+
+
+def bench_cards(nodes: int, pods: int, *, policy: str = "fragmentation", repeats: int = 3) -> dict[str, Any]:
+    """One cycle over :func:`card_state` under a card policy: the per-card model's cost."""
+    state = card_state(nodes, pods)
+    cycle = Cycle(ScoringConfig(), cards=CardPolicy(policy=policy))
+    times: list[float] = []
+    plan = None
+    for _ in range(repeats + 1):
+        units = [single_unit(p) for p in state.pending.values()]
+        snap = state.snapshot()
+        plan, t = _timed(cycle.run, snap, units)
+        times.append(t)
+    assert plan is not None
+    return {"nodes": nodes, "pods": pods, "policy": policy, "placed": len(plan.bindings),
+            "first_s": round(times[0], 4), "steady_s": round(statistics.median(times[1:]), 4)}
 
 
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
@@ -319,6 +379,7 @@ FULL: dict[str, Any] = {
     "gang_nodes": [1000, 10000],
     "gang_sizes": [64, 512],
     "mirror": (5000, 50000),
+    "cards": [(1000, 2000), (5000, 2000), (10000, 2000)],
 }
 QUICK: dict[str, Any] = {
     "cycle_nodes": [100, 400],
@@ -327,6 +388,7 @@ QUICK: dict[str, Any] = {
     "gang_nodes": [200],
     "gang_sizes": [64],
     "mirror": (200, 2000),
+    "cards": [(200, 500)],
 }
 
 
@@ -351,6 +413,13 @@ def run_all(*, quick: bool = False, log: Any = None) -> dict[str, Any]:
         for g in sizes["gang_sizes"]:
             say(f"gang of {g} on {n} nodes ...")
             out["gang"].append(bench_gang(n, g))
+    out["cards"] = []
+    for n, p in sizes["cards"]:
+        say(f"cards: {n} nodes of 8 cards, {p} pending fractional/whole pods, per policy, and whole GPUs ...")
+        row = {"whole_gpu": bench_cycle(n, p, repeats=2)}
+        for policy in ("fragmentation", "binpack"):
+            row[policy] = bench_cards(n, p, policy=policy, repeats=2)
+        out["cards"].append(row)
     mn, mp = sizes["mirror"]
     say(f"mirror of {mn} nodes / {mp} pods (fresh process) ...")
     out["mirror"] = bench_mirror(mn, mp)
