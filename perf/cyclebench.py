@@ -40,8 +40,8 @@ from batchsched.core.cycle import Cycle
 from batchsched.core.devices import ELASTIC_CORE, ELASTIC_MEMORY
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID, parse_pod
-from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import Unit, single_unit
 from perf import procstat

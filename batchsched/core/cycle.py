@@ -75,6 +75,7 @@ from batchsched.core.placement.topology import (
     place_gang_topology,
     topology_placer,
 )
+from batchsched.core.placement.views import NodeViews
 from batchsched.core.plan import (
     Binding,
     Nomination,
@@ -162,7 +163,8 @@ class _Walk:
         self.victims: set[str] = set()
         for n in self.qi.nominations:
             self.victims.update(n.victims)
-        self.gone = Terminating(self.used, snap.alloc)
+        self.views = NodeViews(len(snap.nodes))
+        self.gone = Terminating(self.used, snap.alloc, touch=self.touch)
         self.held: dict[str, Held] = {}
         self.preemption = CyclePreemption(self)
         self.reserve = cycle.reservations.begin(self, state)
@@ -205,6 +207,7 @@ class _Walk:
     def charge(self, queue: QueueName | None, rows: Sequence[int], reqs: IntArray, sign: int) -> None:
         for m, row in enumerate(rows):
             self.used[row] += sign * reqs[m]
+        self.touch(list(rows))
         if queue is not None:
             (self.tree.admit if sign > 0 else self.tree.release)(queue, reqs.sum(axis=0))
 
@@ -284,15 +287,29 @@ class _Walk:
             self.explain_cache[key] = message
         return message
 
-    def _kernel(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int, out: IntArray, place: Kernel | None = None) -> int:
+    def _kernel(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int, out: IntArray,
+                place: Kernel | None = None, pods: Sequence[Pod] = ()) -> int:
         k0 = time.perf_counter()
         a = self.arrays
-        placed = (place or self.cycle._place)(
-            self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, a.weights, a.scalar,
-            a.shape_u, a.shape_s, a.strategy, min_count, out, a.device,
-        )
+        fn = place or self.cycle._place
+        args = (self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, a.weights, a.scalar,
+                a.shape_u, a.shape_s, a.strategy, min_count, out, a.device)
+        if fn is kernels.place_members and pods and not lay.domain:
+            # the plain layout of these pods on the walk's usage: the kinds' views carry over
+            v = self.views
+            placed = kernels.place_members_cached(*args, v.kinds(pods), v.total, v.ok, v.stamp, v.version)
+        else:
+            placed = fn(*args)
+            self.touch(out[: reqs.shape[0]][out[: reqs.shape[0]] >= 0])
         self.kernel_time += time.perf_counter() - k0
         return int(placed)
+
+    def touch(self, rows: Any) -> None:
+        """The walk's usage changed on these rows outside the cached kernel."""
+        self.views.touch(rows)
+
+    def touch_all(self) -> None:
+        self.views.touch_all()
 
     def place(self, unit: Unit, lay: Layout, k: int, mc: int, out: IntArray) -> tuple[int, str]:
         """Place the first ``k`` members of ``unit``, the first ``mc`` all or none:
@@ -308,7 +325,7 @@ class _Walk:
         sig = lay.sig[:k]
         level = unit.topology_level
         if level is None or mc == 0:
-            placed = self._kernel(reqs, lay, sig, mc, out, self.topo.kernel(unit.pods))
+            placed = self._kernel(reqs, lay, sig, mc, out, self.topo.kernel(unit.pods), unit.pods[:k])
             return placed, lay.domain if placed else ""
         k0 = time.perf_counter()
         placed, where = place_gang_topology(
@@ -316,6 +333,7 @@ class _Walk:
             self.domains(), required_level=level if unit.topology_required else None,
             place=self.topo.kernel(unit.pods), columns=self.snap.columns,
         )
+        self.touch(out[:k][out[:k] >= 0])
         self.kernel_time += time.perf_counter() - k0
         return placed, where
 
@@ -511,7 +529,7 @@ class _Walk:
         out = np.full(len(pods), -1, dtype=np.int64)
         if lay.reqs is not None:
             with self.reserve.lifted(batch[0]):
-                self._kernel(lay.reqs, lay, lay.sig, 0, out)
+                self._kernel(lay.reqs, lay, lay.sig, 0, out, pods=pods)
         for m, (u, pod) in enumerate(zip(batch, pods, strict=True)):
             if out[m] >= 0:
                 assert lay.reqs is not None

@@ -44,7 +44,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -213,6 +213,10 @@ class Walk(Protocol):
     @property
     def rows(self) -> Mapping[str, int]: ...
 
+    def touch(self, rows: Any) -> None: ...
+
+    def touch_all(self) -> None: ...
+
     def place(self, unit: Unit, lay: Layout, k: int, mc: int, out: IntArray) -> tuple[int, str]:
         """Place the first ``k`` members, the first ``mc`` all or none: (placed, where)."""
         ...
@@ -278,12 +282,14 @@ class CycleReservations:
         for i in lift:
             r = self.made[i]
             used[r.hold_rows] -= r.hold
+            self.walk.touch(r.hold_rows)
         try:
             yield
         finally:
             for i in lift:
                 r = self.made[i]
                 used[r.hold_rows] += r.hold
+                self.walk.touch(r.hold_rows)
 
     def fail(self, q: QueueName | None, unit: Unit, lay: Layout, k: int, message: str) -> None:
         """``unit`` did not fit: reserve for it if it is at the head of its queue, else
@@ -357,9 +363,11 @@ class CycleReservations:
         out = np.full(mc, -1, dtype=np.int64)
         try:
             used[:] = np.maximum(base, 0)
+            self.walk.touch_all()
             placed, _ = self.walk.place(unit, lay, mc, mc, out)
         finally:
             used[:] = saved
+            self.walk.touch_all()
         return out if placed >= mc else None
 
     def _reserve(self, q: QueueName | None, unit: Unit, lay: Layout, mc: int) -> Reservation | None:
@@ -408,6 +416,7 @@ class CycleReservations:
             ending=ending, hold_rows=hold_rows, hold=hold, need=need,
         )
         walk.used[hold_rows] += hold
+        walk.touch(hold_rows)
         self.made.append(r)
         return r
 

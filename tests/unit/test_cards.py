@@ -252,3 +252,19 @@ def test_card_placement_kernel_equals_its_twin_and_never_overfills_a_card(
             assert (u[grew, COL[devices.card_memory(i)]] <= alloc[grew, COL[devices.card_memory(i)]]).all()
         assert ((u - used)[:, COL[devices.CARDS_ANY]] + used[:, COL[devices.CARDS_ANY]] >= 0).all()
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("policy", ["fragmentation", "binpack", "random"])
+def test_a_mixed_queue_is_placed_as_the_twin_places_it(policy: str) -> None:
+    # a queue of mixed kinds breaks into many kernel calls; the kinds' views of the nodes
+    # kept between calls must give the placements the twin gives looking at every node
+    from perf.cyclebench import card_state
+
+    plans = []
+    for use_jit in (True, False):
+        state = card_state(30, 150, seed=7)
+        cycle = Cycle(ScoringConfig(), use_jit=use_jit, cards=CardPolicy(policy=policy))
+        units = [single_unit(p) for p in state.pending.values()]
+        plan = cycle.run(state.snapshot(), units)
+        plans.append(sorted((b.name, b.node, b.cards) for b in plan.bindings))
+    assert plans[0] == plans[1] and len(plans[0]) > 50

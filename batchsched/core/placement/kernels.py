@@ -234,6 +234,8 @@ _BINPACK = D.BINPACK
 _SPREAD = D.SPREAD
 _RANDOM = D.RANDOM
 _KEY_SHIFT = D.KEY_SHIFT
+#: kinds of member one kernel call keeps a view of the nodes for (see place_members)
+_MAX_KINDS = 16
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -325,11 +327,92 @@ def _frag(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, held_a
     return out
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _card_free(comp: int, mem: int) -> int:
+    """A card's free compute as the fragmentation measure counts it (not wholly free)."""
+    if comp > 0:
+        return _FULL - comp
+    return _FULL - 1 if mem > 0 else _FULL
+
+
 @njit(cache=True, nogil=True)
+def _frag_prepare(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, held_any: int,
+                  device: IntArray, free: IntArray, sum_lt: IntArray, cnt_ge: IntArray) -> tuple[int, int, int]:
+    """The aggregates :func:`_frag_swap` updates: ``(total free, wholly free cards, free on
+    cards not wholly free)``, and per mix kind the free below its share and the cards with
+    at least its share. Same card list as :func:`_frag`."""
+    left = held_any
+    whole_free = 0
+    n = 0
+    total = 0
+    for i in range(n_cards):
+        if not exists[i]:
+            continue
+        if comp[i] == 0 and mem[i] == 0:
+            if left > 0:
+                left -= 1
+                free[n] = 0
+            else:
+                whole_free += 1
+                free[n] = _FULL
+        else:
+            free[n] = _card_free(comp[i], mem[i])
+        total += free[n]
+        n += 1
+    partial = 0
+    for j in range(n):
+        if free[j] < _FULL:
+            partial += free[j]
+    k = device[_D_N_SHARES]
+    start = _D_HEAD + 3 * k + 2 * n_cards
+    for t in range(device[_D_N_MIX]):
+        share = device[start + 4 * t + 3]
+        below = 0
+        at_least = 0
+        for j in range(n):
+            if free[j] >= share:
+                at_least += 1
+            else:
+                below += free[j]
+        sum_lt[t] = below
+        cnt_ge[t] = at_least
+    return total, whole_free, partial
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _frag_swap(x_old: int, x_new: int, total: int, whole_free: int, partial: int, cpu_free: int,
+               n_cards: int, device: IntArray, sum_lt: IntArray, cnt_ge: IntArray) -> int:
+    """:func:`_frag` of the card list :func:`_frag_prepare` saw with one card's free compute
+    changed from ``x_old`` to ``x_new``, in O(mix kinds)."""
+    total2 = total - x_old + x_new
+    whole2 = whole_free - (1 if x_old == _FULL else 0) + (1 if x_new == _FULL else 0)
+    partial2 = partial - (x_old if x_old < _FULL else 0) + (x_new if x_new < _FULL else 0)
+    k = device[_D_N_SHARES]
+    start = _D_HEAD + 3 * k + 2 * n_cards
+    out = 0
+    for t in range(device[_D_N_MIX]):
+        weight = device[start + 4 * t]
+        cpu = device[start + 4 * t + 1]
+        whole = device[start + 4 * t + 2]
+        share = device[start + 4 * t + 3]
+        if cpu_free < cpu:
+            lost = total2
+        elif whole == 0:
+            below = sum_lt[t] - (x_old if x_old < share else 0) + (x_new if x_new < share else 0)
+            at_least = cnt_ge[t] - (1 if x_old >= share else 0) + (1 if x_new >= share else 0)
+            lost = below if at_least > 0 else total2
+        else:
+            lost = partial2 if whole2 >= whole else total2
+        out += weight * lost
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray,
                 member: int, node: int, uses_policy: bool, comp: IntArray, mem: IntArray,
                 exists: BoolArray, free: IntArray, add_card: IntArray, add_comp: IntArray,
-                add_mem: IntArray, share_cards: IntArray) -> tuple[bool, int, int, int]:
+                add_mem: IntArray, share_cards: IntArray, sum_lt: IntArray,
+                cnt_ge: IntArray) -> tuple[bool, int, int, int]:
     """The kernel twin of reference.card_place: ``(fits, key, number of adds, whole mask)``;
     the adds go to add_card/add_comp/add_mem, each share slot's card + 1 to share_cards."""
     k = device[_D_N_SHARES]
@@ -387,6 +470,10 @@ def _card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: 
             continue
         best = -1
         best_val = 0
+        if policy == _FRAGMENTATION:
+            f_total, f_whole, f_partial = _frag_prepare(
+                comp, mem, exists, n_cards, any_after, device, free, sum_lt, cnt_ge,
+            )
         for i in range(n_cards):
             if not exists[i] or comp[i] >= _FULL or comp[i] + s > _FULL:
                 continue
@@ -404,11 +491,10 @@ def _card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: 
             elif policy == _RANDOM:
                 val = card_hash(device[_D_SEED], member, node, i)
             else:
-                comp[i] += s
-                mem[i] += m
-                val = -_frag(comp, mem, exists, n_cards, any_after, cpu_after, device, free)
-                comp[i] -= s
-                mem[i] -= m
+                # taking a wholly free card turns one free card of the list into a share
+                x_old = _FULL if comp[i] == 0 and mem[i] == 0 else _card_free(comp[i], mem[i])
+                val = -_frag_swap(x_old, _card_free(comp[i] + s, mem[i] + m), f_total, f_whole,
+                                  f_partial, cpu_after, n_cards, device, sum_lt, cnt_ge)
             if best < 0 or val > best_val:
                 best = i
                 best_val = val
@@ -531,6 +617,87 @@ def place_members(
     """
     _check_strategy(strategy)
     _check_place_shapes(alloc, used, reqs, sig, masks, static_score, weights, scalar, out)
+    n_nodes = alloc.shape[0]
+    n_slots = min(_MAX_KINDS, reqs.shape[0]) + 1
+    return _place(
+        alloc, used, reqs, sig, masks, static_score, weights, scalar, shape_u, shape_s, strategy,
+        min_count, out, device, np.empty(0, dtype=np.int64),
+        np.empty((n_slots, n_nodes), dtype=np.int64), np.empty((n_slots, n_nodes), dtype=np.bool_),
+        np.full((n_slots, n_nodes), -1, dtype=np.int64), np.zeros(n_nodes, dtype=np.int64),
+    )
+
+
+@njit(cache=True, nogil=True)
+def place_members_cached(
+    alloc: IntArray,
+    used: IntArray,
+    reqs: IntArray,
+    sig: IntArray,
+    masks: BoolArray,
+    static_score: IntArray,
+    weights: IntArray,
+    scalar: BoolArray,
+    shape_u: IntArray,
+    shape_s: IntArray,
+    strategy: int,
+    min_count: int,
+    out: IntArray,
+    device: IntArray,
+    kinds: IntArray,
+    view_total: IntArray,
+    view_ok: BoolArray,
+    view_stamp: IntArray,
+    version: IntArray,
+) -> int:
+    """:func:`place_members` keeping each kind's view of the nodes from one call to the next.
+
+    ``kinds[m]``: the row of the views member m's kind owns (members with the same
+    signature, requests and layout share one); the last row is scratch (the random policy,
+    and members the caller gave -1). ``view_stamp[k, n]`` is the ``version[n]`` the view was
+    taken at; the call bumps ``version[n]`` for each placement on n, and the caller must
+    bump it for every other change of ``used[n]`` (and reset a row's stamps to -1 when it
+    gives the row to another kind). Same results as :func:`place_members`.
+    """
+    _check_strategy(strategy)
+    _check_place_shapes(alloc, used, reqs, sig, masks, static_score, weights, scalar, out)
+    n_nodes = alloc.shape[0]
+    if kinds.shape[0] != reqs.shape[0] or version.shape[0] != n_nodes:
+        raise ValueError("kinds must have one entry per member and version one per node")
+    if view_total.shape[1] != n_nodes or view_ok.shape != view_total.shape or view_stamp.shape != view_total.shape:
+        raise ValueError("the views must be [K, N]")
+    for m in range(kinds.shape[0]):
+        if kinds[m] >= view_total.shape[0] - 1:
+            raise ValueError("kinds holds a row outside the views (the last row is scratch)")
+    return _place(
+        alloc, used, reqs, sig, masks, static_score, weights, scalar, shape_u, shape_s, strategy,
+        min_count, out, device, kinds, view_total, view_ok, view_stamp, version,
+    )
+
+
+@njit(cache=True, nogil=True)
+def _place(
+    alloc: IntArray,
+    used: IntArray,
+    reqs: IntArray,
+    sig: IntArray,
+    masks: BoolArray,
+    static_score: IntArray,
+    weights: IntArray,
+    scalar: BoolArray,
+    shape_u: IntArray,
+    shape_s: IntArray,
+    strategy: int,
+    min_count: int,
+    out: IntArray,
+    device: IntArray,
+    kinds: IntArray,
+    kind_total: IntArray,
+    kind_ok: BoolArray,
+    kind_stamp: IntArray,
+    version: IntArray,
+) -> int:
+    """The body of :func:`place_members` (``kinds`` empty: kinds found within the call) and
+    :func:`place_members_cached`."""
     n_nodes, n_res = alloc.shape
     n_members = reqs.shape[0]
     for m in range(n_members):
@@ -552,18 +719,27 @@ def place_members(
     add_comp = np.zeros(n_cards + 8, dtype=np.int64)
     add_mem = np.zeros(n_cards + 8, dtype=np.int64)
     share_cards = np.zeros(max(device[_D_N_SHARES], 1), dtype=np.int64)
+    sum_lt = np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64)
+    cnt_ge = np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64)
     cards = False
     policy = False
 
     table = _shape_table(shape_u, shape_s)
     asked = np.empty(n_res, dtype=np.int64)  # columns the member requests (checked by fit)
     scored = np.empty(n_res, dtype=np.int64)  # columns its score reads
-    total = np.empty(n_nodes, dtype=np.int64)  # score + static score per node ...
-    ok = np.empty(n_nodes, dtype=np.bool_)  # ... valid where the member may go and fits
     n_asked = 0
     n_scored = 0
     placed = 0
-    prev = -1  # the member whose view total/ok hold, before its own placement
+    # Members that ask alike (same signature, same requests) form a *kind*. Each kind keeps
+    # its view of every node (valid? score + static score), stamped with the node's version;
+    # a node's version grows when a member is placed on it. A member re-evaluates only the
+    # nodes changed since its kind last looked: interleaved kinds of a mixed queue reuse
+    # their views instead of rescanning every node.
+    persistent = kinds.shape[0] > 0
+    scratch = kind_total.shape[0] - 1  # the last row: views nobody keeps
+    n_slots = scratch  # rows matched within this call when not persistent
+    kind_rep = np.full(max(n_slots, 1), -1, dtype=np.int64)
+    next_slot = 0
     # Members that found no node. Usage only grows during a call, so a later member with
     # the same signature asking at least as much of every resource cannot fit either.
     max_failed = 64
@@ -587,37 +763,55 @@ def place_members(
                 break
         if hopeless and m >= min_count:
             continue
-        # A member identical to the previous one (same signature, same requests) sees the
-        # same nodes, except the one the previous member was placed on: re-evaluate only it.
-        same = prev >= 0 and sig[prev] == s
-        if same:
-            for r in range(n_res):
-                if not is_out[r] and reqs[m, r] != reqs[prev, r]:
-                    same = False
-                    break
-        if same and policy:
-            # the random policy draws per member: every node is new to it
+        n_asked = 0
+        for r in range(n_res):
+            if reqs[m, r] > 0:
+                asked[n_asked] = r
+                n_asked += 1
+        n_scored = _scored_columns(reqs[m], weights, scalar, scored)
+        cards = _asks_cards(reqs[m], device)
+        policy = cards and _uses_policy(reqs[m], device)
+        drawn = False  # the random policy draws per member: no view of it can be reused
+        if policy:
             pcol = device[_D_ASK_POLICY]
-            chosen = reqs[m, pcol] if pcol >= 0 and reqs[m, pcol] > 0 else device[_D_POLICY]
-            if chosen == _RANDOM:
-                same = False
-        if same:
-            first = out[prev]
-            last = first + 1 if first >= 0 else first
+            drawn = (reqs[m, pcol] if pcol >= 0 and reqs[m, pcol] > 0 else device[_D_POLICY]) == _RANDOM
+        k = -1
+        if persistent and not drawn:
+            k = kinds[m] if kinds[m] >= 0 else scratch
+            if k == scratch:
+                for n in range(n_nodes):
+                    kind_stamp[k, n] = -1
+        elif drawn:
+            k = scratch
+            for n in range(n_nodes):
+                kind_stamp[k, n] = -1
         else:
-            n_asked = 0
-            for r in range(n_res):
-                if reqs[m, r] > 0:
-                    asked[n_asked] = r
-                    n_asked += 1
-            n_scored = _scored_columns(reqs[m], weights, scalar, scored)
-            cards = _asks_cards(reqs[m], device)
-            policy = cards and _uses_policy(reqs[m], device)
-            first = 0
-            last = n_nodes
-        prev = m
+            for slot in range(n_slots):
+                rep = kind_rep[slot]
+                if rep < 0 or sig[rep] != s:
+                    continue
+                alike = True
+                for r in range(n_res):
+                    if not is_out[r] and reqs[m, r] != reqs[rep, r]:
+                        alike = False
+                        break
+                if alike:
+                    k = slot
+                    break
+        if k < 0:
+            k = next_slot
+            next_slot = (next_slot + 1) % n_slots
+            kind_rep[k] = m
+            for n in range(n_nodes):
+                kind_stamp[k, n] = -1
+        total = kind_total[k]
+        ok = kind_ok[k]
+        stamp = kind_stamp[k]
 
-        for n in range(first, last):
+        for n in range(n_nodes):
+            if stamp[n] == version[n]:
+                continue
+            stamp[n] = version[n]
             if not masks[s, n]:
                 ok[n] = False
                 continue
@@ -630,7 +824,7 @@ def place_members(
             if fit and cards:
                 fit, key, _, _ = _card_place(
                     alloc[n], used[n], reqs[m], device, m, n, policy, comp, mem, exists, free,
-                    add_card, add_comp, add_mem, share_cards,
+                    add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge,
                 )
                 if fit and policy:
                     ok[n] = True
@@ -659,6 +853,7 @@ def place_members(
                     if node >= 0:
                         for r in range(n_res):
                             used[node, r] -= reqs[k, r]
+                        version[node] += 1
                 for k in range(n_members):
                     out[k] = -1
                 for r in range(n_res):
@@ -673,7 +868,7 @@ def place_members(
         if cards:
             _, _, n_adds, mask = _card_place(
                 alloc[best], used[best], reqs[m], device, m, best, policy, comp, mem, exists,
-                free, add_card, add_comp, add_mem, share_cards,
+                free, add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge,
             )
             k_shares = device[_D_N_SHARES]
             cc0 = _D_HEAD + 3 * k_shares
@@ -690,6 +885,7 @@ def place_members(
                     reqs[m, col] = share_cards[j]
         for r in range(n_res):
             used[best, r] += reqs[m, r]
+        version[best] += 1
         out[m] = best
         placed += 1
     return placed

@@ -11,7 +11,7 @@ now would over-commit the node until they are gone).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,8 +65,10 @@ class Terminating:
     working usage, updated in place), but their nodes are not free to bind on until they
     are gone."""
 
-    def __init__(self, used: IntArray, alloc: IntArray) -> None:
+    def __init__(self, used: IntArray, alloc: IntArray, touch: Callable[[list[int]], None] | None = None) -> None:
         self.used = used
+        #: told of every row whose usage changes here
+        self.touch = touch
         self.alloc = alloc
         self.term = np.zeros_like(used)
         self.pods: dict[int, set[str]] = {}
@@ -75,6 +77,8 @@ class Terminating:
 
     def add(self, uid: str, row: int, req: IntArray) -> None:
         self.used[row] -= req
+        if self.touch is not None:
+            self.touch([row])
         self.term[row] += req
         self.pods.setdefault(row, set()).add(uid)
         self.live.add(uid)
