@@ -187,6 +187,10 @@ class Scheduler:
         m.pending_pods.set(len(state.pending))
         m.assumed_pods.set(len(state.assumed))
         m.nodes.set(len(state.nodes))
+        cards, held, free = state.card_usage()
+        m.gpu_cards.set(cards)
+        m.gpu_allocated.set(held / 1000)
+        m.gpu_free_cards.set(free)
         plan = d.plan
         if plan is None:
             return

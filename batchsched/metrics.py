@@ -18,6 +18,14 @@ class Metrics:
             "batchsched_assumed_pods", "Pods decided by a cycle whose binding is not yet confirmed.", registry=r
         )
         self.nodes = Gauge("batchsched_nodes", "Nodes in the mirror.", registry=r)
+        self.gpu_cards = Gauge("batchsched_gpu_cards", "GPU cards on the nodes in the mirror.", registry=r)
+        self.gpu_allocated = Gauge(
+            "batchsched_gpu_allocated_cards",
+            "GPU card compute held by pods, in cards (a share of a card counts its fraction).", registry=r,
+        )
+        self.gpu_free_cards = Gauge(
+            "batchsched_gpu_free_cards", "GPU cards nobody holds any share of.", registry=r
+        )
         self.cycle_duration = Histogram(
             "batchsched_cycle_duration_seconds", "Time of one scheduling cycle.", ["phase"],
             buckets=_CYCLE_BUCKETS, registry=r,

@@ -30,9 +30,13 @@ import numpy.typing as npt
 from batchsched.core.devices import (
     ASK_COLUMNS,
     CARDS_ANY,
+    GPU_SHARES,
+    MILLI,
     MixKind,
     assigned_usage,
     card_columns,
+    card_compute,
+    card_memory,
     mix_kind,
     mix_rows,
     node_cards,
@@ -352,6 +356,29 @@ class ClusterState:
             node_generation=self.node_generation,
             card_mix=mix_rows(self.mix),
         )
+
+    def card_usage(self) -> tuple[int, int, int]:
+        """``(cards, card compute held in thousandths, cards wholly free)`` over all nodes;
+        a card handed out by count (``nvidia.com/gpu``) is not free."""
+        gpu = self._col.get(GPU_SHARES)
+        if gpu is None:
+            return 0, 0, 0
+        valid = self.valid
+        cards = int(self.alloc[valid, gpu].sum()) // MILLI
+        held = int(self.used[valid, gpu].sum())
+        free = 0
+        i = 0
+        compute = []
+        memory = []
+        while card_compute(i) in self._col:
+            compute.append(self._col[card_compute(i)])
+            memory.append(self._col[card_memory(i)])
+            i += 1
+        if compute:
+            exists = self.alloc[valid][:, compute] > 0
+            empty = exists & (self.used[valid][:, compute] == 0) & (self.used[valid][:, memory] == 0)
+            free = int(np.maximum(empty.sum(axis=1) - self.used[valid, self._col[CARDS_ANY]], 0).sum())
+        return cards, held, free
 
     def pods_on(self, node: str) -> Iterator[Pod]:
         for uid, (n, _) in self.charges.items():

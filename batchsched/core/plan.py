@@ -59,7 +59,8 @@ class RunningPod:
     """The node's row in the snapshot arrays."""
     req: IntArray
     """The request vector charged to that node (snapshot columns)."""
-    gpus: int = 0
+    gpus: float = 0
+    """GPU cards it holds; a share of a card counts its fraction."""
     elastic: bool = False
     """An elastic extra of its gang (beyond the quorum): the first to go."""
 
@@ -80,7 +81,7 @@ class RunningUnit:
     pods already terminating); empty when it may. Such units are never victims."""
 
     @property
-    def gpus(self) -> int:
+    def gpus(self) -> float:
         return sum(p.gpus for p in self.pods)
 
 

@@ -31,7 +31,9 @@ _SUFFIX = {
 }
 _RE = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
-MILLI_RESOURCES = frozenset({"cpu"})
+#: counted in thousandths: CPU, and the GPU card compute of the device model
+#: (``batchsched.io/gpu``: a quota of "2.5" is two and a half cards)
+MILLI_RESOURCES = frozenset({"cpu", "batchsched.io/gpu"})
 
 #: the largest amount the scheduler counts, in its units (about 10^15: a pebibyte of
 #: memory, 10^12 CPUs): every request, allocatable and quota is below it, so sums over

@@ -268,3 +268,26 @@ def test_a_mixed_queue_is_placed_as_the_twin_places_it(policy: str) -> None:
         plan = cycle.run(state.snapshot(), units)
         plans.append(sorted((b.name, b.node, b.cards) for b in plan.bindings))
     assert plans[0] == plans[1] and len(plans[0]) > 50
+
+
+def test_a_queue_limits_and_reports_gpu_in_card_shares() -> None:
+    session = Session(SessionSettings(cards=CardPolicy(policy="binpack")))
+    session.on_node("ADDED", elastic_node("n0"))
+    session.on_queue("ADDED", {
+        "apiVersion": "batchsched.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team"},
+        "spec": {"resources": [{"name": "batchsched.io/gpu", "nominal": "1"}]},
+    })
+    for i in range(3):
+        session.on_pod("ADDED", make_pod(f"s{i}").uid(f"s{i}").created(i).label({"batchsched.io/queue": "team"})
+                       .req({"cpu": "1", CORE: "50"}).build())
+    d = session.step(100.0)
+    assert sorted(b.name for b in d.binds) == ["s0", "s1"]  # two halves make the one card
+    [why] = [c for c in d.unschedulable if c.ref.name == "s2"]
+    assert "batchsched.io/gpu" in why.message
+    for b in d.binds:
+        session.on_bind_result(b, "bound", now=100.0)
+    d = session.step(200.0)
+    status = dict(d.queue_statuses)["team"]
+    assert "batchsched.io/gpu" in str(status) and "'1'" in str(status)
+    cards, held, free = session.state.card_usage()
+    assert (cards, free) == (4, 3) and held == 1000

@@ -133,7 +133,10 @@ def assigned(asks: Sequence[CardAsk], req: IntArray, device: IntArray) -> tuple[
             cards.append(tuple(whole_cards[: a.whole]))
             whole_cards = whole_cards[a.whole:]
         else:
-            cards.append((int(req[int(out_cols[share])]) - 1,))
+            card = int(req[int(out_cols[share])]) - 1
+            if card < 0:
+                raise ValueError("a placed member's share has no card: the kernel's output is inconsistent")
+            cards.append((card,))
             share += 1
     return tuple(cards)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from batchsched.core.devices import GPU_SHARES, MILLI
 from batchsched.core.disruption import DisruptionBook, DisruptionBudget
 from batchsched.core.gangs import ANNOTATION_TASK, VOLCANO, GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
@@ -298,6 +299,7 @@ class QueueBook:
         rows: dict[str, int] = {n.name: i for i, n in enumerate(snap.nodes)}
         width = len(snap.columns)
         gpu = snap.columns.index(GPU) if GPU in snap.columns else -1
+        shares = snap.columns.index(GPU_SHARES) if GPU_SHARES in snap.columns else -1
         by_unit: dict[str, list[tuple[Pod, int, Any]]] = {}
         unit_group: dict[str, PodGroup | None] = {}
         for uid, (node, vec) in state.charges.items():
@@ -322,7 +324,7 @@ class QueueBook:
             protected = "terminating" if any(p.deleting for p in pods) else self.budgets.protecting(pods)
             start = min((p.started for p in pods if p.started), default=now)
             running_pods = tuple(
-                RunningPod(uid=pod.uid, node=row, req=vec, gpus=int(vec[gpu]) if gpu >= 0 else 0,
+                RunningPod(uid=pod.uid, node=row, req=vec, gpus=_cards(vec, gpu, shares),
                            elastic=pod.uid in elastic)
                 for pod, row, vec in sorted(members, key=lambda m: (m[0].created, _natural(m[0].name)))
             )
@@ -406,3 +408,11 @@ def _elastic(pods: Sequence[Pod], group: PodGroup | None) -> set[str]:
         out.add(pod.uid)
         taken[task] += 1
     return out
+
+
+def _cards(vec: Any, gpu: int, shares: int) -> float:
+    """The GPU cards a pod holds: its card compute (shares count their fraction), or its
+    ``nvidia.com/gpu`` count for a pod the device model does not know."""
+    if shares >= 0 and vec[shares] > 0:
+        return float(vec[shares]) / MILLI
+    return float(vec[gpu]) if gpu >= 0 else 0.0

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core.plan import QueueName
-from batchsched.core.quantity import format_units
+from batchsched.core.quantity import MILLI_RESOURCES, format_units
 from batchsched.core.queues.spec import Queue, QueueError, parse_queue
 from batchsched.core.queues.structure import UNLIMITED, _Node, _TreeStructure
 
@@ -511,7 +511,7 @@ def _quantities(values: Mapping[str, int]) -> dict[str, str]:
     """Exact Kubernetes quantity strings for the scheduler's units."""
     out: dict[str, str] = {}
     for res, units in values.items():
-        if res == "cpu":
+        if res in MILLI_RESOURCES:
             out[res] = f"{units // 1000}" if units % 1000 == 0 else f"{units}m"
             continue
         text = str(units)
