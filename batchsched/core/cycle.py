@@ -56,7 +56,7 @@ from batchsched.core.devices import annotations_for
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
-from batchsched.core.placement.cards import CardPolicy, assigned, descriptor, shortfalls
+from batchsched.core.placement.cards import CardPolicy, assigned, descriptor, held_cards, shortfalls
 from batchsched.core.placement.layout import (
     Layout,
     PlacementCaches,
@@ -486,7 +486,8 @@ class _Walk:
             names = tuple(self.snap.nodes[r].name for r in rows)
             self.plan.nominations.append(Nomination(
                 unit=unit.key, queue=q, pods=tuple(unit.pods[m].uid for m in members), nodes=names,
-                requests=tuple(dict(unit.pods[m].requests) for m in members),
+                requests=tuple({**unit.pods[m].requests, **held_cards(lay.reqs[m], self.arrays.device, self.snap.columns)}
+                               for m in members),
                 victims=frozenset(waiting), since=self.qi.now, priority=unit.priority,
             ))
             self.plan.record(unit.key, UnitResult(

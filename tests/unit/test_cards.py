@@ -291,3 +291,16 @@ def test_a_queue_limits_and_reports_gpu_in_card_shares() -> None:
     assert "batchsched.io/gpu" in str(status) and "'1'" in str(status)
     cards, held, free = session.state.card_usage()
     assert (cards, free) == (4, 3) and held == 1000
+
+
+def test_a_preemptor_holds_the_card_share_its_victim_frees() -> None:
+    session = Session(SessionSettings(cards=CardPolicy(policy="binpack")))
+    session.on_node("ADDED", elastic_node("n0", cards=1))
+    session.on_pod("ADDED", make_pod("low").uid("low").priority(0).req({"cpu": "1", CORE: "80"})
+                   .annotate({"elasticgpu.io/container-main": "0"}).running("n0").build())
+    session.on_pod("ADDED", make_pod("high").uid("high").priority(100).req({"cpu": "1", CORE: "50"}).build())
+    d = session.step(100.0)
+    assert [e.name for e in d.evictions] == ["low"] and d.binds == []
+    assert d.plan is not None
+    [n] = d.plan.nominations
+    assert n.requests[0].get(devices.card_compute(0)) == 500  # card 0's share is held for it

@@ -141,6 +141,14 @@ def assigned(asks: Sequence[CardAsk], req: IntArray, device: IntArray) -> tuple[
     return tuple(cards)
 
 
+def held_cards(req: IntArray, device: IntArray, columns: Sequence[str]) -> dict[str, int]:
+    """The per-card usage a placed member's row holds (by column name): what a nomination
+    keeps on its node while the victims terminate."""
+    k, n_cards = int(device[N_SHARES]), int(device[N_CARDS])
+    cols = device[HEAD + 3 * k: HEAD + 3 * k + 2 * n_cards]
+    return {columns[int(c)]: int(req[int(c)]) for c in cols if req[int(c)] > 0}
+
+
 def shortfalls(alloc: IntArray, used: IntArray, req: IntArray, mask: npt.NDArray[np.bool_],
                device: IntArray) -> dict[str, int]:
     """Why the nodes of ``mask`` that have room for ``req`` resource by resource still fail

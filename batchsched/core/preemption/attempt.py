@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from batchsched.core import explain
 from batchsched.core.mirror import Snapshot
+from batchsched.core.placement.cards import held_cards
 from batchsched.core.placement.layout import Layout
 from batchsched.core.placement.scoring import ScoringArrays
 from batchsched.core.placement.topology import PlaceMembers
@@ -171,13 +172,15 @@ class CyclePreemption:
                 walk.admitted(q, unit, lay, out, mc, where)
                 return True, ""
             return False, ""
-        self._apply(q, unit, lay, mc, result.victims, result.nodes)
+        self._apply(q, unit, lay, mc, result.victims, result.nodes, result.placed)
         return True, ""
 
     def _apply(
         self, q: QueueName | None, unit: Unit, lay: Layout, mc: int,
-        victims: Sequence[Victim], nodes: Sequence[int],
+        victims: Sequence[Victim], nodes: Sequence[int], placed: IntArray | None = None,
     ) -> None:
+        """Evict ``victims`` for the quorum, held on ``nodes`` (``placed``: its rows as the
+        search placed them there, GPU cards included)."""
         assert lay.reqs is not None and self.candidates is not None
         walk = self.walk
         plan = walk.plan
@@ -190,7 +193,7 @@ class CyclePreemption:
             if v.unit.queue is not None:
                 walk.tree.release(v.unit.queue, total)
             self.candidates.remove(v)
-        core = lay.reqs[:mc]
+        core = lay.reqs[:mc] if placed is None else placed
         walk.charge(q, list(nodes), core, 1)
         names = tuple(walk.snap.nodes[n].name for n in nodes)
         messages = tuple(_victim_message(unit, q, names, v) for v in victims)
@@ -199,7 +202,8 @@ class CyclePreemption:
         plan.preemptions.append(PreemptionRecord(unit, q, names, tuple(victims), messages, summary))
         plan.nominations.append(Nomination(
             unit=unit.key, queue=q, pods=tuple(p.uid for p in unit.pods[:mc]), nodes=names,
-            requests=tuple(dict(p.requests) for p in unit.pods[:mc]),
+            requests=tuple({**p.requests, **held_cards(core[m], walk.arrays.device, walk.snap.columns)}
+                           for m, p in enumerate(unit.pods[:mc])),
             victims=frozenset(p.uid for v in victims for p in v.pods), since=walk.qi.now,
             priority=unit.priority,
         ))

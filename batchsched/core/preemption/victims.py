@@ -117,6 +117,8 @@ class Preemption:
     """The node row of each quorum member once the victims are gone (hold them for it)."""
     gpu_hours: float
     pods: int
+    #: the quorum's request rows as placed there, with the GPU cards each member got
+    placed: IntArray | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -348,7 +350,8 @@ class _Search:
             return NoPreemption(f"only {p.reqs.shape[0]} of {self.mc} required members exist")
         failure, _, out = self._check([])
         if not failure and out is not None:
-            return Preemption(victims=(), nodes=tuple(int(n) for n in out), gpu_hours=0.0, pods=0)
+            return Preemption(victims=(), nodes=tuple(int(n) for n in out), gpu_hours=0.0, pods=0,
+                              placed=self.core.copy())
         if not self.pieces:
             return NoPreemption(self._nobody())
         extras = [pc for pc in self.pieces if not pc.whole]
@@ -372,6 +375,7 @@ class _Search:
             nodes=tuple(int(n) for n in out),
             gpu_hours=sum(v.gpu_hours for v in victims),
             pods=sum(len(v.pods) for v in victims),
+            placed=self.core.copy(),
         )
 
     def _nobody(self) -> str:
