@@ -47,6 +47,8 @@ from batchsched.core.model import GPU, PODS, Node, Pod, PodUID
 IntArray = npt.NDArray[np.int64]
 
 BASE_COLUMNS = ("cpu", "memory", PODS, GPU)
+#: arrivals the workload mix remembers before its counts are halved
+MIX_WINDOW = 20000
 
 
 class StateError(RuntimeError):
@@ -121,9 +123,10 @@ class ClusterState:
         #: unbound pods of ours carrying a card assignment no binding followed (see
         #: :func:`~batchsched.core.devices.stale_keys`): kept out of ``pending`` until clean
         self.stale: dict[PodUID, Pod] = {}
-        #: how many of our live pods ask for cards of each kind (the workload mix)
+        #: how many of our pods asked for cards of each kind, over the last arrivals (the
+        #: workload mix: counts are halved whenever they pass MIX_WINDOW, so old work fades)
         self.mix: Counter[MixKind] = Counter()
-        self._mix_of: dict[PodUID, MixKind] = {}
+        self._mix_seen: set[PodUID] = set()
 
     # -- resource columns --------------------------------------------------------------
 
@@ -250,9 +253,8 @@ class ClusterState:
         old = self.pods.get(uid)
         self.pods[uid] = pod
         self.by_name[(pod.namespace, pod.name)] = uid
-        if pod.card_asks or uid in self._mix_of:
-            self._count_mix(uid, None if pod.terminal or not self.ours(pod)
-                            else mix_kind(pod.requests.get("cpu", 0), pod.card_asks))
+        if pod.card_asks and uid not in self._mix_seen and self.ours(pod):
+            self._count_mix(uid, mix_kind(pod.requests.get("cpu", 0), pod.card_asks))
         if uid in self.charges:
             self.charge_generation += 1
         if pod.holds_resources or pod.node_name or pod.terminal:
@@ -293,17 +295,17 @@ class ClusterState:
             self.pending.pop(uid, None)
 
     def _count_mix(self, uid: PodUID, kind: MixKind | None) -> None:
-        old = self._mix_of.pop(uid, None)
-        if old is not None:
-            self.mix[old] -= 1
-            if self.mix[old] <= 0:
-                del self.mix[old]
-        if kind is not None:
-            self._mix_of[uid] = kind
-            self.mix[kind] += 1
+        """A pod's arrival in the workload mix (once per pod, whatever becomes of it: the
+        work that fails to fit is the work fragmentation is measured against)."""
+        self._mix_seen.add(uid)
+        if kind is None:
+            return
+        self.mix[kind] += 1
+        if sum(self.mix.values()) > MIX_WINDOW:
+            self.mix = Counter({k: n // 2 for k, n in self.mix.items() if n // 2 > 0})
 
     def _remove_pod(self, uid: PodUID) -> None:
-        self._count_mix(uid, None)
+        self._mix_seen.discard(uid)
         pod = self.pods.pop(uid, None)
         if pod is not None and self.by_name.get((pod.namespace, pod.name)) == uid:
             del self.by_name[(pod.namespace, pod.name)]

@@ -212,7 +212,7 @@ def card_problems(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     reqs = np.zeros((n_members, len(COLUMNS)), dtype=np.int64)
     for m in range(n_members):
         reqs[m, COL["cpu"]] = draw(st.sampled_from([500, 2000]))
-        kind = draw(st.sampled_from(["share", "share", "whole", "any", "two"]))
+        kind = draw(st.sampled_from(["share", "share", "whole", "any", "two", "cpu"]))
         if kind in ("share", "two"):
             reqs[m, COL[devices.ask_share(0)]] = draw(st.sampled_from([100, 250, 500, 700]))
             reqs[m, COL[devices.ask_memory(0)]] = draw(st.sampled_from([0, 0, 2048, 6000]))

@@ -526,6 +526,32 @@ def _card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: 
 
 
 @njit(cache=True, nogil=True)
+def _cpu_fragments(req: IntArray, device: IntArray) -> bool:
+    cpu = device[_D_CPU]
+    return bool(device[_D_SCOPE_ALL] != 0 and device[_D_POLICY] == _FRAGMENTATION and device[_D_N_CARDS] > 0
+                and cpu >= 0 and req[cpu] > 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cpu_frag_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray,
+                  comp: IntArray, mem: IntArray, exists: BoolArray, free: IntArray) -> int:
+    """The kernel twin of reference.cpu_frag_key."""
+    k = device[_D_N_SHARES]
+    n_cards = device[_D_N_CARDS]
+    cc0 = _D_HEAD + 3 * k
+    for i in range(n_cards):
+        comp[i] = used_row[device[cc0 + i]]
+        mcol = device[cc0 + n_cards + i]
+        mem[i] = used_row[mcol] if mcol >= 0 else 0
+        exists[i] = alloc_row[device[cc0 + i]] > 0
+    held_any = used_row[device[_D_ANY]] if device[_D_ANY] >= 0 else 0
+    cpu = device[_D_CPU]
+    cpu_free = alloc_row[cpu] - used_row[cpu]
+    before = _frag(comp, mem, exists, n_cards, held_any, cpu_free, device, free)
+    return before - _frag(comp, mem, exists, n_cards, held_any, cpu_free - req[cpu], device, free)
+
+
+@njit(cache=True, nogil=True)
 def _card_output_columns(device: IntArray, is_out: BoolArray) -> None:
     """Mark the columns the kernel writes into a member's row (usage and outputs)."""
     k = device[_D_N_SHARES]
@@ -771,6 +797,7 @@ def _place(
         n_scored = _scored_columns(reqs[m], weights, scalar, scored)
         cards = _asks_cards(reqs[m], device)
         policy = cards and _uses_policy(reqs[m], device)
+        by_cpu = not cards and _cpu_fragments(reqs[m], device)
         drawn = False  # the random policy draws per member: no view of it can be reused
         if policy:
             pcol = device[_D_ASK_POLICY]
@@ -830,6 +857,11 @@ def _place(
                     ok[n] = True
                     total[n] = key * _KEY_SHIFT + static_score[s, n]
                     continue
+            if fit and by_cpu:
+                ok[n] = True
+                key = _cpu_frag_key(alloc[n], used[n], reqs[m], device, comp, mem, exists, free)
+                total[n] = key * _KEY_SHIFT + static_score[s, n]
+                continue
             ok[n] = fit
             if not fit:
                 continue

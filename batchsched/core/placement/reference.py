@@ -324,6 +324,29 @@ def card_place(
     return True, key, adds, mask, share_cards
 
 
+def cpu_fragments(req: Sequence[int], device: Sequence[int]) -> bool:
+    """A pod asking no card is placed by the fragmentation policy too, with scope ``all``:
+    the CPU it takes can leave a node's free cards unusable."""
+    cpu = device[D.CPU]
+    return (device[D.SCOPE_ALL] != 0 and device[D.POLICY] == D.FRAGMENTATION and device[D.N_CARDS] > 0
+            and cpu >= 0 and req[cpu] > 0)
+
+
+def cpu_frag_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
+    """Minus the increase of the node's fragmentation when ``req``'s CPU is taken there."""
+    _, _, _, cc, cm = _card_cols(device)
+    n_cards = device[D.N_CARDS]
+    comp = [used_row[cc[i]] for i in range(n_cards)]
+    mem = [used_row[cm[i]] for i in range(n_cards)]
+    exists = [alloc_row[cc[i]] > 0 for i in range(n_cards)]
+    held_any = used_row[device[D.ANY]] if device[D.ANY] >= 0 else 0
+    free, whole_free = _free_list(comp, mem, exists, held_any)
+    cpu = device[D.CPU]
+    cpu_free = alloc_row[cpu] - used_row[cpu]
+    mix = _mix(device)
+    return frag(free, whole_free, cpu_free, mix) - frag(free, whole_free, cpu_free - req[cpu], mix)
+
+
 def _uses_policy(req: Sequence[int], device: Sequence[int]) -> bool:
     """Shares are placed by the card policy; whole cards only with scope ``all``."""
     if device[D.SCOPE_ALL]:
@@ -428,6 +451,7 @@ def place_members(
         best_total = 0
         cards = asks_cards(req, dev)
         policy = cards and _uses_policy(req, dev)
+        by_cpu = not cards and cpu_fragments(req, dev)
         for n, alloc_row in enumerate(alloc_l):
             if not masks_l[s][n] or not _fits(alloc_row, used_l[n], req):
                 continue
@@ -435,7 +459,9 @@ def place_members(
                 ok, key, _, _, _ = card_place(alloc_row, used_l[n], req, dev, m, n, policy)
                 if not ok:
                     continue
-            if policy:
+            if by_cpu:
+                total = static_l[s][n] + cpu_frag_key(alloc_row, used_l[n], req, dev) * D.KEY_SHIFT
+            elif policy:
                 total = static_l[s][n] + key * D.KEY_SHIFT
             else:
                 total = static_l[s][n] + _score(

@@ -1,0 +1,1 @@
+"""Replay: the production scheduling session on a virtual clock (see :mod:`.engine`)."""

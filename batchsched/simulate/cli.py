@@ -1,0 +1,55 @@
+"""``batchsched simulate``: the production session replayed on a trace, every card policy
+side by side, next to the published state of the art."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from batchsched.core.devices import POLICIES
+
+SCOPES = ("sharing", "all")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="replay a trace through the scheduling session, per card policy")
+    p.add_argument("--trace", default="openb", choices=["openb"], help="the trace (openb)")
+    p.add_argument("--variant", default="default",
+                   help="which openb pod list: default, gpushare100, multigpu50, gpuspec33, cpu050, ...")
+    p.add_argument("--trace-dir", help="the folder holding the trace's CSV files")
+    p.add_argument("--mode", default="fragmentation", choices=["fragmentation"],
+                   help="fragmentation: tasks arrive in a seeded order and never leave (FGD's method)")
+    p.add_argument("--load", type=float, default=1.3, help="GPU asked as a share of the cluster's cards")
+    p.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
+    p.add_argument("--policy", action="append", choices=POLICIES,
+                   help="card policies to compare (default: all)")
+    p.add_argument("--scope", action="append", choices=SCOPES,
+                   help="which pods the card policy places: sharing (shares only) or all (default: both)")
+    p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+
+def main(args: argparse.Namespace) -> int:
+    from batchsched.simulate import experiment
+
+    d = experiment.trace_dir(args.trace_dir)
+    policies = [(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
+    seeds = list(range(42, 42 + args.seeds))
+    results = experiment.run_fragmentation(
+        d, args.variant, policies, seeds, args.load, workers=args.workers,
+        progress=experiment.progress_bar if args.output == "table" else None,
+    )
+    ours = experiment.summarise(results)
+    ref = experiment.reference(args.variant)
+    if args.output == "json":
+        print(json.dumps({
+            "trace": args.trace, "variant": args.variant, "mode": args.mode, "load": args.load,
+            "seeds": seeds, "runs": results,
+            "summary": {k: {str(p): v for p, v in pts.items()} for k, pts in ours.items()},
+            "reference": {k: {str(p): v for p, v in pts.items()} for k, pts in ref.items()},
+        }, indent=1))
+        return 0
+    print(f"openb {args.variant}: {args.mode}, load {args.load:.0%}, {len(seeds)} seed(s)")
+    print(experiment.table(ours, ref))
+    return 0

@@ -1,0 +1,65 @@
+"""The replay simulator: the FGD method's workload, and the production session driven on it."""
+
+from __future__ import annotations
+
+import random
+
+from batchsched.simulate import fragmentation
+from batchsched.simulate.engine import Simulation
+from batchsched.simulate.openb import Task, TraceNode
+
+
+def nodes(n: int) -> list[TraceNode]:
+    return [TraceNode(f"node-{i:03d}", 32000, 131072, 4 if i % 2 else 8, "T4" if i % 3 else "V100")
+            for i in range(n)]
+
+
+def tasks(n: int, seed: int = 1) -> list[Task]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = rng.choice(["share", "share", "one", "two", "cpu"])
+        milli = rng.choice([250, 500, 810]) if kind == "share" else 1000
+        gpus = {"share": 1, "one": 1, "two": 2, "cpu": 0}[kind]
+        spec = ("V100",) if rng.random() < 0.1 and gpus else ()
+        out.append(Task(f"t-{i:04d}", rng.choice([1000, 4000, 8000]), 4096, gpus, milli, spec, 0.0, 0.0))
+    return out
+
+
+def test_the_workload_is_inflated_until_the_next_draw_would_pass_the_load() -> None:
+    ts = tasks(100)
+    capacity = sum(t.gpu_request for t in ts)  # they ask for 100%: copies make up the rest
+    order = fragmentation.workload(ts, capacity, 1.3, seed=42)
+    asked = sum(t.gpu_request for t in order)
+    assert asked <= 1.3 * capacity < asked + max(t.gpu_request for t in ts)
+    assert sorted(t.name for t in order[: len(ts)]) == sorted(t.name for t in ts)  # originals first
+    assert order == fragmentation.workload(ts, capacity, 1.3, seed=42)  # one seed, one order
+    thinned = fragmentation.workload(ts, 1000, 1.3, seed=42)
+    assert sum(t.gpu_request for t in thinned) <= 1300
+
+
+def test_a_fragmentation_run_allocates_what_fits_and_never_overfills_a_card() -> None:
+    ns, ts = nodes(20), tasks(120)  # 120 cards; the tasks ask for less: copies are added
+    for policy in ("fragmentation", "binpack"):
+        curve = fragmentation.run(ns, ts, policy=policy, seed=42, load=1.3, batch=16)
+        assert len(curve.arrived) == len(curve.allocated) > len(ts)
+        assert all(a <= b + 1e-9 for a, b in zip(curve.allocated, curve.arrived, strict=True))
+        assert curve.arrived[-1] > 100 and 60 < curve.allocated[-1] <= 100
+        assert curve.failed > 0  # 130% of the cards cannot all fit
+        at = curve.at(100)
+        assert at is not None and 60 < at <= 100
+
+
+def test_the_simulation_binds_as_the_session_decides_and_keeps_its_books() -> None:
+    sim = Simulation(fragmentation.settings_for("binpack"))
+    sim.add_nodes(n.manifest() for n in nodes(2))
+    for i, t in enumerate(tasks(30, seed=3)):
+        sim.add_pod(t.manifest(f"p{i}", created=float(i)))
+    d = sim.step(0.0)
+    assert {b.uid for b in d.binds} == set(sim.placed)
+    state = sim.session.state
+    state.check()
+    for uid, placed in sim.placed.items():
+        assert state.pods[uid].node_name == placed.node  # the watch's view: bound there
+        if state.pods[uid].card_asks and not state.pods[uid].card_asks[0].anywhere:
+            assert state.pods[uid].cards == placed.cards  # read back from the annotations
