@@ -304,3 +304,34 @@ def test_a_preemptor_holds_the_card_share_its_victim_frees() -> None:
     assert d.plan is not None
     [n] = d.plan.nominations
     assert n.requests[0].get(devices.card_compute(0)) == 500  # card 0's share is held for it
+
+
+def test_more_kinds_in_one_call_than_views_never_share_a_view() -> None:
+    from batchsched.core.placement.views import NodeViews
+
+    views = NodeViews(4, kinds=2)
+    pods = [share(f"p{i}", 10 + i) for i in range(4)]
+    rows = views.kinds(pods).tolist()
+    assert rows[:2] == [0, 1] and rows[2:] == [-1, -1]  # no row is handed to a second kind
+    again = views.kinds([share("q", 50), pods[0]]).tolist()
+    assert again[1] != again[0] and again[1] in (0, 1, -1)
+
+
+def test_a_call_with_more_kinds_than_views_places_as_the_twin() -> None:
+    # without reservations a run of single pods shares one call whatever they ask: here
+    # far more kinds than the views kept, in one call (a view reused across kinds was a bug)
+    from batchsched.core.reservation import ReservationSettings
+
+    plans = []
+    for use_jit in (True, False):
+        state = mirror(*(make_node(f"n{i}").cap({"cpu": str(c), "memory": "256Gi", CORE: "400", MEM: "65536"}).build()
+                         for i, c in enumerate((8, 16, 32, 64, 96, 12))))
+        for i in range(80):
+            state.pod_event("ADDED", make_pod(f"p{i:03d}").uid(f"p{i}").created(i)
+                            .req({"cpu": str(1 + i % 40), CORE: str((10, 30, 50, 100)[i % 4])}).build())
+        cycle = Cycle(ScoringConfig(), use_jit=use_jit, cards=CardPolicy(policy="fragmentation"),
+                      reservation=ReservationSettings(enabled=False))
+        units = [single_unit(p) for p in sorted(state.pending.values(), key=lambda p: p.name)]
+        plan = cycle.run(state.snapshot(), units)
+        plans.append(sorted((b.name, b.node, b.cards) for b in plan.bindings))
+    assert plans[0] == plans[1] and len(plans[0]) > 25

@@ -898,10 +898,12 @@ def _place(
                 n_failed += 1
             continue
         if cards:
-            _, _, n_adds, mask = _card_place(
+            again, _, n_adds, mask = _card_place(
                 alloc[best], used[best], reqs[m], device, m, best, policy, comp, mem, exists,
                 free, add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge,
             )
+            if not again:
+                raise ValueError("the chosen node no longer fits the member's cards: a stale node view")
             k_shares = device[_D_N_SHARES]
             cc0 = _D_HEAD + 3 * k_shares
             for a in range(n_adds):

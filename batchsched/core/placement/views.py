@@ -48,6 +48,7 @@ class NodeViews:
         """The view row of each member's kind (a kind seen first gets a fresh row)."""
         out = np.empty(len(pods), dtype=np.int64)
         prev: Pod | None = None
+        taken: set[int] = set()  # rows this call's members use: never given to another kind
         for m, pod in enumerate(pods):
             if prev is not None and pod.requests == prev.requests and pod.constraint_key() == prev.constraint_key():
                 out[m] = out[m - 1]
@@ -56,16 +57,27 @@ class NodeViews:
             key = kind_key(pod)
             row = self._rows.get(key)
             if row is None:
-                if len(self._rows) < self._capacity:
-                    row = len(self._rows)
-                else:
-                    _, row = self._rows.popitem(last=False)
-                self._rows[key] = row
-                self.stamp[row] = -1
+                row = self._free_row(taken)
+                if row >= 0:
+                    self._rows[key] = row
+                    self.stamp[row] = -1
             else:
                 self._rows.move_to_end(key)
+            if row >= 0:
+                taken.add(row)
             out[m] = row
         return out
+
+    def _free_row(self, taken: set[int]) -> int:
+        """A row for a new kind: an unused one, or the least recently used kind's that this
+        call does not use; -1 (the kernel's scratch row) when every row is in use here."""
+        if len(self._rows) < self._capacity:
+            return len(self._rows)
+        for key, row in self._rows.items():
+            if row not in taken:
+                del self._rows[key]
+                return row
+        return -1
 
     def touch(self, rows: Any) -> None:
         """Usage changed on these node rows."""
