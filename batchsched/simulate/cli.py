@@ -18,8 +18,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--variant", default="default",
                    help="which openb pod list: default, gpushare100, multigpu50, gpuspec33, cpu050, ...")
     p.add_argument("--trace-dir", help="the folder holding the trace's CSV files")
-    p.add_argument("--mode", default="fragmentation", choices=["fragmentation"],
-                   help="fragmentation: tasks arrive in a seeded order and never leave (FGD's method)")
+    p.add_argument("--mode", default="fragmentation", choices=["fragmentation", "replay"],
+                   help="fragmentation: tasks arrive in a seeded order and never leave (FGD's method); "
+                        "replay: tasks arrive at their creation time and run as long as in the trace")
+    p.add_argument("--limit", type=int, help="replay: only the first N tasks by creation time")
     p.add_argument("--load", type=float, default=1.3, help="GPU asked as a share of the cluster's cards")
     p.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
     p.add_argument("--policy", action="append", choices=POLICIES,
@@ -35,6 +37,8 @@ def main(args: argparse.Namespace) -> int:
 
     d = experiment.trace_dir(args.trace_dir)
     policies = [(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
+    if args.mode == "replay":
+        return _replay(args, d, policies)
     seeds = list(range(42, 42 + args.seeds))
     results = experiment.run_fragmentation(
         d, args.variant, policies, seeds, args.load, workers=args.workers,
@@ -52,4 +56,30 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"openb {args.variant}: {args.mode}, load {args.load:.0%}, {len(seeds)} seed(s)")
     print(experiment.table(ours, ref))
+    return 0
+
+
+def _replay(args: argparse.Namespace, d: Any, policies: list[tuple[str, str]]) -> int:
+    from batchsched.simulate import openb, replay
+
+    nodes = openb.read_nodes(d / "openb_node_list_gpu_node.csv")
+    tasks = openb.read_tasks(d / f"openb_pod_list_{args.variant}.csv")
+    rows: list[dict[str, Any]] = []
+    for policy, scope in policies:
+        r = replay.run(nodes, tasks, policy=policy, scope=scope, limit=args.limit)
+        rows.append({"policy": policy, "scope": scope, "peak_allocation": r.peak_allocation(),
+                     "mean_allocation": r.mean_allocation(), "never_placed": r.never_placed,
+                     "wait_s": r.percentiles("waits"), "completion_s": r.percentiles("completions")})
+    if args.output == "json":
+        print(json.dumps({"trace": args.trace, "variant": args.variant, "mode": "replay", "runs": rows}, indent=1))
+        return 0
+    print(f"openb {args.variant}: replay of {args.limit or len(tasks)} tasks at their trace times")
+    print(f"{'policy':<24}{'peak alloc %':>14}{'mean alloc %':>14}{'never placed':>14}{'wait p50/p90/p99 (s)':>28}")
+    for row in rows:
+        waits = [w for w in row["wait_s"].values()]
+        p50 = max((w["p50"] for w in waits), default=0.0)
+        p90 = max((w["p90"] for w in waits), default=0.0)
+        p99 = max((w["p99"] for w in waits), default=0.0)
+        print(f"{row['policy'] + '/' + row['scope']:<24}{row['peak_allocation']:>14.2f}{row['mean_allocation']:>14.2f}"
+              f"{row['never_placed']:>14}{f'{p50:.0f}/{p90:.0f}/{p99:.0f}':>28}")
     return 0

@@ -63,3 +63,15 @@ def test_the_simulation_binds_as_the_session_decides_and_keeps_its_books() -> No
         assert state.pods[uid].node_name == placed.node  # the watch's view: bound there
         if state.pods[uid].card_asks and not state.pods[uid].card_asks[0].anywhere:
             assert state.pods[uid].cards == placed.cards  # read back from the annotations
+
+
+def test_a_time_replay_runs_tasks_for_their_duration_and_frees_their_cards() -> None:
+    from batchsched.simulate import replay
+
+    ns = nodes(2)  # 12 cards
+    ts = [Task(f"t{i}", 1000, 1024, 4, 1000, (), created=float(i), deleted=float(i) + 100.0) for i in range(6)]
+    r = replay.run(ns, ts, policy="binpack", retry=10.0)
+    assert r.never_placed == 0 and len(r.waits["4gpu"]) == 6
+    waits = sorted(r.waits["4gpu"])
+    assert waits[:3] == [0.0, 0.0, 0.0] and all(w > 50 for w in waits[3:])  # 3 fit at once, 3 wait
+    assert r.peak_allocation() == 100.0 and r.allocation[-1][1] == 0.0  # everything ended
