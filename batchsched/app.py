@@ -43,6 +43,7 @@ from batchsched.kube.groupstatus import GroupStatusWriter
 from batchsched.kube.intake import Intake
 from batchsched.kube.leader import LeaderElector
 from batchsched.kube.queuestatus import QueueStatusWriter
+from batchsched.kube.snapshot import take_snapshot
 from batchsched.kube.status import StatusWriter
 from batchsched.metrics import Metrics
 
@@ -225,6 +226,7 @@ class Scheduler:
     async def run(self) -> None:
         runner, self.http_port = await serve_endpoints(
             self.config.metrics_address, self.metrics.registry, ready=lambda: self.ready,
+            snapshot=(lambda: take_snapshot(self.client, self.config.document())) if self.config.debug_snapshot else None,
         )
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[Any]] = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]

@@ -157,6 +157,9 @@ class Config:
     topology: TopologySection = field(default_factory=TopologySection)
     gpu_sharing: GpuSharingSection = field(default_factory=GpuSharingSection)
     metrics_address: str = "127.0.0.1:10351"
+    #: serve /debug/snapshot on the metrics address: every object the scheduler reads, to
+    #: anyone who can reach that address (off unless turned on)
+    debug_snapshot: bool = False
     identity: str = ""
 
     def scoring_config(self) -> ScoringConfig:
@@ -211,6 +214,23 @@ class Config:
             ),
             cards=self.card_policy(),
         )
+
+    def document(self) -> dict[str, Any]:
+        """This configuration as the YAML document :func:`parse_config` reads (camelCase
+        keys): what a snapshot records, so a replay applies the same settings."""
+        out = _document(self)
+        assert isinstance(out, dict)
+        return out
+
+
+def _document(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {_camel(f.name): _document(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list):
+        return [_document(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _document(v) for k, v in value.items()}
+    return value
 
 
 def _camel(name: str) -> str:

@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
     q = sub.add_parser("queues", help="cycle time with queues (50 queues, 10,000 pending groups, 5,000 nodes)")
     q.add_argument("rest", nargs=argparse.REMAINDER, help="options of perf/queuebench.py (--nodes, --groups, ...)")
+    m = sub.add_parser("sim", help="card policies on the openb trace by the FGD method, against FGD's results")
+    m.add_argument("--variant", action="append", help="openb pod list (default: default, gpushare100, multigpu50)")
+    m.add_argument("--seeds", type=int, default=10)
+    m.add_argument("--load", type=float, default=1.3)
+    m.add_argument("--trace-dir", help="folder of the openb CSV files")
     sub.add_parser("report", help="rewrite the report from the results folder")
     sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
     return p
@@ -159,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         cmd_ceiling(out, args.nodes, args.binds, args.concurrency)
     elif args.command == "cycle":
         cmd_cycle(out, args.quick)
+    elif args.command == "sim":
+        from perf.simbench import run as sim_run
+
+        for path in sim_run(out, args.variant or ["default", "gpushare100", "multigpu50"], args.seeds, args.load,
+                            args.trace_dir, log=log):
+            log(f"wrote {path}")
+        return 0
     elif args.command == "queues":
         from perf.queuebench import main as queues_main
 

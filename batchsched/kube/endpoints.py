@@ -1,15 +1,19 @@
-"""The scheduler's own HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``."""
+"""The scheduler's own HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``,
+and ``/debug/snapshot`` (the cluster as the scheduler reads it, for ``batchsched simulate``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
 async def serve_endpoints(
     address: str, registry: CollectorRegistry, *, ready: Callable[[], bool],
+    snapshot: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> tuple[web.AppRunner, int | None]:
     """Serve on ``host:port`` (port 0: any free one); returns the runner (``cleanup()`` it)
     and the port bound. ``/readyz`` answers 503 while ``ready()`` is false."""
@@ -23,7 +27,17 @@ async def serve_endpoints(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
 
+    async def debug_snapshot(_: web.Request) -> web.Response:
+        assert snapshot is not None
+        try:
+            body = await snapshot()
+        except Exception as exc:  # a failed listing is the caller's answer, not a crash
+            return web.Response(status=502, text=f"snapshot failed: {exc}")
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
     app = web.Application()
+    if snapshot is not None:
+        app.router.add_get("/debug/snapshot", debug_snapshot)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

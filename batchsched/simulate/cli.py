@@ -15,6 +15,8 @@ SCOPES = ("sharing", "all")
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("simulate", help="replay a trace through the scheduling session, per card policy")
     p.add_argument("--trace", default="openb", choices=["openb"], help="the trace (openb)")
+    p.add_argument("--snapshot", help="replay this cluster snapshot (batchsched snapshot, or /debug/snapshot) "
+                                      "instead of a trace: where its pending pods go")
     p.add_argument("--variant", default="default",
                    help="which openb pod list: default, gpushare100, multigpu50, gpuspec33, cpu050, ...")
     p.add_argument("--trace-dir", help="the folder holding the trace's CSV files")
@@ -35,6 +37,8 @@ def add_parser(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from batchsched.simulate import experiment
 
+    if args.snapshot:
+        return _snapshot(args)
     d = experiment.trace_dir(args.trace_dir)
     policies = [(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
     if args.mode == "replay":
@@ -82,4 +86,32 @@ def _replay(args: argparse.Namespace, d: Any, policies: list[tuple[str, str]]) -
         p99 = max((w["p99"] for w in waits), default=0.0)
         print(f"{row['policy'] + '/' + row['scope']:<24}{row['peak_allocation']:>14.2f}{row['mean_allocation']:>14.2f}"
               f"{row['never_placed']:>14}{f'{p50:.0f}/{p90:.0f}/{p99:.0f}':>28}")
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from batchsched.core.devices import annotations_for
+    from batchsched.core.model import parse_pod
+    from batchsched.simulate import snapshot
+
+    snap = json.loads(Path(args.snapshot).read_text())
+    placed = snapshot.replay(snap, now=time.time())
+    pods = {p["metadata"]["uid"]: p for p in snap["objects"].get("pods", [])}
+    rows = []
+    for uid, where in sorted(placed.items(), key=lambda kv: (pods[kv[0]]["metadata"].get("namespace", ""),
+                                                             pods[kv[0]]["metadata"]["name"])):
+        pod = pods[uid]
+        notes, _ = annotations_for(parse_pod(pod).card_asks, where.cards or ())
+        rows.append({"namespace": pod["metadata"].get("namespace", ""), "name": pod["metadata"]["name"],
+                     "node": where.node, "cards": notes})
+    if args.output == "json":
+        print(json.dumps({"snapshot": args.snapshot, "placed": rows}, indent=1))
+        return 0
+    print(f"{len(rows)} pending pod(s) placed by a replay of {args.snapshot}:")
+    for r in rows:
+        cards = " ".join(f"{k}={v}" for k, v in r["cards"].items())
+        print(f"  {r['namespace']}/{r['name']} -> {r['node']} {cards}".rstrip())
     return 0

@@ -1,0 +1,105 @@
+"""The simulator against the live scheduler: a snapshot of the sandbox, replayed through the
+simulator, gives the placements the running scheduler makes on the real control plane.
+
+The pods are created while no scheduler runs, so the scheduler's first cycle sees them all,
+as the replay's one step does. The test's nodes carry a taint only its pods tolerate, so
+pods other tests leave pending can neither take nor reserve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+
+from batchsched.core.devices import ELASTIC_CONTAINER_PREFIX, annotations_for
+from batchsched.core.model import parse_pod
+from batchsched.kube.client import KubeClient
+from batchsched.kube.snapshot import take_snapshot
+from batchsched.sandbox.nodes import SANDBOX_LABEL
+from batchsched.simulate import snapshot as replay_snapshot
+from tests.integration.helpers import (
+    config,
+    create_pods,
+    list_pods,
+    pod_body,
+    running_scheduler,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+CORE = "elasticgpu.io/gpu-core"
+SETTINGS = {"gpuSharing": {"policy": "binpack"}, "debugSnapshot": True}
+
+
+def task(pool: str, name: str, core: int, cpu: str) -> dict[str, Any]:
+    body = pod_body(name, cpu=cpu, spec={
+        "nodeSelector": {SANDBOX_LABEL: pool},
+        "tolerations": [{"key": pool, "operator": "Exists", "effect": "NoSchedule"}],
+    })
+    if core:
+        res = body["spec"]["containers"][0]["resources"]
+        res["requests"][CORE] = str(core)
+        res["limits"] = {CORE: str(core)}
+    return body
+
+
+MIX = [("a", 50, "2"), ("b", 30, "1"), ("c", 100, "4"), ("d", 70, "1"), ("e", 20, "8"), ("f", 200, "2"),
+       ("g", 0, "6"), ("h", 40, "1"), ("i", 60, "2"), ("j", 10, "1"), ("k", 300, "1"), ("l", 90, "12")]
+
+
+def placements(pods: list[dict[str, Any]], names: set[str]) -> dict[str, tuple[str, str]]:
+    out = {}
+    for p in pods:
+        name = p["metadata"]["name"]
+        if name in names and p["spec"].get("nodeName"):
+            notes = p["metadata"].get("annotations") or {}
+            out[name] = (p["spec"]["nodeName"], notes.get(ELASTIC_CONTAINER_PREFIX + "main", ""))
+    return out
+
+
+async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
+    sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+) -> None:
+    await make_nodes(count=3, prefix=namespace, gpus=0, cpu="16",
+                     extended={CORE: "400", "elasticgpu.io/gpu-memory": "65536"},
+                     taints=({"key": namespace, "effect": "NoSchedule"},))
+    await create_pods(kube, namespace, [task(namespace, n, c, cpu) for n, c, cpu in MIX])
+    snap = await take_snapshot(kube, config(namespace, **SETTINGS).document())
+    assert {p["metadata"]["name"] for p in snap["objects"]["pods"]} >= {n for n, _, _ in MIX}
+
+    # the simulator: the snapshot's objects through the session, one step
+    placed = replay_snapshot.replay(json.loads(json.dumps(snap)), now=0.0)
+    by_uid = {p["metadata"]["uid"]: p for p in snap["objects"]["pods"]}
+    simulated: dict[str, tuple[str, str]] = {}
+    for uid, where in placed.items():
+        pod = by_uid[uid]
+        name = pod["metadata"]["name"]
+        if pod["metadata"]["namespace"] == namespace:
+            notes, _ = annotations_for(parse_pod(pod).card_asks, where.cards or ())
+            simulated[name] = (where.node, notes.get(ELASTIC_CONTAINER_PREFIX + "main", ""))
+
+    # the live scheduler on the same cluster and configuration
+    names = {n for n, _, _ in MIX}
+    async with running_scheduler(sandbox.kubeconfig, namespace, **SETTINGS) as sched:
+        async def settled() -> dict[str, tuple[str, str]] | None:
+            got = placements(await list_pods(kube, namespace), names)
+            return got if len(got) == len(simulated) else None
+
+        live = await wait_for(settled, timeout=30)
+        await asyncio.sleep(1.0)  # nothing more is bound afterwards
+        assert placements(await list_pods(kube, namespace), names) == live
+
+        # the running scheduler serves the same snapshot
+        url = f"http://127.0.0.1:{sched.http_port}/debug/snapshot"
+        body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url, timeout=10).read()))
+        assert body["kind"] == "BatchschedSnapshot" and body["config"]["gpuSharing"]["policy"] == "binpack"
+        assert {n["metadata"]["name"] for n in body["objects"]["nodes"]} >= {
+            n for n, _ in {v for v in live.values()}}
+
+    assert len(simulated) >= 9  # most of the mix fits: the comparison is not empty
+    assert live == simulated
