@@ -15,6 +15,8 @@ SCOPES = ("sharing", "all")
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("simulate", help="replay a trace through the scheduling session, per card policy")
     p.add_argument("--trace", default="openb", choices=["openb"], help="the trace (openb)")
+    p.add_argument("--scenario", help="replay this what-if scenario (YAML: config, nodes, queues, timed jobs; "
+                                      "see batchsched.simulate.scenario)")
     p.add_argument("--snapshot", help="replay this cluster snapshot (batchsched snapshot, or /debug/snapshot) "
                                       "instead of a trace: where its pending pods go")
     p.add_argument("--variant", default="default",
@@ -39,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.snapshot:
         return _snapshot(args)
+    if args.scenario:
+        return _scenario(args)
     d = experiment.trace_dir(args.trace_dir)
     policies = [(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
     if args.mode == "replay":
@@ -114,4 +118,26 @@ def _snapshot(args: argparse.Namespace) -> int:
     for r in rows:
         cards = " ".join(f"{k}={v}" for k, v in r["cards"].items())
         print(f"  {r['namespace']}/{r['name']} -> {r['node']} {cards}".rstrip())
+    return 0
+
+
+def _scenario(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from batchsched.simulate import scenario
+
+    result = scenario.run(yaml.safe_load(Path(args.scenario).read_text()) or {})
+    rows = [{"job": j.name, "queue": j.queue, "arrived": j.arrived, "started": j.started, "ended": j.ended,
+             "wait": j.wait, "evictions": j.evictions} for j in result.jobs.values()]
+    if args.output == "json":
+        print(json.dumps({"scenario": args.scenario, "jobs": rows, "usage": result.usage}, indent=1))
+        return 0
+    print(f"{'job':<24}{'queue':<16}{'arrived':>10}{'started':>10}{'wait s':>10}{'ended':>10}{'evicted':>9}")
+    for r in rows:
+        def f(v: Any) -> str:
+            return "-" if v is None else f"{v:.0f}"
+        print(f"{r['job']:<24}{r['queue'] or '-':<16}{f(r['arrived']):>10}{f(r['started']):>10}"
+              f"{f(r['wait']):>10}{f(r['ended']):>10}{r['evictions']:>9}")
     return 0

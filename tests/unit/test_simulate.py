@@ -75,3 +75,61 @@ def test_a_time_replay_runs_tasks_for_their_duration_and_frees_their_cards() -> 
     waits = sorted(r.waits["4gpu"])
     assert waits[:3] == [0.0, 0.0, 0.0] and all(w > 50 for w in waits[3:])  # 3 fit at once, 3 wait
     assert r.peak_allocation() == 100.0 and r.allocation[-1][1] == 0.0  # everything ended
+
+
+def test_a_scenario_replays_gangs_and_queues_on_a_virtual_clock() -> None:
+    from batchsched.simulate import scenario
+
+    doc = {
+        "config": {"gpuSharing": {"policy": "binpack"}},
+        "nodes": [{"prefix": "gpu", "count": 2, "gpus": 8, "cpu": 64}],
+        "queues": [{"name": "team-a", "resources": {"nvidia.com/gpu": {"nominal": 8}}}],
+        "jobs": [
+            {"name": "big", "at": 0, "duration": 100, "pods": 2, "gpus": 4, "minMember": 2, "queue": "team-a"},
+            {"name": "second", "at": 10, "duration": 100, "pods": 2, "gpus": 4, "minMember": 2, "queue": "team-a"},
+            {"name": "share", "at": 20, "duration": 50, "core": 50},
+        ],
+    }
+    r = scenario.run(doc)
+    big, second, share = r.jobs["big"], r.jobs["second"], r.jobs["share"]
+    assert big.wait == 0 and share.wait == 0
+    # team-a's quota is 8 cards: its second gang waits for the first to end at t=100
+    assert second.started == 100 and second.wait == 90
+    assert second.ended == 200 and share.ended == 70
+    assert max(u.get("team-a", 0) for _, u in r.usage) == 8
+
+
+def test_the_example_scenario_runs_through_the_command(capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+    from pathlib import Path
+
+    from batchsched.cli import main
+
+    example = Path(__file__).parents[2] / "config" / "scenario-example.yaml"
+    assert main(["simulate", "--scenario", str(example), "-o", "json"]) == 0
+    jobs = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
+    assert set(jobs) == {"a-pretrain", "a-sweep", "b-finetune", "notebooks"}
+    assert all(j["started"] is not None for j in jobs.values())
+    # team-b reclaims the GPUs team-a borrowed: its gang does not wait for team-a's work to end
+    assert jobs["b-finetune"]["started"] < jobs["a-pretrain"]["ended"]
+    assert jobs["b-finetune"]["wait"] < 120
+    assert jobs["a-sweep"]["evictions"] == 1  # the borrowed GPUs it held were reclaimed
+    assert jobs["a-sweep"]["started"] >= jobs["b-finetune"]["started"]  # it restarted later
+
+
+def test_every_openb_variant_loads() -> None:
+    import pytest
+
+    from batchsched.simulate import experiment, openb
+
+    try:
+        d = experiment.trace_dir(None)
+    except FileNotFoundError:
+        pytest.skip("the openb trace is not beside the project (../shared/traces/openb)")
+    nodes = openb.read_nodes(d / "openb_node_list_gpu_node.csv")
+    assert len(nodes) == 1213 and sum(n.gpus for n in nodes) == 6212
+    for path in sorted(d.glob("openb_pod_list_*.csv")):
+        tasks = openb.read_tasks(path)
+        assert tasks and all(t.num_gpu >= 0 and 0 <= t.gpu_milli <= 1000 for t in tasks), path.name
+        manifests = [t.manifest(f"u{i}") for i, t in enumerate(tasks[:50])]
+        assert all(m["spec"]["containers"] for m in manifests)

@@ -1,0 +1,165 @@
+"""What-if scenarios: a small YAML file of nodes, queues and a timed list of jobs, replayed
+through the session on a virtual clock.
+
+.. code-block:: yaml
+
+    config: {gpuSharing: {policy: binpack}}      # the batchsched configuration to try
+    nodes:
+      - {prefix: a100, count: 4, cpu: 64, memory: 512Gi, gpus: 8, model: A100, cardMemory: 81920}
+    queues:                                      # Queue objects, resources flattened by name
+      - {name: team-a, resources: {nvidia.com/gpu: {nominal: 16}}}
+    jobs:
+      - {name: train, at: 0, duration: 3600, pods: 8, gpus: 1, cpu: 8, memory: 64Gi,
+         queue: team-a, minMember: 8, priority: 10}
+      - {name: notebook, at: 60, duration: 600, core: 50}    # a share of one card
+
+A job's pods ask ``gpus`` whole ``nvidia.com/gpu`` cards or ``core`` (``elasticgpu.io/gpu-core``)
+each; ``minMember`` makes it a gang (a scheduler-plugins PodGroup). Each job starts when its
+last member is bound and all its pods end ``duration`` seconds later; a job whose pods are
+evicted (preemption, reclaim) is created again at once, as a training operator restarts
+it, and runs its whole duration from its next start.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchsched.config import parse_config
+from batchsched.core.devices import ELASTIC_CORE, ELASTIC_MEMORY, MODEL_LABEL
+from batchsched.core.gangs import XK8S, parse_podgroup
+from batchsched.simulate.engine import Simulation
+
+LABEL_GROUP = "scheduling.x-k8s.io/pod-group"
+QUEUE_LABEL = "batchsched.io/queue"
+
+
+@dataclass(slots=True)
+class JobResult:
+    name: str
+    queue: str
+    arrived: float
+    started: float | None = None
+    ended: float | None = None
+    #: times its pods were evicted (preempted or reclaimed): each time it is created again
+    evictions: int = 0
+
+    @property
+    def wait(self) -> float | None:
+        return None if self.started is None else self.started - self.arrived
+
+
+@dataclass(slots=True)
+class ScenarioResult:
+    jobs: dict[str, JobResult] = field(default_factory=dict)
+    #: (time, {queue: GPU cards held}) after every instant with events
+    usage: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+
+
+def _node(spec: Mapping[str, Any], i: int) -> dict[str, Any]:
+    name = f"{spec.get('prefix', 'node')}-{i}"
+    alloc: dict[str, str] = {"cpu": str(spec.get("cpu", 64)), "memory": str(spec.get("memory", "256Gi")),
+                             "pods": "110"}
+    labels = {"kubernetes.io/hostname": name, **{str(k): str(v) for k, v in (spec.get("labels") or {}).items()}}
+    gpus = int(spec.get("gpus", 0))
+    if gpus:
+        alloc["nvidia.com/gpu"] = str(gpus)
+        alloc[ELASTIC_CORE] = str(100 * gpus)
+        if spec.get("cardMemory"):
+            alloc[ELASTIC_MEMORY] = str(int(spec["cardMemory"]) * gpus)
+    if spec.get("model"):
+        labels[MODEL_LABEL] = str(spec["model"])
+    return {"metadata": {"name": name, "uid": f"node-{name}", "labels": labels},
+            "status": {"allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _queue(spec: Mapping[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in spec.items() if k not in ("name", "resources")}
+    if "resources" in spec:
+        body["resources"] = [{"name": n, **v} for n, v in spec["resources"].items()]
+    return {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue", "metadata": {"name": spec["name"]}, "spec": body}
+
+
+def _pod(job: Mapping[str, Any], i: int, now: float, attempt: int = 0) -> dict[str, Any]:
+    name = f"{job['name']}-{i}" if attempt == 0 else f"{job['name']}-r{attempt}-{i}"
+    req: dict[str, str] = {"cpu": str(job.get("cpu", 1)), "memory": str(job.get("memory", "1Gi"))}
+    if job.get("gpus"):
+        req["nvidia.com/gpu"] = str(job["gpus"])
+    if job.get("core"):
+        req[ELASTIC_CORE] = str(job["core"])
+    labels: dict[str, str] = {}
+    if job.get("queue"):
+        labels[QUEUE_LABEL] = str(job["queue"])
+    if job.get("minMember"):
+        labels[LABEL_GROUP] = str(job["name"])
+    import datetime as dt
+
+    created = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"metadata": {"name": name, "namespace": "default", "uid": name, "labels": labels,
+                         "creationTimestamp": created},
+            "spec": {"schedulerName": "batchsched", "priority": int(job.get("priority", 0)),
+                     "containers": [{"name": "main", "resources": {"requests": req}}]},
+            "status": {"phase": "Pending"}}
+
+
+def run(doc: Mapping[str, Any], *, use_jit: bool = True, retry: float = 30.0, horizon: float = 30 * 86400) -> ScenarioResult:
+    """Replay the scenario ``doc`` (the parsed YAML) until every job ended or ``horizon``."""
+    sim = Simulation(parse_config(doc.get("config") or None).session_settings(), use_jit=use_jit)
+    nodes = [_node(n, i) for n in doc.get("nodes") or [] for i in range(int(n.get("count", 1)))]
+    sim.add_nodes(nodes)
+    sim.session.on_queues_listed([_queue(q) for q in doc.get("queues") or []])
+    jobs = {str(j["name"]): j for j in doc.get("jobs") or []}
+    events: list[tuple[float, int, str]] = [(float(j.get("at", 0)), 0, name) for name, j in jobs.items()]
+    heapq.heapify(events)
+    out = ScenarioResult()
+    waiting: dict[str, list[str]] = {}
+    running: dict[str, list[str]] = {}
+    #: the event code of each job's current end (an end scheduled before an eviction is stale)
+    ends: dict[str, int] = {}
+    now = 0.0
+    while events or waiting:
+        now = min(events[0][0] if events else float("inf"), now + retry if waiting else float("inf"))
+        if now > horizon:
+            break
+        while events and events[0][0] <= now:
+            _, what, name = heapq.heappop(events)
+            job = jobs[name]
+            if what == 0:
+                n = int(job.get("pods", 1))
+                if job.get("minMember") and name not in out.jobs:
+                    sim.session.on_podgroup("ADDED", parse_podgroup(XK8S, {
+                        "metadata": {"name": name, "namespace": "default", "uid": f"pg-{name}"},
+                        "spec": {"minMember": int(job["minMember"])}}))
+                attempt = out.jobs[name].evictions if name in out.jobs else 0
+                waiting[name] = [sim.add_pod(_pod(job, i, now, attempt)).uid for i in range(n)]
+                out.jobs.setdefault(name, JobResult(name, str(job.get("queue", "")), now))
+            elif name in running and what == ends.get(name):
+                for uid in running.pop(name, []):
+                    sim.finish_pod(uid)
+                out.jobs[name].ended = now
+        sim.step(now)
+        for name, uids in list(running.items()):
+            if any(u in sim.evicted for u in uids):
+                del running[name]
+                for u in uids:
+                    sim.delete_pod(u)
+                out.jobs[name].evictions += 1
+                heapq.heappush(events, (now, 0, name))  # created again
+        for name, uids in list(waiting.items()):
+            if all(u in sim.placed for u in uids):
+                del waiting[name]
+                running[name] = uids
+                out.jobs[name].started = now
+                ends[name] = ends.get(name, 1) + 1
+                heapq.heappush(events, (now + float(jobs[name].get("duration", 3600)), ends[name], name))
+        held: dict[str, float] = {}
+        for name, uids in running.items():
+            job = jobs[name]
+            cards = float(job.get("gpus", 0)) or float(job.get("core", 0)) / 100
+            held[str(job.get("queue", ""))] = held.get(str(job.get("queue", "")), 0.0) + cards * len(uids)
+        out.usage.append((now, held))
+        if not events and waiting and not running:
+            break  # nothing will end: what waits now waits for ever
+    return out
