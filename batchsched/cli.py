@@ -47,6 +47,8 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from batchsched.core.devices import POLICIES
+
     parser = _Parser(prog="batchsched", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -75,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="bring up a sandbox, schedule a workload mix, print placements")
     demo.add_argument("--nodes", type=_positive, default=24)
     demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
+    demo.add_argument("--card-policy", choices=POLICIES,
+                      help="where GPU cards and shares go (gpuSharing.policy; default: fragmentation)")
+    demo.add_argument("--compare-card-policies", action="store_true",
+                      help="only the trace's first wave, once per card policy, and the GPU allocation each reaches")
     return parser
 
 
@@ -136,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from batchsched.demo import main as demo_main
 
-        return demo_main(nodes=args.nodes, keep=args.keep)
+        return demo_main(nodes=args.nodes, keep=args.keep, card_policy=args.card_policy,
+                         compare=args.compare_card_policies)
     return 2
 
 

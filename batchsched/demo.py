@@ -1,12 +1,26 @@
 """The demo: a local GPU cluster, batchsched, and a real workload mix, start to finish.
 
 ``batchsched demo`` brings up the sandbox with fake GPU nodes shaped like the openb trace's
-(16 G2 and 4 G3 with 8 GPUs, 4 V100M16 with 4, 8 T4 with 2: 192 GPUs), starts batchsched in this process,
-submits 134 tasks taken from that trace (see ``demo_data/README.md``) with their CPU,
-memory and GPU requests and a priority from their QoS class, and prints where they landed
-and how full each node's GPUs are: single-GPU tasks pack onto as few nodes as possible, so
-whole nodes stay free for the 8-GPU tasks. Tasks finish after a while (kwok ends them), and
-the tasks that had to wait are placed as GPUs free up. Then everything stops.
+(16 G2 and 4 G3 with 8 GPUs, 4 V100M16 with 4, 8 T4 with 2: 192 GPUs), each offering its
+GPUs both as ``nvidia.com/gpu`` and as elastic-gpu cards (``elasticgpu.io/gpu-core``, 100
+per card, and ``elasticgpu.io/gpu-memory``). It starts batchsched in this process and
+submits 214 tasks taken from that trace (see ``demo_data/README.md``) with their CPU,
+memory and GPU requests and a priority from their QoS class: whole-GPU tasks ask for
+``elasticgpu.io/gpu-core`` 100 per card, GPU-sharing tasks for the percent of one card they
+used, so every GPU task gets its cards written on it (``elasticgpu.io/container-task``).
+The first wave asks for more than the cluster has (107% of its GPU compute); the demo
+prints each node's cards as those annotations say, the cluster's GPU allocation ratio and
+the whole cards left free. High-priority tasks that arrive to a full cluster preempt
+low-priority ones, which are submitted again as a Job controller would. Tasks finish after a
+while (kwok ends them), and the tasks that had to wait are placed as GPUs free up. Then two
+gangs and two teams' queues (phases 2 and 3).
+
+``--card-policy`` picks the card placement policy (``gpuSharing.policy``, with scope
+``all``: it places whole cards too). ``--compare-card-policies`` runs only the first wave,
+once per policy, on the same nodes emptied in between, with tasks that never end, all
+submitted before batchsched starts, and prints the allocation ratio each reaches. Pods
+created in the same second are ordered by their random UIDs, so the figures vary by a few
+points from run to run.
 """
 
 from __future__ import annotations
@@ -17,13 +31,21 @@ import csv
 import math
 import sys
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchsched.app import Scheduler
-from batchsched.config import parse_config
+from batchsched.config import Config, GpuSharingSection, parse_config
+from batchsched.core.devices import (
+    ELASTIC_ASSUMED,
+    ELASTIC_CONTAINER_PREFIX,
+    ELASTIC_CORE,
+    ELASTIC_MEMORY,
+    POLICIES,
+)
 from batchsched.core.quantity import to_units
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError
@@ -33,12 +55,22 @@ from batchsched.sandbox.nodes import NodeShape
 DATA = Path(__file__).parent / "demo_data" / "openb_pods.csv"
 NAMESPACE = "demo"
 PRIORITY = {"LS": "high-priority", "Guaranteed": "default-priority", "Burstable": "default-priority", "BE": "low-priority"}
+#: memory of every card, MiB (the trace does not say; tasks here ask for compute only)
+CARD_MIB = 16384
+MILLI = 1000
+
+
+def _shape(count: int, prefix: str, cpu: str, memory: str, gpus: int, model: str) -> NodeShape:
+    """Nodes whose GPUs are offered whole (``nvidia.com/gpu``) and as elastic-gpu cards."""
+    return NodeShape(count=count, prefix=prefix, cpu=cpu, memory=memory, gpus=gpus, gpu_model=model,
+                     extended={ELASTIC_CORE: str(100 * gpus), ELASTIC_MEMORY: str(CARD_MIB * gpus)})
+
 
 SHAPES = (
-    NodeShape(count=16, prefix="g2", cpu="96", memory="384Gi", gpus=8, gpu_model="G2"),
-    NodeShape(count=4, prefix="g3", cpu="128", memory="768Gi", gpus=8, gpu_model="G3"),
-    NodeShape(count=4, prefix="v100m16", cpu="32", memory="128Gi", gpus=4, gpu_model="V100M16"),
-    NodeShape(count=8, prefix="t4", cpu="104", memory="512Gi", gpus=2, gpu_model="T4"),
+    _shape(16, "g2", "96", "384Gi", 8, "G2"),
+    _shape(4, "g3", "128", "768Gi", 8, "G3"),
+    _shape(4, "v100m16", "32", "128Gi", 4, "V100M16"),
+    _shape(8, "t4", "104", "512Gi", 2, "T4"),
 )
 
 
@@ -48,22 +80,36 @@ class Task:
     cpu_milli: int
     memory_mib: int
     gpus: int
+    #: compute of each GPU in thousandths of a card: 1000 for whole GPUs, less for a share
+    gpu_milli: int
     qos: str
     seconds: int
 
-    def pod(self) -> dict[str, Any]:
+    @property
+    def shared(self) -> bool:
+        return self.gpus == 1 and self.gpu_milli < MILLI
+
+    @property
+    def core(self) -> int:
+        """``elasticgpu.io/gpu-core`` asked: 100 per whole card, or the percent of one card."""
+        if self.shared:
+            return min(99, max(1, round(self.gpu_milli / 10)))
+        return 100 * self.gpus
+
+    def pod(self, *, finite: bool = True) -> dict[str, Any]:
+        """The pod; ``finite``: kwok ends it after :attr:`seconds` (else it runs until deleted)."""
         requests = {"cpu": f"{self.cpu_milli}m", "memory": f"{self.memory_mib}Mi"}
         limits = {}
         if self.gpus:
-            requests["nvidia.com/gpu"] = str(self.gpus)
-            limits["nvidia.com/gpu"] = str(self.gpus)
+            requests[ELASTIC_CORE] = str(self.core)
+            limits[ELASTIC_CORE] = str(self.core)
         return {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": self.name,
                 "labels": {"app.kubernetes.io/part-of": "batchsched-demo", "demo/gpus": str(self.gpus)},
-                "annotations": {"batchsched.io/sim-duration": f"{self.seconds}s"},
+                "annotations": {"batchsched.io/sim-duration": f"{self.seconds}s"} if finite else {},
             },
             "spec": {
                 "schedulerName": "batchsched",
@@ -85,125 +131,377 @@ def load_tasks(path: Path = DATA) -> list[Task]:
             seconds = 8 + round(32 * min(1.0, math.log10(1 + lifetime) / 7))
             tasks.append(Task(
                 name=row["name"], cpu_milli=int(row["cpu_milli"]), memory_mib=int(row["memory_mib"]),
-                gpus=int(row["num_gpu"]), qos=row["qos"], seconds=seconds,
+                gpus=int(row["num_gpu"]), gpu_milli=int(row["gpu_milli"]), qos=row["qos"], seconds=seconds,
             ))
     return tasks
 
 
-def _bar(used: int, total: int, width: int = 8) -> str:
-    if total == 0:
-        return "-" * width
-    filled = round(width * used / total)
-    return "#" * filled + "." * (width - filled)
+def _describe(tasks: Sequence[Task]) -> str:
+    """``6 x 8 cards, ..., 80 shares of one card (5%..81%), 20 CPU-only``."""
+    whole = Counter(t.gpus for t in tasks if t.gpus and not t.shared)
+    shares = [t.core for t in tasks if t.shared]
+    cpu = sum(1 for t in tasks if not t.gpus)
+    parts = [f"{n} x {g} card{'s' if g > 1 else ''}" for g, n in sorted(whole.items(), reverse=True)]
+    if shares:
+        parts.append(f"{len(shares)} share{'s' if len(shares) > 1 else ''} of one card "
+                     f"({min(shares)}%..{max(shares)}%)")
+    if cpu:
+        parts.append(f"{cpu} CPU-only")
+    return ", ".join(parts)
 
 
-async def _node_gpus(kube: KubeClient) -> tuple[dict[str, int], dict[str, str]]:
+# -- cards, as the pods' annotations say ----------------------------------------------------
+
+
+@dataclass(slots=True)
+class NodeCards:
+    """A node's cards: compute held on each (thousandths), by the pods running there."""
+
+    name: str
+    model: str
+    held: list[int]
+    cpu: int = 0
+    cpu_used: int = 0
+    tasks: int = 0
+
+
+@dataclass(slots=True)
+class CardReport:
+    nodes: dict[str, NodeCards]
+    #: GPU pods running without a readable card annotation (or with a wrong one)
+    unnamed: list[str] = field(default_factory=list)
+
+    @property
+    def cards(self) -> int:
+        return sum(len(n.held) for n in self.nodes.values())
+
+    @property
+    def held(self) -> int:
+        return sum(min(MILLI, h) for n in self.nodes.values() for h in n.held)
+
+    @property
+    def ratio(self) -> float:
+        return self.held / (self.cards * MILLI) if self.cards else 0.0
+
+    @property
+    def free_cards(self) -> int:
+        return sum(1 for n in self.nodes.values() for h in n.held if h == 0)
+
+    @property
+    def partial(self) -> list[int]:
+        """Compute held on each card that is held in part."""
+        return [h for n in self.nodes.values() for h in n.held if 0 < h < MILLI]
+
+    @property
+    def overcommitted(self) -> list[str]:
+        return [f"{n.name} card {i}" for n in self.nodes.values() for i, h in enumerate(n.held) if h > MILLI]
+
+
+def _core(pod: dict[str, Any]) -> dict[str, int]:
+    """``elasticgpu.io/gpu-core`` requested by each container that asks for it."""
+    out = {}
+    for c in pod["spec"]["containers"]:
+        res = c.get("resources") or {}
+        value = {**(res.get("limits") or {}), **(res.get("requests") or {})}.get(ELASTIC_CORE)
+        if value is not None and to_units(ELASTIC_CORE, value) > 0:
+            out[c["name"]] = to_units(ELASTIC_CORE, value)
+    return out
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    return bool(pod["spec"].get("nodeName")) and pod["status"].get("phase") not in ("Succeeded", "Failed")
+
+
+async def _nodes(kube: KubeClient) -> list[dict[str, Any]]:
     nodes, _ = await kube.list("/api/v1/nodes")
-    cap = {n["metadata"]["name"]: to_units("nvidia.com/gpu", n["status"]["allocatable"].get("nvidia.com/gpu", 0)) for n in nodes}
-    model = {n["metadata"]["name"]: n["metadata"]["labels"].get("nvidia.com/gpu.product", "") for n in nodes}
-    return cap, model
+    return nodes
 
 
-async def _pods(kube: KubeClient) -> list[dict[str, Any]]:
-    items, _ = await kube.list(f"/api/v1/namespaces/{NAMESPACE}/pods")
+def card_report(nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]]) -> CardReport:
+    """Each node's cards and what the running pods hold of them, read from the pods'
+    ``elasticgpu.io/container-<name>`` annotations (card indexes) and their requests."""
+    report = CardReport({})
+    for n in nodes:
+        alloc = n["status"].get("allocatable") or {}
+        n_cards = to_units(ELASTIC_CORE, alloc.get(ELASTIC_CORE, 0)) // 100
+        name = n["metadata"]["name"]
+        report.nodes[name] = NodeCards(name, n["metadata"]["labels"].get("nvidia.com/gpu.product", ""), [0] * n_cards,
+                                       cpu=to_units("cpu", alloc.get("cpu", 0)))
+    for p in pods:
+        node = report.nodes.get(p["spec"].get("nodeName") or "")
+        if node is None or not _running(p):
+            continue
+        node.tasks += 1
+        node.cpu_used += sum(to_units("cpu", ((c.get("resources") or {}).get("requests") or {}).get("cpu", 0))
+                             for c in p["spec"]["containers"])
+        notes = p["metadata"].get("annotations") or {}
+        asks = _core(p)
+        if asks and (p["metadata"].get("labels") or {}).get(ELASTIC_ASSUMED) != "true":
+            report.unnamed.append(p["metadata"]["name"])
+        for container, core in asks.items():
+            text = notes.get(ELASTIC_CONTAINER_PREFIX + container, "")
+            cards = [int(i) for i in text.split(",") if i.strip().isdigit()]
+            want = max(1, core // 100)
+            if len(cards) != want or len(set(cards)) != want or any(i >= len(node.held) for i in cards):
+                report.unnamed.append(p["metadata"]["name"])
+                continue
+            for i in cards:
+                node.held[i] += MILLI if core >= 100 else core * 10
+    return report
+
+
+def _card_cell(held: int) -> str:
+    return ".." if held == 0 else "##" if held >= MILLI else "#."
+
+
+def _node_order(name: str) -> tuple[str, int]:
+    prefix, _, index = name.rpartition("-")
+    return prefix, int(index) if index.isdigit() else 0
+
+
+def _print_cards(report: CardReport) -> None:
+    print("  node         model    cards (## whole card held, #. part, .. free)   compute held per card, "
+          "CPUs requested")
+    for n in sorted(report.nodes.values(), key=lambda n: (n.model, _node_order(n.name))):
+        if not n.held:
+            continue
+        bar = "[" + "|".join(_card_cell(h) for h in n.held) + "]"
+        pct = " ".join(f"{round(100 * h / MILLI):>3}%" for h in n.held)
+        print(f"  {n.name:<12} {n.model:<8} {bar:<26} cards: {pct}  cpu {n.cpu_used // MILLI}/{n.cpu // MILLI}, "
+              f"{n.tasks} task{'s' if n.tasks != 1 else ''}")
+    _print_ratio(report)
+
+
+def _print_ratio(report: CardReport) -> None:
+    partial = report.partial
+    print(f"  GPU allocation ratio: {report.held / MILLI:g} of {report.cards} cards' compute held = "
+          f"{100 * report.ratio:.1f}% (a share counts its fraction); whole cards free: {report.free_cards}; "
+          f"{len(partial)} cards shared, with {(len(partial) * MILLI - sum(partial)) / MILLI:g} cards' compute "
+          "left on them")
+    if report.unnamed:
+        print(f"  GPU TASKS WITHOUT A VALID CARD ANNOTATION: {', '.join(sorted(set(report.unnamed))[:10])}")
+    if report.overcommitted:
+        print(f"  OVER-COMMITTED CARDS: {', '.join(report.overcommitted[:10])}")
+
+
+def _healthy(report: CardReport) -> bool:
+    return not report.unnamed and not report.overcommitted
+
+
+async def _pods(kube: KubeClient, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    items, _ = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
     return items
 
 
-def _gpus(pod: dict[str, Any]) -> int:
-    return sum(
-        to_units("nvidia.com/gpu", (c.get("resources") or {}).get("requests", {}).get("nvidia.com/gpu", 0))
-        for c in pod["spec"]["containers"]
-    )
+def _gpu_kind(pod: dict[str, Any]) -> str:
+    core = sum(_core(pod).values())
+    if core == 0:
+        return "CPU-only"
+    if core < 100:
+        return f"a {core}% share"
+    return f"{core // 100} card{'s' if core >= 200 else ''}"
 
 
-def _print_occupancy(pods: list[dict[str, Any]], cap: dict[str, int], model: dict[str, str]) -> None:
-    used: dict[str, int] = defaultdict(int)
-    count: dict[str, Counter[int]] = defaultdict(Counter)
-    for p in pods:
-        node = p["spec"].get("nodeName")
-        if node and p["status"].get("phase") not in ("Succeeded", "Failed"):
-            used[node] += _gpus(p)
-            count[node][_gpus(p)] += 1
-    print(f"  {'node':<12} {'model':<8} {'GPUs':<10}      tasks on it (by GPUs each)")
-    for node in sorted(cap, key=lambda n: (model[n], int(n.rsplit('-', 1)[1]))):
-        tasks = ", ".join(f"{n}x{g}gpu" for g, n in sorted(count[node].items(), reverse=True))
-        print(f"  {node:<12} {model[node]:<8} [{_bar(used[node], cap[node])}] {used[node]}/{cap[node]}  {tasks}")
-    full = sum(1 for n in cap if cap[n] and used[n] == cap[n])
-    empty = sum(1 for n in cap if cap[n] and used[n] == 0)
-    partial = sum(1 for n in cap if cap[n] and 0 < used[n] < cap[n])
-    print(f"  full nodes: {full}, partly used: {partial}, empty (free for whole-node tasks): {empty}")
+def _pending_line(pods: Sequence[dict[str, Any]]) -> str:
+    waiting = [p for p in pods if not p["spec"].get("nodeName")]
+    kinds = Counter(sum(_core(p).values()) for p in waiting)
+    whole = [(c // 100, n) for c, n in kinds.items() if c >= 100]
+    shares = sorted(c for c, n in kinds.items() for _ in range(n) if 0 < c < 100)
+    parts = [f"{n} x {g} card{'s' if g > 1 else ''}" for g, n in sorted(whole, reverse=True)]
+    if shares:
+        parts.append(f"{len(shares)} share{'s' if len(shares) > 1 else ''} ({shares[0]}%..{shares[-1]}%)")
+    if kinds.get(0):
+        parts.append(f"{kinds[0]} CPU-only")
+    return ", ".join(parts)
 
 
-async def _run(kubeconfig: str, tasks: list[Task]) -> int:
-    kube = await KubeClient.connect(kubeconfig)
-    config = parse_config({"leaderElection": {"enabled": False}, "metricsAddress": "127.0.0.1:0",
-                           "cycle": {"retryUnschedulableSeconds": 10}})
-    sched = Scheduler(kube, config)
+def _preempted(tasks: Sequence[Task], pods: Sequence[dict[str, Any]]) -> str:
+    """``, 12 preempted`` when tasks were evicted for higher-priority ones (bare pods: they are gone)."""
+    gone = len(tasks) - len(pods)
+    return f", {gone} preempted by higher-priority tasks" if gone else ""
+
+
+def _config(policy: str) -> Config:
+    # scope "all": the card policy places whole-card tasks too, as FGD does
+    return parse_config({"leaderElection": {"enabled": False}, "metricsAddress": "127.0.0.1:0",
+                         "cycle": {"retryUnschedulableSeconds": 10},
+                         "gpuSharing": {"policy": policy, "scope": "all"}})
+
+
+async def _start(kube: KubeClient, policy: str) -> tuple[Scheduler, asyncio.Task[None]]:
+    sched = Scheduler(kube, _config(policy))
     runner = asyncio.get_running_loop().create_task(sched.run())
+    while not sched.ready:
+        if runner.done():
+            await runner
+            raise RuntimeError("batchsched stopped before it was ready")
+        await asyncio.sleep(0.1)
+    return sched, runner
+
+
+async def _stop(sched: Scheduler, runner: asyncio.Task[None]) -> None:
+    sched.stop()
+    await asyncio.wait_for(runner, 30)
+
+
+async def _submit(kube: KubeClient, namespace: str, tasks: Sequence[Task], *, finite: bool) -> None:
+    with contextlib.suppress(ConflictError):
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    sem = asyncio.Semaphore(16)
+
+    async def one(t: Task) -> None:
+        async with sem:
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", t.pod(finite=finite))
+
+    await asyncio.gather(*(one(t) for t in tasks))
+
+
+async def _first_wave(kube: KubeClient, namespace: str, start: float, *, quiet: float = 2.0) -> list[dict[str, Any]]:
+    """The pods once binding has settled (no new bind for ``quiet`` seconds)."""
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() - stable_since < quiet and time.monotonic() - start < 60:
+        await asyncio.sleep(0.25)
+        n_bound = sum(1 for p in await _pods(kube, namespace) if p["spec"].get("nodeName"))
+        if n_bound != last:
+            last, stable_since = n_bound, time.monotonic()
+    return await _pods(kube, namespace)
+
+
+def _workload_lines(tasks: Sequence[Task], cards: int) -> None:
+    asked = sum(t.core for t in tasks) / 100
+    print(f"cluster: {sum(s.count for s in SHAPES)} nodes, {cards} GPU cards "
+          f"({', '.join(f'{s.count} {s.gpu_model} x{s.gpus}' for s in SHAPES)}), each offered as "
+          f"nvidia.com/gpu and as {ELASTIC_CORE} (100 per card) + {ELASTIC_MEMORY} ({CARD_MIB} MiB per card)")
+    print(f"workload: {len(tasks)} tasks from the openb trace: {_describe(tasks)}; "
+          f"{asked:g} cards' compute asked in all ({100 * asked / cards:.0f}% of the cluster)")
+
+
+async def _run(kubeconfig: str, tasks: list[Task], policy: str) -> int:
+    kube = await KubeClient.connect(kubeconfig)
+    sched: Scheduler | None = None
+    runner: asyncio.Task[None] | None = None
     try:
-        with contextlib.suppress(ConflictError):
-            await kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-        cap, model = await _node_gpus(kube)
-        by_gpus = Counter(t.gpus for t in tasks)
-        print(f"cluster: {len(cap)} nodes, {sum(cap.values())} GPUs "
-              f"({', '.join(f'{s.count} {s.gpu_model} x{s.gpus}' for s in SHAPES)})")
-        print(f"workload: {len(tasks)} tasks from the openb trace: "
-              + ", ".join(f"{n} x {g} GPU" if g else f"{n} CPU-only" for g, n in sorted(by_gpus.items(), reverse=True))
-              + f"; {sum(t.gpus for t in tasks)} GPUs asked in all")
-        while not sched.ready:
-            await asyncio.sleep(0.1)
+        nodes = await _nodes(kube)
+        _workload_lines(tasks, card_report(nodes, []).cards)
+        sched, runner = await _start(kube, policy)
+        print(f"card placement policy: {policy} (gpuSharing.policy; --card-policy to change)")
         start = time.monotonic()
-        sem = asyncio.Semaphore(16)
-
-        async def submit(t: Task) -> None:
-            async with sem:
-                await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", t.pod())
-
-        await asyncio.gather(*(submit(t) for t in tasks))
+        await _submit(kube, NAMESPACE, tasks, finite=True)
         print(f"submitted in {time.monotonic() - start:.1f} s; batchsched is placing them...")
 
-        # first wave: wait until binding settles
-        last, stable_since = -1, time.monotonic()
-        while time.monotonic() - stable_since < 2.0 and time.monotonic() - start < 60:
-            await asyncio.sleep(0.25)
-            n_bound = sum(1 for p in await _pods(kube) if p["spec"].get("nodeName"))
-            if n_bound != last:
-                last, stable_since = n_bound, time.monotonic()
-        pods = await _pods(kube)
+        pods = await _first_wave(kube, NAMESPACE, start)
         bound = [p for p in pods if p["spec"].get("nodeName")]
-        print(f"\nfirst wave after {time.monotonic() - start:.1f} s: {len(bound)} of {len(tasks)} tasks bound; "
-              "GPU occupancy per node:")
-        _print_occupancy(pods, cap, model)
+        print(f"\nfirst wave after {time.monotonic() - start:.1f} s: {len(bound)} of {len(tasks)} tasks bound"
+              f"{_preempted(tasks, pods)}; GPU cards per node, as the pods' elasticgpu.io/container-task "
+              "annotations say:")
+        report = card_report(nodes, pods)
+        _print_cards(report)
         waiting = [p for p in pods if not p["spec"].get("nodeName")]
         if waiting:
-            sample = max(waiting, key=_gpus)
+            sample = max(waiting, key=lambda p: sum(_core(p).values()))
             events, _ = await kube.list(f"/api/v1/namespaces/{NAMESPACE}/events",
                                         fieldSelector=f"involvedObject.name={sample['metadata']['name']}")
             why = next((e["message"] for e in events if e.get("reason") == "FailedScheduling"), "(no event yet)")
-            print(f"\n{len(waiting)} tasks wait for GPUs to free up, e.g. {sample['metadata']['name']} "
-                  f"({_gpus(sample)} GPUs): {why}")
+            print(f"\n{len(waiting)} tasks wait for GPUs to free up ({_pending_line(pods)}), "
+                  f"e.g. {sample['metadata']['name']} ({_gpu_kind(sample)}): {why}")
+        if not _healthy(report):
+            return 1
 
-        # the rest: tasks finish, waiting ones get their turn
+        # the rest: tasks finish, waiting ones get their turn; a preempted task (a bare pod,
+        # deleted) is submitted again, as the Job controller that owns it would
+        by_name = {t.name: t for t in tasks}
+        resubmitted = 0
         deadline = start + 240
         while time.monotonic() < deadline:
             pods = await _pods(kube)
-            if all(p["spec"].get("nodeName") for p in pods):
+            report = card_report(nodes, pods)
+            if not _healthy(report):
+                _print_ratio(report)
+                return 1
+            missing = by_name.keys() - {p["metadata"]["name"] for p in pods}
+            for name in sorted(missing):
+                with contextlib.suppress(ConflictError):
+                    await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", by_name[name].pod())
+                    resubmitted += 1
+            if not missing and all(p["spec"].get("nodeName") for p in pods):
                 break
             await asyncio.sleep(1)
         pods = await _pods(kube)
         never = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+        never += sorted(by_name.keys() - {p["metadata"]["name"] for p in pods})
         done = sum(1 for p in pods if p["status"].get("phase") == "Succeeded")
-        print(f"\nafter {time.monotonic() - start:.0f} s: {len(pods) - len(never)} of {len(pods)} tasks placed "
-              f"({done} already finished); binds: {int(sched.metrics.binds.labels('bound')._value.get())}, "
+        binds = int(sched.metrics.binds.labels("bound")._value.get())
+        print(f"\nafter {time.monotonic() - start:.0f} s: {len(tasks) - len(never)} of {len(tasks)} tasks placed "
+              f"({done} already finished); {resubmitted} preempted tasks submitted again; binds: {binds}, "
               f"cycles: {sched.cycles}")
         if never:
             print(f"not placed in time: {', '.join(never[:10])}")
             return 1
-        print("every task was placed; no node was ever over-committed (batchsched checks each bind against its mirror).")
+        print("every task was placed; no node and no card was ever over-committed (batchsched checks each bind "
+              "against its mirror; the demo checked the cards, as the annotations say, every second).")
         return await _gangs(kube)
     finally:
-        sched.stop()
-        await asyncio.wait_for(runner, 30)
+        if sched is not None and runner is not None:
+            await _stop(sched, runner)
+        await kube.close()
+
+
+@dataclass(slots=True, frozen=True)
+class PolicyResult:
+    policy: str
+    bound: int
+    pending: str
+    n_pending: int
+    #: tasks evicted for higher-priority ones (bare pods: gone)
+    preempted: int
+    report: CardReport
+    seconds: float
+
+
+async def _one_policy(kube: KubeClient, nodes: Sequence[dict[str, Any]], tasks: Sequence[Task],
+                      policy: str) -> PolicyResult:
+    """The first wave under ``policy``, on emptied nodes, with tasks that never end; then
+    everything it placed is deleted again."""
+    namespace = f"cards-{policy}"
+    await _submit(kube, namespace, tasks, finite=False)
+    sched, runner = await _start(kube, policy)
+    try:
+        start = time.monotonic()
+        pods = await _first_wave(kube, namespace, start, quiet=3.0)
+        seconds = time.monotonic() - start
+    finally:
+        await _stop(sched, runner)
+    report = card_report(nodes, pods)
+    n_pending = sum(1 for p in pods if not p["spec"].get("nodeName"))
+    result = PolicyResult(policy, len(pods) - n_pending, _pending_line(pods), n_pending, len(tasks) - len(pods),
+                          report, seconds)
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+    while await _pods(kube, namespace):
+        await asyncio.sleep(0.5)
+    return result
+
+
+async def _compare(kubeconfig: str, tasks: list[Task], policies: Sequence[str]) -> int:
+    kube = await KubeClient.connect(kubeconfig)
+    try:
+        nodes = await _nodes(kube)
+        _workload_lines(tasks, card_report(nodes, []).cards)
+        print("the first wave once per card placement policy, each on the same emptied nodes, with tasks that "
+              "never end, all submitted before batchsched starts; the allocation ratio counts a share by its "
+              "fraction")
+        results = []
+        for policy in policies:
+            r = await _one_policy(kube, nodes, tasks, policy)
+            results.append(r)
+            print(f"\n{policy}: {r.bound} of {len(tasks)} tasks bound in {r.seconds:.1f} s, {r.preempted} preempted")
+            _print_cards(r.report)
+        print(f"\n  {'policy':<14} {'GPU allocation':>15} {'whole cards free':>17} {'cards shared':>13} "
+              f"{'preempted':>10} {'tasks pending':>14}  pending")
+        for r in results:
+            print(f"  {r.policy:<14} {100 * r.report.ratio:>14.1f}% {r.report.free_cards:>17} "
+                  f"{len(r.report.partial):>13} {r.preempted:>10} {r.n_pending:>14}  {r.pending}")
+        return 0 if all(_healthy(r.report) for r in results) else 1
+    finally:
         await kube.close()
 
 
@@ -435,9 +733,15 @@ async def _queues(kube: KubeClient) -> int:
     return 0
 
 
-def main(*, nodes: int = 0, keep: bool = False) -> int:
-    """Run the demo; ``nodes`` is ignored beyond the trace's own shapes (kept for the CLI)."""
+def main(*, nodes: int = 0, keep: bool = False, card_policy: str | None = None, compare: bool = False) -> int:
+    """Run the demo; ``nodes`` is ignored beyond the trace's own shapes (kept for the CLI).
+    ``card_policy``: ``gpuSharing.policy`` (default: the configuration's default);
+    ``compare``: only the first wave, once per policy, and a table of what each reaches."""
     del nodes
+    policy = card_policy or GpuSharingSection().policy
+    if policy not in POLICIES:
+        print(f"batchsched: error: card policy {policy!r} is not one of {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
     box = Sandbox("demo")
     if box.state() is not None:
         box.down()
@@ -450,7 +754,9 @@ def main(*, nodes: int = 0, keep: bool = False) -> int:
         return 1
     print(f"ready in {time.monotonic() - t0:.1f} s; kubeconfig: {state.kubeconfig}")
     try:
-        return asyncio.run(_run(state.kubeconfig, load_tasks()))
+        if compare:
+            return asyncio.run(_compare(state.kubeconfig, load_tasks(), POLICIES))
+        return asyncio.run(_run(state.kubeconfig, load_tasks(), policy))
     finally:
         if keep:
             print(f"sandbox left running: KUBECONFIG={state.kubeconfig}; stop it with `batchsched sandbox down --name demo`")
