@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = sb.add_parser(name, help=f"{name} of the sandbox")
         p.add_argument("--name", default="default")
 
+    from batchsched.simulate.cli import add_parser as add_simulate
+
+    add_simulate(sub)
+    snap = sub.add_parser("snapshot", help="save what the scheduler reads from a cluster, for batchsched simulate")
+    snap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    snap.add_argument("--config", help="the batchsched configuration to record with it (YAML)")
+    snap.add_argument("-o", "--output", required=True, help="file to write (JSON)")
+
     demo = sub.add_parser("demo", help="bring up a sandbox, schedule a workload mix, print placements")
     demo.add_argument("--nodes", type=_positive, default=24)
     demo.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
@@ -131,6 +139,35 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import orjson
+
+    from batchsched.config import ConfigError, load_config
+    from batchsched.kube.client import KubeClient
+    from batchsched.kube.errors import KubeError
+    from batchsched.kube.snapshot import take_snapshot
+
+    async def take() -> dict[str, object]:
+        client = await KubeClient.connect(args.kubeconfig)
+        try:
+            return await take_snapshot(client, load_config(args.config).document())
+        finally:
+            await client.close()
+
+    try:
+        data = asyncio.run(take())
+    except (ConfigError, KubeError, OSError) as exc:
+        print(f"batchsched: error: {exc}", file=sys.stderr)
+        return 1
+    with open(args.output, "wb") as f:
+        f.write(orjson.dumps(data))
+    counts = ", ".join(f"{len(v)} {k}" for k, v in data["objects"].items() if v)  # type: ignore[attr-defined]
+    print(f"wrote {args.output}: {counts}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "sandbox":
@@ -139,6 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from batchsched.app import run_from_cli
 
         return run_from_cli(kubeconfig=args.kubeconfig, config_path=args.config)
+    if args.command == "snapshot":
+        return _snapshot(args)
+    if args.command == "simulate":
+        from batchsched.simulate.cli import main as simulate_main
+
+        return simulate_main(args)
     if args.command == "demo":
         from batchsched.demo import main as demo_main
 

@@ -9,12 +9,15 @@ pods other tests leave pending can neither take nor reserve them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import urllib.request
 from typing import Any
 
 import pytest
 
+from batchsched.cli import main as cli_main
 from batchsched.core.devices import ELASTIC_CONTAINER_PREFIX, annotations_for
 from batchsched.core.model import parse_pod
 from batchsched.kube.client import KubeClient
@@ -63,7 +66,7 @@ def placements(pods: list[dict[str, Any]], names: set[str]) -> dict[str, tuple[s
 
 
 async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
-    sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+    sandbox, kube: KubeClient, namespace: str, make_nodes, tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
     await make_nodes(count=3, prefix=namespace, gpus=0, cpu="16",
                      extended={CORE: "400", "elasticgpu.io/gpu-memory": "65536"},
@@ -71,6 +74,18 @@ async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
     await create_pods(kube, namespace, [task(namespace, n, c, cpu) for n, c, cpu in MIX])
     snap = await take_snapshot(kube, config(namespace, **SETTINGS).document())
     assert {p["metadata"]["name"] for p in snap["objects"]["pods"]} >= {n for n, _, _ in MIX}
+
+    # the same through the commands a user runs: batchsched snapshot, batchsched simulate --snapshot
+    conf = tmp_path / "batchsched.yaml"
+    conf.write_text(json.dumps(config(namespace, **SETTINGS).document()))
+    out_file = tmp_path / "snapshot.json"
+    assert await asyncio.to_thread(cli_main, ["snapshot", "--kubeconfig", sandbox.kubeconfig,
+                                              "--config", str(conf), "-o", str(out_file)]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert await asyncio.to_thread(cli_main, ["simulate", "--snapshot", str(out_file), "-o", "json"]) == 0
+    from_cli = {r["name"]: (r["node"], r["cards"].get(ELASTIC_CONTAINER_PREFIX + "main", ""))
+                for r in json.loads(printed.getvalue())["placed"] if r["namespace"] == namespace}
 
     # the simulator: the snapshot's objects through the session, one step
     placed = replay_snapshot.replay(json.loads(json.dumps(snap)), now=0.0)
@@ -103,3 +118,4 @@ async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
 
     assert len(simulated) >= 9  # most of the mix fits: the comparison is not empty
     assert live == simulated
+    assert from_cli == simulated
