@@ -31,7 +31,11 @@ class ConfigError(ValueError):
 @dataclass(slots=True, frozen=True)
 class ScoringSection:
     type: str = "RequestedToCapacityRatio"
-    resources: tuple[dict[str, Any], ...] = ({"name": "nvidia.com/gpu", "weight": 1},)
+    #: batchsched.io/gpu is the card compute of the device model: whole elasticgpu.io cards
+    #: are packed by it (they do not request nvidia.com/gpu)
+    resources: tuple[dict[str, Any], ...] = (
+        {"name": "nvidia.com/gpu", "weight": 1}, {"name": "batchsched.io/gpu", "weight": 1},
+    )
     shape: tuple[dict[str, Any], ...] = ({"utilization": 0, "score": 0}, {"utilization": 100, "score": 10})
 
 

@@ -334,4 +334,15 @@ def test_a_call_with_more_kinds_than_views_places_as_the_twin() -> None:
         units = [single_unit(p) for p in sorted(state.pending.values(), key=lambda p: p.name)]
         plan = cycle.run(state.snapshot(), units)
         plans.append(sorted((b.name, b.node, b.cards) for b in plan.bindings))
-    assert plans[0] == plans[1] and len(plans[0]) > 25
+    assert plans[0] == plans[1] and len(plans[0]) > 20
+
+
+def test_whole_elasticgpu_cards_are_packed_like_whole_nvidia_gpus() -> None:
+    # whole gpu-core cards request no nvidia.com/gpu: the default scoring packs them by the
+    # card compute (batchsched.io/gpu); before, every node scored 0 and the first one won
+    busy = [make_pod(f"b{i}").uid(f"b{i}").req({"cpu": "1", CORE: "100"})
+            .annotate({"elasticgpu.io/container-main": str(i)}).running("n2").build() for i in range(4)]
+    state = mirror(*(elastic_node(f"n{i}", cards=8) for i in range(4)), *busy,
+                   *(make_pod(f"w{i}").uid(f"w{i}").req({"cpu": "1", CORE: "100"}).build() for i in range(3)))
+    plan = run(state, "binpack")
+    assert sorted(b.node for b in plan.bindings) == ["n2", "n2", "n2"]

@@ -93,7 +93,7 @@ def test_node_parsing() -> None:
 def test_default_config_is_the_shipped_file() -> None:
     shipped = load_config(Path(__file__).parents[2] / "config" / "batchsched.yaml")
     assert shipped == parse_config(None)
-    assert shipped.scoring_config().resources == (("nvidia.com/gpu", 1),)
+    assert shipped.scoring_config().resources == (("nvidia.com/gpu", 1), ("batchsched.io/gpu", 1))
 
 
 @pytest.mark.parametrize(

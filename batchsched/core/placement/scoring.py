@@ -84,7 +84,7 @@ class ScoringConfig:
     """NodeResourcesFit's ``scoringStrategy``, validated by :meth:`validate`."""
 
     strategy: str = "RequestedToCapacityRatio"
-    resources: tuple[tuple[str, int], ...] = (("nvidia.com/gpu", 1),)
+    resources: tuple[tuple[str, int], ...] = (("nvidia.com/gpu", 1), ("batchsched.io/gpu", 1))
     """``(resource name, weight)`` pairs."""
     shape: tuple[tuple[int, int], ...] = ((0, 0), (100, 10))
     """``(utilization 0..100, score 0..10)`` points; used by RequestedToCapacityRatio only."""
