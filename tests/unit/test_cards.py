@@ -223,8 +223,8 @@ def card_problems(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
             reqs[m, COL[devices.ASK_WHOLE]] = draw(st.integers(1, 2))
         if kind == "any":
             reqs[m, COL[devices.ASK_ANY]] = draw(st.integers(1, 2))
-        reqs[m, COL[devices.ASK_POLICY]] = draw(st.integers(0, 4))
-    policy = draw(st.integers(1, 4))
+        reqs[m, COL[devices.ASK_POLICY]] = draw(st.integers(0, len(devices.POLICIES)))
+    policy = draw(st.integers(1, len(devices.POLICIES)))
     return alloc, used, reqs, np.zeros(n_members, dtype=np.int64), policy, draw(st.integers(0, n_members))
 
 

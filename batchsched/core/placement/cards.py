@@ -4,7 +4,8 @@ are, the card placement policies, and the assignment read back after a placement
 The kernels take one int64 array, the *device descriptor*, next to the scoring arrays:
 
 ======================  ==================================================================
-``[POLICY]``            the configured policy: 1 fragmentation, 2 binpack, 3 spread, 4 random
+``[POLICY]``            the configured policy: 1 fragmentation, 2 binpack, 3 spread, 4 random,
+                        5 bestfit (the FGD paper's baseline: least CPU and GPU left, half each)
 ``[SCOPE_ALL]``         1: the policy also places whole-card pods (else RequestedToCapacityRatio)
 ``[N_CARDS]``           C, the card columns present (the most cards a node has)
 ``[N_SHARES]``          K, share slots per pod
@@ -51,7 +52,10 @@ SEED = 11
 N_MIX = 12
 HEAD = 13
 
-FRAGMENTATION, BINPACK, SPREAD, RANDOM = 1, 2, 3, 4
+FRAGMENTATION, BINPACK, SPREAD, RANDOM, BESTFIT = 1, 2, 3, 4, 5
+#: BestFit's normalisation, as the FGD paper's simulator fixes it: the largest node's CPU
+#: (milli) and GPU (milli) it assumes; a node's score is its weighted free share after
+BESTFIT_CPU, BESTFIT_GPU, BESTFIT_SCALE = 128000, 8000, 100000
 #: a policy's key is shifted above every static score (taints, affinity preferences ...),
 #: which then only breaks its ties
 KEY_SHIFT = 4096

@@ -285,7 +285,7 @@ def card_place(
             empty = comp[i] == 0 and mem[i] == 0
             if empty and spare < 1:
                 continue
-            if policy == D.BINPACK:
+            if policy == D.BINPACK or policy == D.BESTFIT:
                 val = comp[i]
             elif policy == D.SPREAD:
                 val = -comp[i]
@@ -318,22 +318,36 @@ def card_place(
             key = -(chosen_sum * 65536 + gpu_after)
         elif policy == D.RANDOM:
             key = card_hash(device[D.SEED], member, node, n_cards)
+        elif policy == D.BESTFIT:
+            key = bestfit_key(alloc_row, used_row, req, device)
         else:
             free1, wf1 = _free_list(comp, mem, exists, any_after)
             key = before - frag(free1, wf1, cpu_after, mix)
     return True, key, adds, mask, share_cards
 
 
+def bestfit_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
+    """Minus BestFit's score: half the node's CPU and half its GPU left once ``req`` is
+    placed, each over the paper's largest node (lower left is better)."""
+    cpu, gpu = device[D.CPU], device[D.GPU]
+    cpu_left = alloc_row[cpu] - used_row[cpu] - req[cpu] if cpu >= 0 else 0
+    gpu_left = alloc_row[gpu] - used_row[gpu] - req[gpu] if gpu >= 0 else 0
+    return -(cpu_left * D.BESTFIT_SCALE // D.BESTFIT_CPU + gpu_left * D.BESTFIT_SCALE // D.BESTFIT_GPU)
+
+
 def cpu_fragments(req: Sequence[int], device: Sequence[int]) -> bool:
-    """A pod asking no card is placed by the fragmentation policy too, with scope ``all``:
-    the CPU it takes can leave a node's free cards unusable."""
+    """With scope ``all``, a pod asking no card is placed by the fragmentation (or bestfit)
+    policy too: the CPU it takes can leave a node's free cards unusable."""
     cpu = device[D.CPU]
-    return (device[D.SCOPE_ALL] != 0 and device[D.POLICY] == D.FRAGMENTATION and device[D.N_CARDS] > 0
-            and cpu >= 0 and req[cpu] > 0)
+    return (device[D.SCOPE_ALL] != 0 and device[D.POLICY] in (D.FRAGMENTATION, D.BESTFIT)
+            and device[D.N_CARDS] > 0 and cpu >= 0 and req[cpu] > 0)
 
 
 def cpu_frag_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
-    """Minus the increase of the node's fragmentation when ``req``'s CPU is taken there."""
+    """Minus the increase of the node's fragmentation when ``req``'s CPU is taken there
+    (for bestfit: :func:`bestfit_key`)."""
+    if device[D.POLICY] == D.BESTFIT:
+        return bestfit_key(alloc_row, used_row, req, device)
     _, _, _, cc, cm = _card_cols(device)
     n_cards = device[D.N_CARDS]
     comp = [used_row[cc[i]] for i in range(n_cards)]
