@@ -11,7 +11,7 @@ from typing import Any
 from batchsched.simulate import experiment
 
 POLICIES = (("fragmentation", "sharing"), ("fragmentation", "all"), ("binpack", "sharing"),
-            ("spread", "sharing"))
+            ("bestfit", "all"), ("spread", "sharing"))
 REF_COLORS = {"FGD": "tab:red", "BestFit": "tab:brown", "GpuPacking": "tab:olive",
               "GpuClustering": "tab:pink", "DotProd": "tab:cyan", "Random": "tab:gray"}
 
