@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seeds", type=int, default=10)
     m.add_argument("--load", type=float, default=1.3)
     m.add_argument("--trace-dir", help="folder of the openb CSV files")
+    m.add_argument("--replay-speedup", type=float, default=0.0,
+                   help="also replay openb default at its own times with arrivals this many times sooner "
+                        "and plot the wait-time CDF (0: no replay)")
+    m.add_argument("--replay-limit", type=int, help="replay only the first N tasks")
     sub.add_parser("report", help="rewrite the report from the results folder")
     sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
     return p
@@ -166,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         cmd_cycle(out, args.quick)
     elif args.command == "sim":
         from perf.simbench import run as sim_run
+        from perf.simbench import run_waits
 
-        for path in sim_run(out, args.variant or ["default", "gpushare100", "multigpu50"], args.seeds, args.load,
-                            args.trace_dir, log=log):
+        paths = sim_run(out, args.variant or ["default", "gpushare100", "multigpu50"], args.seeds, args.load,
+                        args.trace_dir, log=log) if args.seeds else []
+        if args.replay_speedup:
+            paths += run_waits(out, args.trace_dir, args.replay_speedup, args.replay_limit, log=log)
+        for path in paths:
             log(f"wrote {path}")
         return 0
     elif args.command == "queues":

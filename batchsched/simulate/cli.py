@@ -10,6 +10,9 @@ from typing import Any
 from batchsched.core.devices import POLICIES
 
 SCOPES = ("sharing", "all")
+#: every policy in the scope it is meant for (fragmentation in both): what runs by default
+DEFAULT_RUNS = (("fragmentation", "sharing"), ("fragmentation", "all"), ("binpack", "sharing"),
+                ("spread", "sharing"), ("random", "sharing"), ("bestfit", "all"))
 
 
 def add_parser(sub: Any) -> None:
@@ -26,12 +29,15 @@ def add_parser(sub: Any) -> None:
                    help="fragmentation: tasks arrive in a seeded order and never leave (FGD's method); "
                         "replay: tasks arrive at their creation time and run as long as in the trace")
     p.add_argument("--limit", type=int, help="replay: only the first N tasks by creation time")
+    p.add_argument("--arrival-speedup", type=float, default=1.0,
+                   help="replay: tasks arrive this many times sooner (durations unchanged): more load")
     p.add_argument("--load", type=float, default=1.3, help="GPU asked as a share of the cluster's cards")
     p.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
     p.add_argument("--policy", action="append", choices=POLICIES,
                    help="card policies to compare (default: all)")
     p.add_argument("--scope", action="append", choices=SCOPES,
-                   help="which pods the card policy places: sharing (shares only) or all (default: both)")
+                   help="which pods the card policy places: sharing (shares only) or all "
+                        "(default: each policy in the scope it is meant for)")
     p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
 
@@ -44,7 +50,10 @@ def main(args: argparse.Namespace) -> int:
     if args.scenario:
         return _scenario(args)
     d = experiment.trace_dir(args.trace_dir)
-    policies = [(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
+    if args.policy or args.scope:
+        policies = [(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
+    else:
+        policies = list(DEFAULT_RUNS)
     if args.mode == "replay":
         return _replay(args, d, policies)
     seeds = list(range(42, 42 + args.seeds))
@@ -74,7 +83,8 @@ def _replay(args: argparse.Namespace, d: Any, policies: list[tuple[str, str]]) -
     tasks = openb.read_tasks(d / f"openb_pod_list_{args.variant}.csv")
     rows: list[dict[str, Any]] = []
     for policy, scope in policies:
-        r = replay.run(nodes, tasks, policy=policy, scope=scope, limit=args.limit)
+        r = replay.run(nodes, tasks, policy=policy, scope=scope, limit=args.limit,
+                       arrival_speedup=args.arrival_speedup)
         rows.append({"policy": policy, "scope": scope, "peak_allocation": r.peak_allocation(),
                      "mean_allocation": r.mean_allocation(), "never_placed": r.never_placed,
                      "wait_s": r.percentiles("waits"), "completion_s": r.percentiles("completions")})

@@ -63,14 +63,16 @@ def kind_of(t: Task) -> str:
 
 
 def run(nodes: Sequence[TraceNode], tasks: Sequence[Task], *, policy: str, scope: str = "sharing",
-        retry: float = 30.0, limit: int | None = None,
+        retry: float = 30.0, limit: int | None = None, arrival_speedup: float = 1.0,
         progress: Callable[[int, int], None] | None = None) -> Replay:
-    """Replay ``tasks`` (the first ``limit`` by creation time) under ``policy``."""
+    """Replay ``tasks`` (the first ``limit`` by creation time) under ``policy``.
+    ``arrival_speedup``: tasks arrive that many times sooner (their durations unchanged),
+    to load the cluster more than the trace did."""
     sim = Simulation(settings_for(policy, scope))
     sim.add_nodes(n.manifest() for n in nodes)
     capacity = sum(n.gpus for n in nodes) * 1000
     order = sorted(tasks, key=lambda t: (t.created, t.name))[:limit]
-    events: list[tuple[float, int, int]] = [(t.created, ARRIVE, i) for i, t in enumerate(order)]
+    events: list[tuple[float, int, int]] = [(t.created / arrival_speedup, ARRIVE, i) for i, t in enumerate(order)]
     heapq.heapify(events)
     arrived: dict[str, tuple[float, Task]] = {}
     out = Replay(policy)
