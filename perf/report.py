@@ -243,6 +243,15 @@ def cycle_markdown(cyc: dict[str, Any], plot: str | None) -> list[str]:
         for g in cyc["gang"]:
             lines.append(f"| {g['nodes']:,} | {g['gang']} | {g['kernel_ms']:.3f} | {g['cycle_ms']:.2f} | {g['first_cycle_ms']:.1f} |")
         lines.append("")
+    if cyc.get("cards"):
+        lines += ["GPU cards: nodes of 8 elasticgpu.io cards, a fractional mix pending, steady cycle, per card "
+                  "policy, next to the whole-GPU cycle of the same size:", "",
+                  "| nodes | pending | whole-GPU cycle ms | fragmentation ms | binpack ms |", "|---|---|---|---|---|"]
+        for c in cyc["cards"]:
+            w = c["whole_gpu"]
+            lines.append(f"| {w['nodes']:,} | {w['pods']:,} | {1000 * w['steady_s']['cycle']:.0f} | "
+                         f"{1000 * c['fragmentation']['steady_s']:.0f} | {1000 * c['binpack']['steady_s']:.0f} |")
+        lines.append("")
     w = cyc.get("warm_up")
     if w:
         lines += [
@@ -359,6 +368,13 @@ def write_report(out: Path) -> dict[str, Path]:
             plot_cycle(cyc, png)
             written[png.name] = png
         lines += cycle_markdown(cyc, png.name if png.name in written else None)
+    for sim_md in sorted((out / "sim").glob("*.md")):
+        # the card policies on the openb trace (python -m perf sim): tables and plots there
+        text = sim_md.read_text().replace("](", "](sim/")
+        lines += ["#" + text.lstrip("#") if text.startswith("# ") else text, ""]
+    replay = out / "sim" / "replay-waits.png"
+    if replay.exists():
+        lines += ["## openb at its own times, arrivals sped up: wait-time CDF", "", "![waits](sim/replay-waits.png)", ""]
     md = out / "report.md"
     md.write_text("\n".join(lines))
     written["report.md"] = md
