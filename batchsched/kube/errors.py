@@ -39,14 +39,15 @@ __all__ = [
     "refine",
 ]
 
-#: The ``details.causes[].type`` the Eviction API gives when a PodDisruptionBudget refuses.
+#: The cause the Eviction API gives when a PodDisruptionBudget refuses (a StatusCause's type,
+#: which its JSON calls ``reason``: ``details.causes[].reason``).
 DISRUPTION_BUDGET = "DisruptionBudget"
 
 
 class KubeError(Exception):
     """A request to the API server failed.
 
-    ``causes`` are the ``details.causes[].type`` of the server's Status, when it sent any.
+    ``causes`` are the cause types (``details.causes[].reason``) of the server's Status.
     """
 
     def __init__(
@@ -125,8 +126,10 @@ def from_status(status: int, body: Mapping[str, Any] | None, *, fallback: str = 
     body = body or {}
     details = body.get("details")
     causes = details.get("causes") if isinstance(details, Mapping) else None
+    # a StatusCause's type is the JSON key "reason"; "type" is read too, as older code wrote it
     types = [
-        str(c["type"]) for c in causes or () if isinstance(c, Mapping) and c.get("type")
+        str(c.get("reason") or c.get("type")) for c in causes or ()
+        if isinstance(c, Mapping) and (c.get("reason") or c.get("type"))
     ]
     return error_for(
         status, str(body.get("reason", "")), str(body.get("message", fallback)), causes=types

@@ -171,7 +171,7 @@ def test_error_for(status: int, causes: tuple[str, ...], message: str, cls: type
 def test_from_status_reads_reason_message_and_causes() -> None:
     err = from_status(429, {
         "kind": "Status", "reason": "TooManyRequests", "message": "Cannot evict pod",
-        "details": {"causes": [{"type": "DisruptionBudget", "message": "needs 2 healthy pods"}]},
+        "details": {"causes": [{"reason": "DisruptionBudget", "message": "needs 2 healthy pods"}]},
     })
     assert isinstance(err, DisruptionBudgetError)
     assert (err.status, err.reason, err.message, err.causes) == (
