@@ -99,6 +99,15 @@ ASK_COLUMNS: tuple[str, ...] = (
 )
 
 
+def card_columns_of(col: Mapping[str, int]) -> list[tuple[int, int]]:
+    """``(compute, memory)`` column indexes of each card, in card order, given the column
+    index by name (card columns exist up to the most cards a node has)."""
+    out: list[tuple[int, int]] = []
+    while card_compute(len(out)) in col and len(out) < MAX_CARDS:
+        out.append((col[card_compute(len(out))], col[card_memory(len(out))]))
+    return out
+
+
 def internal(column: str) -> bool:
     """A column of the device model that users never name (asks and per-card usage)."""
     return column.startswith(("batchsched.io/ask-", "batchsched.io/card-"))

@@ -35,8 +35,7 @@ from batchsched.core.devices import (
     MixKind,
     assigned_usage,
     card_columns,
-    card_compute,
-    card_memory,
+    card_columns_of,
     mix_kind,
     mix_rows,
     node_cards,
@@ -369,14 +368,10 @@ class ClusterState:
         cards = int(self.alloc[valid, gpu].sum()) // MILLI
         held = int(self.used[valid, gpu].sum())
         free = 0
-        i = 0
-        compute = []
-        memory = []
-        while card_compute(i) in self._col:
-            compute.append(self._col[card_compute(i)])
-            memory.append(self._col[card_memory(i)])
-            i += 1
-        if compute:
+        pairs = card_columns_of(self._col)
+        if pairs:
+            compute = [c for c, _ in pairs]
+            memory = [m for _, m in pairs]
             exists = self.alloc[valid][:, compute] > 0
             empty = exists & (self.used[valid][:, compute] == 0) & (self.used[valid][:, memory] == 0)
             free = int(np.maximum(empty.sum(axis=1) - self.used[valid, self._col[CARDS_ANY]], 0).sum())

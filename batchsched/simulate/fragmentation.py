@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.reservation import ReservationSettings
@@ -113,11 +113,3 @@ def run(nodes: Sequence[TraceNode], tasks: Sequence[Task], *, policy: str, seed:
             progress(min(start + batch, len(order)), len(order))
     return curve
 
-
-def policies() -> list[str]:
-    from batchsched.core.devices import POLICIES
-
-    return list(POLICIES)
-
-
-__all__ = ["Curve", "policies", "replace", "run", "settings_for", "workload"]

@@ -39,10 +39,10 @@ def load(snapshot: Mapping[str, Any], *, now: float, use_jit: bool = True) -> Si
             api = name.split(".", 1)[1]
             s.on_groups_listed(api, [parse_podgroup(api, o) for o in items])
     sim.add_nodes(objs.get("nodes", []))
-    for o in objs.get("pods", []):
-        pod = parse_pod(o)
+    pods = [parse_pod(o) for o in objs.get("pods", [])]
+    for pod, o in zip(pods, objs.get("pods", []), strict=True):
         sim.objects[pod.uid] = dict(o)
-    s.on_pods_listed([parse_pod(o) for o in objs.get("pods", [])])
+    s.on_pods_listed(pods)
     return sim
 
 

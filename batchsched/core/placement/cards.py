@@ -85,9 +85,8 @@ def descriptor(columns: Sequence[str], policy: CardPolicy,
                mix: Sequence[tuple[int, int, int, int]] = ()) -> IntArray:
     """The device descriptor for the snapshot's ``columns``."""
     col = {c: i for i, c in enumerate(columns)}
-    n_cards = 0
-    while devices.card_compute(n_cards) in col and n_cards < devices.MAX_CARDS:
-        n_cards += 1
+    pairs = devices.card_columns_of(col)
+    n_cards = len(pairs)
     k = MAX_SHARED_CONTAINERS
     head = [0] * HEAD
     head[POLICY] = policy.code
@@ -104,8 +103,8 @@ def descriptor(columns: Sequence[str], policy: CardPolicy,
     body: list[int] = []
     for names in (devices.ask_share, devices.ask_memory, devices.ask_out_card):
         body.extend(col.get(names(i), -1) for i in range(k))
-    body.extend(col[devices.card_compute(i)] for i in range(n_cards))
-    body.extend(col.get(devices.card_memory(i), -1) for i in range(n_cards))
+    body.extend(compute for compute, _ in pairs)
+    body.extend(memory for _, memory in pairs)
     for row in mix:
         body.extend(row)
     if n_cards and any(head[i] < 0 for i in (GPU, ANY, ASK_WHOLE, ASK_ANY, ASK_POLICY, OUT_WHOLE)):

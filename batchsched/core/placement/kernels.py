@@ -417,6 +417,24 @@ def frag_swap(x_old: int, x_new: int, total: int, whole_free: int, partial: int,
 
 
 @njit(cache=True, nogil=True, inline="always")
+def load_cards(alloc_row: IntArray, used_row: IntArray, device: IntArray, comp: IntArray,
+               mem: IntArray, exists: BoolArray) -> int:
+    """Each card's compute and memory used, and whether it exists, into comp/mem/exists;
+    returns how many existing cards are wholly free (no compute, no memory used)."""
+    n_cards = device[_D_N_CARDS]
+    cc0 = _D_HEAD + 3 * device[_D_N_SHARES]
+    n_free = 0
+    for i in range(n_cards):
+        comp[i] = used_row[device[cc0 + i]]
+        mcol = device[cc0 + n_cards + i]
+        mem[i] = used_row[mcol] if mcol >= 0 else 0
+        exists[i] = alloc_row[device[cc0 + i]] > 0
+        if exists[i] and comp[i] == 0 and mem[i] == 0:
+            n_free += 1
+    return n_free
+
+
+@njit(cache=True, nogil=True, inline="always")
 def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray,
                 member: int, node: int, uses_policy: bool, comp: IntArray, mem: IntArray,
                 exists: BoolArray, free: IntArray, add_card: IntArray, add_comp: IntArray,
@@ -430,16 +448,8 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
     policy = device[_D_POLICY]
     if pcol >= 0 and req[pcol] > 0:
         policy = req[pcol]
-    cc0 = _D_HEAD + 3 * k
-    cm0 = cc0 + n_cards
-    n_free = 0
-    for i in range(n_cards):
-        comp[i] = used_row[device[cc0 + i]]
-        mcol = device[cm0 + i]
-        mem[i] = used_row[mcol] if mcol >= 0 else 0
-        exists[i] = alloc_row[device[cc0 + i]] > 0
-        if exists[i] and comp[i] == 0 and mem[i] == 0:
-            n_free += 1
+    cm0 = _D_HEAD + 3 * k + n_cards
+    n_free = load_cards(alloc_row, used_row, device, comp, mem, exists)
     held_any = used_row[device[_D_ANY]] if device[_D_ANY] >= 0 else 0
     spare = n_free - held_any
     want_any = req[device[_D_ASK_ANY]] if device[_D_ASK_ANY] >= 0 else 0
@@ -560,14 +570,8 @@ def cpu_frag_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, device:
     """The kernel twin of reference.cpu_frag_key."""
     if device[_D_POLICY] == _BESTFIT:
         return bestfit_key(alloc_row, used_row, req, device)
-    k = device[_D_N_SHARES]
     n_cards = device[_D_N_CARDS]
-    cc0 = _D_HEAD + 3 * k
-    for i in range(n_cards):
-        comp[i] = used_row[device[cc0 + i]]
-        mcol = device[cc0 + n_cards + i]
-        mem[i] = used_row[mcol] if mcol >= 0 else 0
-        exists[i] = alloc_row[device[cc0 + i]] > 0
+    load_cards(alloc_row, used_row, device, comp, mem, exists)
     held_any = used_row[device[_D_ANY]] if device[_D_ANY] >= 0 else 0
     cpu = device[_D_CPU]
     cpu_free = alloc_row[cpu] - used_row[cpu]

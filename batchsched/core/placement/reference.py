@@ -161,6 +161,19 @@ def _card_cols(device: Sequence[int]) -> tuple[list[int], list[int], list[int], 
     return body[:k], body[k:2 * k], body[2 * k:3 * k], body[3 * k:3 * k + c], body[3 * k + c:3 * k + 2 * c]
 
 
+def _cards(alloc_row: Sequence[int], used_row: Sequence[int], device: Sequence[int]
+           ) -> tuple[list[int], list[int], list[bool], int]:
+    """Per card its compute and memory used and whether it exists; and the cards the node
+    gives out by count."""
+    _, _, _, cc, cm = _card_cols(device)
+    n_cards = device[D.N_CARDS]
+    comp = [used_row[cc[i]] for i in range(n_cards)]
+    mem = [used_row[cm[i]] for i in range(n_cards)]
+    exists = [alloc_row[cc[i]] > 0 for i in range(n_cards)]
+    held_any = used_row[device[D.ANY]] if device[D.ANY] >= 0 else 0
+    return comp, mem, exists, held_any
+
+
 def _mix(device: Sequence[int]) -> list[tuple[int, int, int, int]]:
     k, c, t = device[D.N_SHARES], device[D.N_CARDS], device[D.N_MIX]
     start = D.HEAD + 3 * k + 2 * c
@@ -234,14 +247,11 @@ def card_place(
     increase of :func:`frag`, binpack the fullest card, spread the emptiest, random a draw;
     ties to the lowest card.
     """
-    shares, mems, _, cc, cm = _card_cols(device)
+    shares, mems, _, _, cm = _card_cols(device)
     n_cards = device[D.N_CARDS]
     policy = req[device[D.ASK_POLICY]] if device[D.ASK_POLICY] >= 0 and req[device[D.ASK_POLICY]] > 0 else device[D.POLICY]
-    comp = [used_row[cc[i]] for i in range(n_cards)]
-    mem = [used_row[cm[i]] for i in range(n_cards)]
-    exists = [alloc_row[cc[i]] > 0 for i in range(n_cards)]
+    comp, mem, exists, held_any = _cards(alloc_row, used_row, device)
     memcap = [alloc_row[cm[i]] for i in range(n_cards)]
-    held_any = used_row[device[D.ANY]] if device[D.ANY] >= 0 else 0
     n_free = sum(1 for i in range(n_cards) if exists[i] and comp[i] == 0 and mem[i] == 0)
     spare = n_free - held_any
     want_any = req[device[D.ASK_ANY]] if device[D.ASK_ANY] >= 0 else 0
@@ -348,12 +358,7 @@ def cpu_frag_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequenc
     (for bestfit: :func:`bestfit_key`)."""
     if device[D.POLICY] == D.BESTFIT:
         return bestfit_key(alloc_row, used_row, req, device)
-    _, _, _, cc, cm = _card_cols(device)
-    n_cards = device[D.N_CARDS]
-    comp = [used_row[cc[i]] for i in range(n_cards)]
-    mem = [used_row[cm[i]] for i in range(n_cards)]
-    exists = [alloc_row[cc[i]] > 0 for i in range(n_cards)]
-    held_any = used_row[device[D.ANY]] if device[D.ANY] >= 0 else 0
+    comp, mem, exists, held_any = _cards(alloc_row, used_row, device)
     free, whole_free = _free_list(comp, mem, exists, held_any)
     cpu = device[D.CPU]
     cpu_free = alloc_row[cpu] - used_row[cpu]
