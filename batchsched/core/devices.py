@@ -39,6 +39,9 @@ ELASTIC_CONTAINER_PREFIX = "elasticgpu.io/container-"
 ELASTIC_ASSUMED = "elasticgpu.io/assumed"
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
+#: KAI's fraction on several devices, and the container a fraction is for
+KAI_DEVICES = "gpu-fraction-num-devices"
+KAI_CONTAINER = "gpu-fraction-container-name"
 #: our record of the card a KAI-style fractional pod (or a whole-card pod) got
 CARDS_ANNOTATION = "batchsched.io/gpu-cards"
 #: a pod's choice of card placement policy, overriding the configured one
@@ -231,7 +234,16 @@ def card_asks(spec: Mapping[str, Any], annotations: Mapping[str, str]) -> tuple[
         memory = _int_quantity(f"annotation {KAI_MEMORY}", kai_memory) if kai_memory is not None else 0
         if memory == 0 and share == 0:
             raise DeviceError(f"annotation {KAI_MEMORY} must be a positive number of MiB")
-        asks.append(CardAsk(str(containers[0].get("name") or ""), share=share, memory=memory, kai=True))
+        devices = annotations.get(KAI_DEVICES, "1").strip()
+        if devices != "1":
+            raise DeviceError(
+                f"annotation {KAI_DEVICES}={devices!r}: batchsched gives a fraction on one card only"
+            )
+        names = [str(c.get("name") or "") for c in containers]
+        container = annotations.get(KAI_CONTAINER, names[0])
+        if container not in names:
+            raise DeviceError(f"annotation {KAI_CONTAINER}={container!r} names no container of the pod")
+        asks.append(CardAsk(container, share=share, memory=memory, kai=True))
     shared = sum(1 for a in asks if a.shared)
     if shared > MAX_SHARED_CONTAINERS:
         raise DeviceError(

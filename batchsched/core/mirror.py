@@ -125,6 +125,8 @@ class ClusterState:
         #: how many of our pods asked for cards of each kind, over the last arrivals (the
         #: workload mix: counts are halved whenever they pass MIX_WINDOW, so old work fades)
         self.mix: Counter[MixKind] = Counter()
+        #: card_usage's last answer and the generations it was counted at (every step asks)
+        self._card_usage: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
         self._mix_seen: set[PodUID] = set()
 
     # -- resource columns --------------------------------------------------------------
@@ -361,6 +363,13 @@ class ClusterState:
     def card_usage(self) -> tuple[int, int, int]:
         """``(cards, card compute held in thousandths, cards wholly free)`` over all nodes;
         a card handed out by count (``nvidia.com/gpu``) is not free."""
+        key = (self.charge_generation, self.node_generation, self.capacity_generation)
+        if self._card_usage is not None and self._card_usage[0] == key:
+            return self._card_usage[1]
+        self._card_usage = (key, self._count_cards())
+        return self._card_usage[1]
+
+    def _count_cards(self) -> tuple[int, int, int]:
         gpu = self._col.get(GPU_SHARES)
         if gpu is None:
             return 0, 0, 0

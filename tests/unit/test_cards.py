@@ -68,6 +68,8 @@ def test_asks_are_read_from_elasticgpu_requests_and_kai_annotations() -> None:
     assert whole.card_asks == (devices.CardAsk("main", whole=2, elastic=True),)
     kai = make_pod("k").annotate({"gpu-fraction": "0.25", "gpu-memory": "2048"}).build()
     assert kai.card_asks == (devices.CardAsk("main", share=250, memory=2048, kai=True),)
+    named = make_pod("n").container(cpu="1").annotate({"gpu-fraction": "0.5", "gpu-fraction-container-name": "c1"}).build()
+    assert [a.container for a in named.card_asks] == ["c1"]  # KAI's container choice is honoured
     gpu = make_pod("g").req(gpu=2).build()
     assert gpu.card_asks[0].anywhere and gpu.requests[devices.ASK_ANY] == 2
 
@@ -78,6 +80,8 @@ def test_asks_are_read_from_elasticgpu_requests_and_kai_annotations() -> None:
     ({}, {"gpu-fraction": "1.5"}, "between 0 and 1"),
     ({"nvidia.com/gpu": "1"}, {"gpu-fraction": "0.5"}, "use one or the other"),
     ({}, {"batchsched.io/gpu-placement": "tightest"}, "not one of"),
+    ({}, {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}, "one card only"),
+    ({}, {"gpu-fraction": "0.5", "gpu-fraction-container-name": "sidecar"}, "names no container"),
 ])
 def test_requests_it_cannot_honour_make_the_pod_invalid_with_the_reason(
     req: dict[str, str], annotations: dict[str, str], why: str,
@@ -291,6 +295,8 @@ def test_a_queue_limits_and_reports_gpu_in_card_shares() -> None:
     assert "batchsched.io/gpu" in str(status) and "'1'" in str(status)
     cards, held, free = session.state.card_usage()
     assert (cards, free) == (4, 3) and held == 1000
+    session.on_pod("DELETED", session.state.pods[PodUID("s0")])
+    assert session.state.card_usage() == (4, 500, 3)  # counted again after a change
 
 
 def test_a_preemptor_holds_the_card_share_its_victim_frees() -> None:
