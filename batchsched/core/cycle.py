@@ -44,7 +44,7 @@ the order is priority, age, UID, as kube-scheduler's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -53,6 +53,7 @@ import numpy.typing as npt
 
 from batchsched.core import explain
 from batchsched.core.devices import annotations_for
+from batchsched.core.equivalence import unit_class
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
@@ -121,8 +122,13 @@ class Cycle:
     def _topology(self, snap: Snapshot) -> Domains:
         return self._domain_cache.get(snap.nodes, self.levels)
 
-    def run(self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None, state: ClusterState | None = None) -> Plan:
-        return _Walk(self, snap, units, queues, state).run()
+    def run(
+        self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None,
+        state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class,
+    ) -> Plan:
+        """``classes``: each unit's equivalence class (:func:`~batchsched.core.equivalence.unit_class`,
+        or a cached one): once a unit fails, the later units of its class and queue fail alike."""
+        return _Walk(self, snap, units, queues, state, classes).run()
 
     def account(self, snap: Snapshot, queues: QueueInput) -> QueueTree:
         """Charge running work and the nominations to ``queues.tree`` and record the usage
@@ -135,8 +141,11 @@ class _Walk:
     """The state of one cycle: the working copy of usage and the charged queue tree."""
 
     def __init__(self, cycle: Cycle, snap: Snapshot, units: Sequence[Unit], queues: QueueInput | None,
-                 state: ClusterState | None = None) -> None:
+                 state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class) -> None:
         self.t0 = time.perf_counter()
+        self.class_of = classes
+        #: (queue, class) -> how its first unit failed: (reason, message, status)
+        self.failed_classes: dict[Hashable, tuple[str, str, UnitStatus]] = {}
         self.cycle = cycle
         self.snap = snap
         self.units = units
@@ -420,18 +429,42 @@ class _Walk:
             if unit.blocked:
                 self.fail(unit, unit.blocked, reason=unit.blocked_reason, status=blocked_status(unit))
                 order.skipped(unit)
+            elif self._failed_alike(q, unit):
+                order.skipped(unit)
             elif unit.single and q is None and unit.topology_level is None and not self.topo.affected(unit.pods):
                 more = order.more(self.topo.alike(self.reserve.alike(unit)))
                 plan.tried.extend(u.key for u in more)
                 self._singles(order, [unit, *more])
+                for u in (unit, *more):
+                    self._learn(q, u)
             else:
                 self._unit(order, q, unit)
+                self._learn(q, unit)
         self.reserve.finish()
         plan.timings["kernel"] = self.kernel_time
         plan.timings["preempt"] = self.preemption.time
         plan.searches = self.preemption.searches
         plan.timings["total"] = time.perf_counter() - self.t0
         return plan
+
+    def _failed_alike(self, q: QueueName | None, unit: Unit) -> bool:
+        """A unit of a class that already failed in this cycle (in the same queue) fails
+        the same way, without a kernel call or a victim search."""
+        shared = self.failed_classes.get((q, self.class_of(unit)))
+        if shared is None:
+            return False
+        reason, message, status = shared
+        self.fail(unit, message, reason=reason, status=status)
+        return True
+
+    def _learn(self, q: QueueName | None, unit: Unit) -> None:
+        """After ``unit`` was tried: if it failed outright (not waiting for a reservation
+        or for victims, not deferred), the rest of its class will fail alike."""
+        result = self.plan.results.get(unit.key)
+        if result is None or not result.failed or unit.key in self.plan.deferred or not unit.pods:
+            return
+        if unit.single or unit.min_count > 0:
+            self.failed_classes[(q, self.class_of(unit))] = (result.reason, result.message, result.status)
 
     def _nominee(self, unit: Unit, h: Held) -> bool:
         """A unit holding a nomination: place it if it can be; keep holding while its victims
@@ -594,6 +627,7 @@ class _Walk:
             return
         # the quorum is not placed: by quota, or on the nodes
         if reqs is not None and k == 0 and q is not None and len(pods) >= mc:
+            self.plan.quota_blocked.add(unit.key)
             reason = self.tree.admissible(q, reqs[:mc].sum(axis=0)) or explain.queue_full(q)
         elif unit.topology_required and where and len(pods) >= mc:
             # no domain of the required level holds the quorum: ``where`` says why

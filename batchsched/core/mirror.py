@@ -119,6 +119,8 @@ class ClusterState:
         #: bumps whenever the set of nodes or their labels/taints change
         self.node_generation = 0
         self.by_name: dict[tuple[str, str], PodUID] = {}
+        #: nodes where capacity was freed (a charge removed) since the session last looked
+        self.freed_nodes: set[str] = set()
         #: unbound pods of ours carrying a card assignment no binding followed (see
         #: :func:`~batchsched.core.devices.stale_keys`): kept out of ``pending`` until clean
         self.stale: dict[PodUID, Pod] = {}
@@ -244,6 +246,7 @@ class ClusterState:
                     del self.orphans[node]
         else:
             self.used[row] -= vec
+            self.freed_nodes.add(node)
         self.capacity_generation += 1
 
     def pod_event(self, kind: str, pod: Pod) -> None:

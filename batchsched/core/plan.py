@@ -288,6 +288,8 @@ class Plan:
     nominations: list[Nomination] = field(default_factory=list)
     #: units whose victim search was skipped (search budget spent): retry them soon
     deferred: set[str] = field(default_factory=set)
+    #: units whose quorum their queue's quota did not admit (they wait for usage to fall)
+    quota_blocked: set[str] = field(default_factory=set)
     #: unit keys in the order they were tried
     tried: list[str] = field(default_factory=list)
     #: victim searches made

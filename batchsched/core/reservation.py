@@ -151,12 +151,33 @@ class _Ends:
     reqs: IntArray
     ends: npt.NDArray[np.float64]
 
+    def freed(self, which: npt.NDArray[np.bool_], nodes: int) -> IntArray:
+        """Per node, the requests of the pods ``which`` selects."""
+        out = np.zeros((nodes, self.reqs.shape[1]), dtype=np.int64)
+        np.add.at(out, self.rows[which], self.reqs[which])
+        return out
+
+
+@dataclass(slots=True, frozen=True)
+class _Charged:
+    """What :class:`_Ends` is computed from, kept while nothing charged changes: each
+    charged pod's row and request, its start (0: not started), declared runtime (inf: none)
+    and whether it is being deleted."""
+
+    rows: npt.NDArray[np.intp]
+    reqs: IntArray
+    started: npt.NDArray[np.float64]
+    runtime: npt.NDArray[np.float64]
+    deleting: npt.NDArray[np.bool_]
+
     @classmethod
-    def of(cls, state: ClusterState | None, snap: Snapshot, rows: Mapping[str, int], now: float) -> _Ends:
+    def of(cls, state: ClusterState | None, snap: Snapshot, rows: Mapping[str, int]) -> _Charged:
         width = len(snap.columns)
         r: list[int] = []
         q: list[IntArray] = []
-        e: list[float] = []
+        started: list[float] = []
+        runtime: list[float] = []
+        deleting: list[bool] = []
         for uid, (node, vec) in (state.charges.items() if state is not None else ()):
             row = rows.get(node)
             pod = state.pods.get(PodUID(uid)) if state is not None else None
@@ -166,15 +187,34 @@ class _Ends:
                 vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
             r.append(row)
             q.append(vec)
-            e.append(expected_end(pod, now))
-        reqs = np.array(q, dtype=np.int64).reshape(len(q), width)
-        return cls(np.array(r, dtype=np.intp), reqs, np.array(e, dtype=np.float64))
+            run = declared_runtime(pod)
+            started.append(pod.started)
+            runtime.append(NEVER if run is None else run)
+            deleting.append(pod.deleting)
+        return cls(np.array(r, dtype=np.intp), np.array(q, dtype=np.int64).reshape(len(q), width),
+                   np.array(started, dtype=np.float64), np.array(runtime, dtype=np.float64),
+                   np.array(deleting, dtype=np.bool_))
 
-    def freed(self, which: npt.NDArray[np.bool_], nodes: int) -> IntArray:
-        """Per node, the requests of the pods ``which`` selects."""
-        out = np.zeros((nodes, self.reqs.shape[1]), dtype=np.int64)
-        np.add.at(out, self.rows[which], self.reqs[which])
-        return out
+    def at(self, now: float) -> _Ends:
+        """The expected ends at ``now`` (:func:`expected_end` of each pod)."""
+        start = np.where(self.started > 0, self.started, now)
+        ends = np.where(self.deleting, now, np.maximum(now, start + self.runtime))
+        return _Ends(self.rows, self.reqs, ends)
+
+
+class _EndsCache:
+    """:class:`_Charged` of the last cycle, reused while no charge and no node changed."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int, int] | None = None
+        self._value: _Charged | None = None
+
+    def get(self, state: ClusterState | None, snap: Snapshot, rows: Mapping[str, int]) -> _Charged:
+        key = (-1, -1, -1) if state is None else (
+            state.charge_generation, snap.node_generation, len(snap.columns))
+        if self._value is None or key != self._key or state is None:
+            self._value, self._key = _Charged.of(state, snap, rows), key
+        return self._value
 
 
 # -- reservations --------------------------------------------------------------------------
@@ -236,6 +276,7 @@ class Reservations:
         self.since: dict[str, float] = {}
         #: unit key -> when its reservation was dropped for having been held too long
         self.dropped: dict[str, float] = {}
+        self.charged = _EndsCache()
 
     def begin(self, walk: Walk, state: ClusterState | None) -> CycleReservations:
         return CycleReservations(self, walk, state)
@@ -353,7 +394,7 @@ class CycleReservations:
     def ends(self) -> _Ends:
         if self._ends is None:
             w = self.walk
-            self._ends = _Ends.of(self.state, w.snap, w.rows, self.now)
+            self._ends = self.policy.charged.get(self.state, w.snap, w.rows).at(self.now)
         return self._ends
 
     def _fits(self, unit: Unit, lay: Layout, mc: int, base: IntArray) -> npt.NDArray[np.int64] | None:

@@ -47,6 +47,7 @@ from batchsched.core.decisions import (
 )
 from batchsched.core.devices import stale_keys
 from batchsched.core.disruption import DisruptionBudget
+from batchsched.core.equivalence import SingleIndex, fit_count, pod_class, unit_class
 from batchsched.core.gangs import (
     GroupBook,
     GroupKey,
@@ -70,7 +71,7 @@ from batchsched.core.plan import (
 from batchsched.core.preemption import Room, restored_nominations
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput
 from batchsched.core.reporting import GroupReports
-from batchsched.core.requeue import RetryGate
+from batchsched.core.requeue import WaitBook
 from batchsched.core.reservation import RESERVED
 from batchsched.core.settings import SessionSettings
 from batchsched.core.volumes import VolumeBook, VolumeClaim
@@ -90,6 +91,18 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
         group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
         group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
     )
+
+
+def _smallest(unit: Unit) -> dict[str, int]:
+    """What one node must have free for the gang's smallest member (each resource)."""
+    need: dict[str, int] = {}
+    for i, pod in enumerate(unit.pods):
+        for name, value in pod.requests.items():
+            need[name] = value if i == 0 else min(need.get(name, 0), value)
+        if i:
+            for name in [n for n in need if n not in pod.requests]:
+                need[name] = 0
+    return need
 
 
 def _once(make: Callable[[], Snapshot]) -> Callable[[], Snapshot]:
@@ -129,9 +142,20 @@ class Session:
         self._claiming: dict[PodUID, Pod] = {}
         self.cycles = 0
         self.wants_step = False
-        #: single pods (by UID) and gangs (by unit key) that failed, and when
-        self._pod_retry = RetryGate()
-        self._group_retry = RetryGate()
+        #: the pending single pods by equivalence class
+        self.singles = SingleIndex()
+        #: classes of single pods (``("class", key)``) and gangs (by unit key) that failed,
+        #: asleep until an event could make them fit (:mod:`batchsched.core.requeue`)
+        self.waits = WaitBook()
+        self._node_generation = -1
+        #: units that held a reservation or a nomination after the last cycle
+        self._holders: set[str] = set()
+        #: class key -> the (reason, message) its members not handed to the cycle were told
+        self._class_told: dict[Any, tuple[str, str]] = {}
+        #: gang members' classes, by UID, with the version of the pod they were computed for
+        self._member_classes: dict[PodUID, tuple[Pod, Any]] = {}
+        #: pods that joined a sleeping class after it was told why: told at the next step
+        self._joined: set[PodUID] = set()
         self._assumed_at: dict[PodUID, float] = {}
         #: stale card assignments whose removal was asked for, and when
         self._cleanup_at: dict[PodUID, float] = {}
@@ -190,8 +214,21 @@ class Session:
         pods = [self._with_volumes("ADDED", p) for p in pods]
         self.state.replace_pods(pods)
         self.groups.replace_pods(pods)
+        self.singles.clear()
+        for uid in self.state.pending:
+            self._sync(uid)
         self.reports.dirty.update(self.groups.groups)
         self.wants_step = True
+
+    def _sync(self, uid: PodUID) -> None:
+        """Keep the pod's place in the class index: pending, not gated, not in a gang."""
+        pod = self.state.pending.get(uid)
+        alone = pod is not None and not pod.gated and not self.groups.in_group(uid)
+        before = self.singles.class_of(uid)
+        self.singles.put(uid, pod if alone else None)
+        after = self.singles.class_of(uid)
+        if after is not None and after != before and after in self._class_told:
+            self._joined.add(uid)
 
     def _with_volumes(self, kind: str, pod: Pod) -> Pod:
         """A pending pod with volume or resource claims, as its claims let it be placed
@@ -230,33 +267,41 @@ class Session:
         pod = self._with_volumes(kind, pod)
         state = self.state
         before = state.capacity_generation
-        was_pending = pod.uid in state.pending
+        was_pending = state.pending.get(pod.uid)
         group = self.groups.group_of(pod.uid)
         state.pod_event(kind, pod)
         self.groups.pod_event(kind, pod)
+        self._sync(pod.uid)
+        pending = pod.uid in state.pending
         for g in (group, self.groups.group_of(pod.uid)):
             if g is not None:
                 self.reports.dirty.add(g.key)
-                if pod.uid in state.pending:
-                    self._group_retry.clear(g.key)  # a member arrived or changed: try again
+                if pending:
+                    self.waits.forget(g.key)  # a member arrived or changed: try again
+                    self.wants_step = True
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
-            self._pod_retry.clear(pod.uid)
             self._assumed_at.pop(pod.uid, None)
-        if state.capacity_generation != before or (pod.uid in state.pending and not was_pending) or (
-            pod.uid in state.stale and pod.uid not in self._cleanup_at
-        ):
+            self._member_classes.pop(pod.uid, None)
+            if was_pending is not None and (pod.key in self._holders or (group is not None and group.key in self._holders)):
+                self.waits.wake_all()  # what it held for itself is free to take
+                self.wants_step = True
+        if state.capacity_generation != before or (pod.uid in state.stale and pod.uid not in self._cleanup_at):
             self.wants_step = True
-        elif pod.uid in state.pending and pod.uid in self._pod_retry:
-            # the pod itself changed (new tolerations, gates removed...): try it again
-            self._pod_retry.clear(pod.uid)
-            self.wants_step = True
+        elif (pending and was_pending is None) or (was_pending is not None and pending and was_pending is not state.pending[pod.uid]):
+            # new or changed: worth a step unless its class sleeps (it would fail alike)
+            ckey = self.singles.class_of(pod.uid)
+            if isinstance(ckey, tuple) and ckey[0] == "pod":
+                self.waits.forget(("class", ckey))  # a class of its own: any change may matter
+            if ckey is None or ("class", ckey) not in self.waits:
+                self.wants_step = True
 
     def on_groups_listed(self, api: str, groups: list[PodGroup]) -> set[GroupKey]:
         """A full list of one API's PodGroups; returns the keys of those that are gone."""
         gone = {k for k, g in self.groups.groups.items() if g.api == api} - {g.key for g in groups}
         self.groups.replace_groups(api, groups)
         self.reports.dirty.update(g.key for g in groups)
-        self._group_retry.clear()
+        for g in groups:
+            self.waits.forget(g.key)
         self.wants_step = True
         return gone
 
@@ -264,16 +309,17 @@ class Session:
         old = self.groups.groups.get(group.key)
         self.groups.group_event(kind, group)
         spec = old is None or _spec(old) != _spec(group)
+        if kind == "DELETED" and group.key in self._holders:
+            self.waits.wake_all()
         if kind == "DELETED" or spec:
-            self._group_retry.clear(group.key)
+            self.waits.forget(group.key)
             self.wants_step = True
         self.reports.changed(group, spec=spec, deleted=kind == "DELETED")
 
     def _queues_changed(self, before: int) -> None:
         """Which queue a unit goes to, or whether it fits its quota, may have changed."""
         if self.queues.generation != before:
-            self._pod_retry.clear()
-            self._group_retry.clear()
+            self.waits.forget_all()
             self._last_queue_status = -1e18
             self.wants_step = True
 
@@ -308,8 +354,7 @@ class Session:
         self.queues.budget_event(kind, budget)
         if old is not None and old.allowed == 0 and (kind == "DELETED" or budget.allowed > 0):
             # work it protected may be preempted now: look at waiting units again
-            self._pod_retry.clear()
-            self._group_retry.clear()
+            self.waits.forget_all()
             self.wants_step = True
 
     def on_priority_classes_listed(self, classes: Mapping[str, int]) -> None:
@@ -330,15 +375,15 @@ class Session:
             return out
         self._assumed_at.pop(uid, None)
         self.state.forget(uid)
+        self.groups.touch(uid)
+        self._sync(uid)
         group = self.groups.group_of(uid)
         if group is not None:
             # the rest of the gang is retried as its remainder at once
-            self._group_retry.clear(group.key)
+            self.waits.forget(group.key)
             self.reports.dirty.add(group.key)
         if outcome == "conflict":
             out.resyncs.append(pod_ref(b))
-        elif outcome == "failed":
-            self._pod_retry.failed(uid, self.state.capacity_generation, now)
         self.wants_step = True
         return out
 
@@ -389,8 +434,10 @@ class Session:
         out.events.append(EventNote(victim, "Normal", "PreemptionBlocked", message))
         # try again: the unit may find other victims, or the same once the budget allows
         for uid in dropped.pods if dropped is not None else ():
-            self._pod_retry.clear(uid)
-        self._group_retry.clear(e.preemptor)
+            ckey = self.singles.class_of(PodUID(uid))
+            if ckey is not None:
+                self.waits.forget(("class", ckey))
+        self.waits.forget(e.preemptor)
         self.wants_step = True
         return out
 
@@ -422,28 +469,78 @@ class Session:
         if now - self._last_full_check >= FULL_CHECK_SECONDS:
             self._last_full_check = now
             self.state.check()
+            self.waits.prune(self._still_waiting)
+
+    def _still_waiting(self, key: object) -> bool:
+        """Whether a sleeper's class or gang still has pods."""
+        if isinstance(key, tuple) and key[0] == "class":
+            return key[1] in self.singles.classes
+        return isinstance(key, str) and GroupKey(key) in self.groups.groups
 
     def schedulable_units(self, now: float, snapshot: Callable[[], Snapshot] | None = None) -> list[Unit]:
-        """The units worth trying at ``now``: pending, not gated, not failed since the last
-        change of capacity (unless the retry interval passed or they hold a nomination).
-        ``snapshot()``: the step's snapshot, taken only when a gang's ``minResources`` needs it."""
+        """The units worth trying at ``now``: pending and not gated; of each class of single
+        pods that is awake, the oldest members that could fit in the free capacity and one
+        more (:func:`~batchsched.core.equivalence.fit_count`); each gang that is awake (or
+        blocked, to be told so); and every unit holding a nomination, asleep or not.
+        ``snapshot()``: the step's snapshot."""
+        snapshot = snapshot or _once(self.state.snapshot)
         retry = self.settings.retry_unschedulable
-        gen = self.state.capacity_generation
         nominated = self.queues.nominations
-        units = []
-        for uid, pod in self.state.pending.items():
-            if pod.gated or self.groups.in_group(uid):
+        units: list[Unit] = []
+        seen: set[PodUID] = set()
+        self._cut: dict[Any, int] = {}
+        free: Any = None
+        columns: dict[str, int] = {}
+        for ckey, members in self.singles.items():
+            if self.waits.asleep(("class", ckey), now, retry):
                 continue
-            if self._pod_retry.skip(uid, gen, now, retry) and pod.key not in nominated:
-                continue
-            units.append(single_unit(pod))
-        room = Room(self.state, self.groups, self.queues, snapshot or _once(self.state.snapshot), now)
-        for unit in self.groups.units(self.state, now, room):
-            if (not unit.blocked and self._group_retry.skip(unit.key, gen, now, retry)
-                    and unit.key not in nominated):
-                continue
+            limit = len(members)
+            if limit > 1:
+                if free is None:
+                    snap = snapshot()
+                    free = snap.alloc - snap.used
+                    columns = {c: i for i, c in enumerate(snap.columns)}
+                fit = fit_count(free, columns, members[0].requests)
+                if 0 <= fit < limit - 1:
+                    limit = fit + 1
+                    self._cut[ckey] = limit
+            for pod in members.islice(0, limit):
+                seen.add(pod.uid)
+                units.append(single_unit(pod))
+        for key in nominated:
+            uid = self.state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
+            if uid is not None and uid not in seen and self.singles.class_of(uid) is not None:
+                seen.add(uid)
+                units.append(single_unit(self.state.pending[uid]))
+        if not self._restored:
+            # after a start: pods nominated before it are looked at, wherever they queue
+            for uid in self.singles.nominated(seen):
+                units.append(single_unit(self.state.pending[uid]))
+        room = Room(self.state, self.groups, self.queues, snapshot, now)
+        for unit in self.groups.units(self.state, now, room, want=self._gang_awake(now, nominated)):
             units.append(unit)
         return units
+
+    def _gang_awake(self, now: float, nominated: Mapping[str, Any]) -> Callable[[str], bool]:
+        retry = self.settings.retry_unschedulable
+
+        def awake(key: str) -> bool:
+            return key in nominated or not self.waits.asleep(key, now, retry)
+
+        return awake
+
+    def _wake(self) -> None:
+        """Wake the sleepers the events since the last step could make fit."""
+        state = self.state
+        if state.node_generation != self._node_generation:
+            self._node_generation = state.node_generation
+            self.waits.wake_all()
+        freed = state.freed_nodes
+        if freed:
+            rows = [state.node_row[n] for n in freed if n in state.node_row]
+            columns = {c: i for i, c in enumerate(state.columns)}
+            self.waits.freed((state.alloc[r] - state.used[r] for r in rows), columns)
+            freed.clear()
 
     def _clean_stale(self, now: float, out: Decisions) -> None:
         """Ask for the removal of card assignments no binding followed; again after the
@@ -480,14 +577,15 @@ class Session:
         out.evictions.extend(check.evictions)
 
     def _run_cycle(self, now: float, out: Decisions) -> None:
+        self._wake()
         # one snapshot for the whole decision (the units' admission and the cycle), taken
         # only when there is something to decide
         snapshot = _once(self.state.snapshot)
         units = self.schedulable_units(now, snapshot)
+        self._tell_joined(out)
         if not units:
             return
         snap = snapshot()
-        gen = self.state.capacity_generation
         if not self._restored:
             self._restored = True
             self._restore_nominations(units, snap, now)
@@ -497,40 +595,99 @@ class Session:
                 out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
             self._clear_nominated(n.pods, out)
         queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
-        plan = self.cycle.run(snap, units, queues=queues, state=self.state)
+        unit_classes: dict[str, Any] = {}
+
+        def classes(unit: Unit) -> Any:
+            found = unit_classes.get(unit.key)
+            if found is None:
+                found = unit_classes[unit.key] = unit_class(unit, self._pod_class)
+            return found
+
+        plan = self.cycle.run(snap, units, queues=queues, state=self.state, classes=classes)
         self.queues.settle(plan, queues.queue_of)
         self.cycles += 1
         out.plan = plan
         gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
         for b in plan.bindings:
             uid = PodUID(b.uid)
+            ckey = self.singles.class_of(uid)
+            if ckey is not None:
+                self.waits.forget(("class", ckey))  # it fits again: no back-off carried over
             self.state.assume(uid, b.node, b.cards)
-            self._pod_retry.clear(uid)
+            self.groups.touch(uid)
+            self._sync(uid)
             self._assumed_at[uid] = now
             out.binds.append(b)
         delay = self.settings.gang_report_delay
+        failed: dict[Any, tuple[str, str, Pod]] = {}
+        awake: set[Any] = set()
         for u in plan.unschedulable:
             unit = gangs.get(u.unit)
             message = u.message
             if unit is None:
-                if u.reason != RESERVED:  # a reservation is recomputed in every cycle
-                    self._pod_retry.failed(u.pod.uid, gen, now)
+                ckey = self.singles.class_of(u.pod.uid)
+                if u.reason == RESERVED or u.unit in plan.deferred:
+                    awake.add(ckey)  # a reservation is recomputed in every cycle
+                elif ckey is not None:
+                    failed[ckey] = (u.reason, message, u.pod)
             elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
                 continue  # members and PodGroups usually arrive together: do not report yet
             elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
                 message = self.reports.pod_message(unit.key, u.reason, message, now)
             out.unschedulable.append(PodCondition(pod_ref(u.pod), u.reason, message))
+        self._sleep_classes(failed, awake, plan, now, out)
         self._preempt(plan, out)
-        self._gang_results(plan, gangs, gen, now, out)
-        for key in plan.deferred:
-            # its victim search did not fit in this cycle's budget: next cycle, not later
-            if key not in gangs:
-                for pod in next((u.pods for u in units if u.key == key), ()):
-                    self._pod_retry.clear(pod.uid)
+        self._gang_results(plan, gangs, now, out)
+        self._holders = {k for k, r in plan.results.items() if r.holding or r.reason == RESERVED}
+        self._holders.update(n.unit for n in plan.nominations)
+        if plan.deferred:
+            # a victim search did not fit in this cycle's budget: next cycle, not later
             out.again = True
         self._sync_queues(now, out, queues)
         for key in [k for k in self._blocked_since if k not in gangs or not gangs[k].blocked]:
             del self._blocked_since[key]
+
+    def _pod_class(self, pod: Pod) -> Any:
+        """A pod's equivalence class: the index's for a single pod, else computed once per
+        version of the pod."""
+        found = self.singles.class_of(pod.uid)
+        if found is not None:
+            return found
+        cached = self._member_classes.get(pod.uid)
+        if cached is not None and cached[0] is pod:
+            return cached[1]
+        found = pod_class(pod)
+        self._member_classes[pod.uid] = (pod, found)
+        return found
+
+    def _sleep_classes(
+        self, failed: dict[Any, tuple[str, str, Pod]], awake: set[Any], plan: Plan, now: float, out: Decisions,
+    ) -> None:
+        """Classes of single pods that failed sleep; their members the cycle was not handed
+        are told the same (once per change of message)."""
+        for ckey, (reason, message, pod) in failed.items():
+            if ckey in awake:
+                continue
+            self.waits.sleep(("class", ckey), now, pod.requests, quota=pod.key in plan.quota_blocked)
+            cut = self._cut.get(ckey)
+            told = (reason, message)
+            if cut is not None and self._class_told.get(ckey) != told:
+                for member in self.singles.classes[ckey].islice(cut):
+                    out.unschedulable.append(PodCondition(pod_ref(member), reason, message))
+            self._class_told[ckey] = told
+        if any(ckey not in failed for ckey in self._cut):
+            out.again = True  # a class was cut and none of it failed: place more of it now
+        if len(self._class_told) > 2 * len(self.singles.classes) + 64:
+            self._class_told = {k: v for k, v in self._class_told.items() if k in self.singles.classes}
+
+    def _tell_joined(self, out: Decisions) -> None:
+        """Pods that joined a class after it was told why it waits: told the same."""
+        for uid in self._joined:
+            ckey = self.singles.class_of(uid)
+            told = self._class_told.get(ckey)
+            if told is not None and ("class", ckey) in self.waits:
+                out.unschedulable.append(PodCondition(pod_ref(self.state.pending[uid]), *told))
+        self._joined.clear()
 
     def _restore_nominations(self, units: list[Unit], snap: Snapshot, now: float) -> None:
         """After a restart: units whose quorum carries ``status.nominatedNodeName`` hold
@@ -573,10 +730,8 @@ class Session:
             del self._preemptor_refs[key]
         self._told_groups = {t for t in self._told_groups if t[0] in live}
 
-    def _gang_results(
-        self, plan: Plan, gangs: dict[str, Unit], gen: int, now: float, out: Decisions,
-    ) -> None:
-        """Each gang's result: told to its PodGroup, and when to try it again."""
+    def _gang_results(self, plan: Plan, gangs: dict[str, Unit], now: float, out: Decisions) -> None:
+        """Each gang's result: told to its PodGroup, and whether it sleeps."""
         for key, unit in gangs.items():
             if not unit.blocked:
                 self._blocked_since.pop(key, None)
@@ -587,9 +742,9 @@ class Session:
                 continue
             if result.status is UnitStatus.SCHEDULED or holding:
                 # placed, or it preempted others (or waits for them to go): tried next cycle
-                self._group_retry.clear(key)
+                self.waits.forget(key)
             elif result.failed and not unit.blocked and key not in plan.deferred:
-                self._group_retry.failed(key, gen, now)
+                self.waits.sleep(key, now, _smallest(unit), quota=key in plan.quota_blocked)
 
     def _sync_queues(self, now: float, out: Decisions, queues: QueueInput | None = None) -> None:
         """The Queue statuses, at most every ``queue_status_interval``.

@@ -27,6 +27,7 @@ Pure: no I/O, no clock (``now`` is passed in, monotonic seconds).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ def free_capacity(snap: Snapshot) -> dict[str, int]:
     return {c: int(free[i]) for i, c in enumerate(snap.columns)}
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def _natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in _NATURAL.split(name))
 
@@ -146,14 +148,20 @@ class GroupBook:
         self._refs: dict[PodUID, tuple[str, str, str]] = {}
         #: (namespace, group name) -> uids of the pods naming it
         self._named: dict[tuple[str, str], set[PodUID]] = {}
+        #: (namespace, API, name) -> the pods naming the group that way
+        self._by_ref: dict[tuple[str, str, str], set[PodUID]] = {}
         self._timers: dict[GroupKey, _Timer] = {}
         #: bumps whenever a group or a priority class changes
         self.version = 0
+        #: (namespace, name) of groups whose members or spec changed since the last
+        #: :meth:`check` (None: all of them)
+        self._dirty: set[tuple[str, str]] | None = None
 
     # -- groups ----------------------------------------------------------------------------
 
     def group_event(self, kind: str, group: PodGroup) -> None:
         self.version += 1
+        self._mark((group.namespace, group.name))
         if kind == "DELETED":
             self.groups.pop(group.key, None)
             self._timers.pop(group.key, None)
@@ -162,6 +170,7 @@ class GroupBook:
 
     def replace_groups(self, api: str, groups: Iterable[PodGroup]) -> None:
         """A relist of one API's groups: they are all of that API there is."""
+        self._dirty = None
         fresh = {g.key: g for g in groups}
         for key, g in list(self.groups.items()):
             if g.api == api and key not in fresh:
@@ -187,20 +196,31 @@ class GroupBook:
         ref = None if kind == "DELETED" else group_ref(pod)
         old = self._refs.get(pod.uid)
         new = None if ref is None else (pod.namespace, ref[0], ref[1])
+        for r in (old, new):
+            if r is not None:
+                self._mark((r[0], r[2]))
         if old == new:
             return
         if old is not None:
-            named = self._named.get((old[0], old[2]))
-            if named is not None:
-                named.discard(pod.uid)
-                if not named:
-                    del self._named[(old[0], old[2])]
-            del self._refs[pod.uid]
+            self._drop(pod.uid)
         if new is not None:
             self._refs[pod.uid] = new
             self._named.setdefault((new[0], new[2]), set()).add(pod.uid)
+            self._by_ref.setdefault(new, set()).add(pod.uid)
+
+    def touch(self, uid: PodUID) -> None:
+        """The pod's state changed outside :meth:`pod_event` (assumed bound, or its
+        binding undone): its group is looked at again by the next :meth:`check`."""
+        ref = self._refs.get(uid)
+        if ref is not None:
+            self._mark((ref[0], ref[2]))
+
+    def _mark(self, named: tuple[str, str]) -> None:
+        if self._dirty is not None:
+            self._dirty.add(named)
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:
+        self._dirty = None
         fresh = {p.uid: p for p in pods}
         for uid in list(self._refs):
             if uid not in fresh:
@@ -217,6 +237,11 @@ class GroupBook:
             named.discard(uid)
             if not named:
                 del self._named[(old[0], old[2])]
+        by_ref = self._by_ref.get(old)
+        if by_ref is not None:
+            by_ref.discard(uid)
+            if not by_ref:
+                del self._by_ref[old]
 
     def in_group(self, uid: PodUID) -> bool:
         """Whether the pod names a group (existing or not): it is never placed alone."""
@@ -235,12 +260,16 @@ class GroupBook:
         return None if ref is None else self.resolve(*ref)
 
     def member_uids(self, group: PodGroup) -> list[PodUID]:
-        out = []
-        for uid in self._named.get((group.namespace, group.name), ()):
-            ns, api, name = self._refs[uid]
-            g = self.resolve(ns, api, name)
+        """The pods naming ``group``: by its own API, or by the annotation both APIs
+        share when that resolves to it."""
+        out: list[PodUID] = []
+        ns, name = group.namespace, group.name
+        out.extend(self._by_ref.get((ns, group.api, name), ()))
+        shared = self._by_ref.get((ns, _ANY, name))
+        if shared:
+            g = self.resolve(ns, _ANY, name)
             if g is not None and g.key == group.key:
-                out.append(uid)
+                out.extend(shared)
         return out
 
     def tally(self, group: PodGroup, state: ClusterState) -> Tally:
@@ -297,26 +326,32 @@ class GroupBook:
         state: ClusterState,
         now: float,
         room: Room | None = None,
+        want: Callable[[str], bool] | None = None,
     ) -> list[Unit]:
         """One unit per group (or missing group) with pods waiting to be placed.
 
         ``room(group, pods)`` gives what the group could have: the cluster's free capacity
         (see :func:`free_capacity`) and what it may preempt; it is only called when a group
-        has ``minResources``.
+        has ``minResources``. ``want(key)``: whether to build the group's unit at all (the
+        session leaves out gangs that sleep; groups still missing are always built).
         """
         units: list[Unit] = []
         # only groups with a pending member have anything to place
         missing: dict[tuple[str, str], list[Pod]] = {}
         waiting: set[GroupKey] = set()
-        for uid, pod in state.pending.items():
-            ref = self._refs.get(uid)
-            if ref is None or pod.gated:
-                continue
+        pending = state.pending
+        for ref, uids in self._by_ref.items():
             group = self.resolve(*ref)
-            if group is None:
+            if group is not None and (group.key in waiting or (want is not None and not want(group.key))):
+                continue  # known to wait, or it sleeps: its members are not looked at
+            for uid in uids:
+                pod = pending.get(uid)
+                if pod is None or pod.gated:
+                    continue
+                if group is not None:
+                    waiting.add(group.key)
+                    break
                 missing.setdefault((ref[0], ref[2]), []).append(pod)
-            else:
-                waiting.add(group.key)
         for (ns, name), named in sorted(missing.items()):
             key = GroupKey(f"missing:{ns}/{name}")
             units.append(_blocked(key, tuple(sorted(named, key=_member_order)), 0, 0.0, "",
@@ -397,10 +432,11 @@ class GroupBook:
     def check(self, state: ClusterState, now: float) -> GangCheck:
         """Start, run out and enforce the timers of groups placed below their quorum."""
         out = GangCheck()
+        dirty, self._dirty = self._dirty, set()
         for key, group in self.groups.items():
             timer = self._timers.get(key)
-            if group.invalid:
-                continue
+            if group.invalid or (timer is None and dirty is not None and (group.namespace, group.name) not in dirty):
+                continue  # unchanged since it was last found whole or holding nothing
             t = self.tally(group, state)
             if not t.ours:
                 continue

@@ -1,0 +1,141 @@
+"""Equivalence classes: pods (and gangs) the scheduler may decide for all at once.
+
+Two pending single pods are *equivalent* when everything placement reads of them is the
+same: namespace (which queue it defaults to), priority, requests, what decides the nodes it
+may use (:meth:`Pod.constraint_key`: selectors, affinity, tolerations, spread and inter-pod
+terms with the labels they read), its card asks, its deadline and the annotations placement
+reads (:data:`READ_ANNOTATIONS`), and its ``batchsched.io/queue`` label. Pods from one
+template (a Job's, a PyTorchJob replica's, a RayCluster worker group's) are equivalent; two
+pods whose only difference is a completion index or a name are too.
+
+What that buys, with usage only growing along a cycle's walk:
+
+- **in a cycle**: once one member of a class fails to fit (and could not preempt), every
+  later member would fail the same way: the rest of the class is told the same message
+  (built once), without a kernel call or a victim search;
+- **between cycles**: a class that failed sleeps as one entry (:mod:`batchsched.core.requeue`);
+  a new pod joining it waits with it (it is behind the members that failed: same priority,
+  later or equal age), and only the members that could fit in the free capacity are handed
+  to the next cycle (:func:`fit_count`).
+
+A pod that is invalid, gated, or has volume or resource claims (each decided against its
+own claims) is a class of its own. Gangs are compared member by member (:func:`unit_class`):
+identical gangs (the same job submitted many times) are one class too; a gang with members
+already placed, or blocked before placement, is its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sortedcontainers import SortedKeyList
+
+from batchsched.core.devices import POLICY_ANNOTATION
+from batchsched.core.gangs.podgroup import ANNOTATION_TASK
+from batchsched.core.model import Pod, PodUID
+from batchsched.core.placement.topology import TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
+from batchsched.core.plan import Unit
+from batchsched.core.queues import QUEUE_LABEL
+from batchsched.core.reservation import RUNTIME_ANNOTATION
+
+__all__ = ["READ_ANNOTATIONS", "SingleIndex", "fit_count", "pod_class", "unit_class"]
+
+IntArray = npt.NDArray[np.int64]
+
+#: the pod annotations placement reads (every other annotation is left out of the class)
+READ_ANNOTATIONS = (
+    RUNTIME_ANNOTATION, POLICY_ANNOTATION, TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION, ANNOTATION_TASK,
+)
+
+
+def pod_class(pod: Pod) -> Hashable:
+    """The class of a pending pod (see the module docstring)."""
+    if pod.invalid or pod.gated or pod.claims or pod.resource_claims:
+        return ("pod", pod.uid)
+    notes = pod.annotations
+    return (
+        pod.namespace, pod.priority, tuple(sorted(pod.requests.items())), pod.constraint_key(),
+        pod.card_asks, pod.active_deadline, pod.labels.get(QUEUE_LABEL, ""),
+        tuple(notes.get(k) for k in READ_ANNOTATIONS),
+    )
+
+
+def unit_class(unit: Unit, of_pod: Any = pod_class) -> Hashable:
+    """The class of a unit: its pod's for a single pod; for a gang its shape (quorum,
+    priority, topology) and its members' classes. ``of_pod``: the pod class to use (a cached
+    one)."""
+    if unit.single:
+        return ("single", of_pod(unit.pods[0]))
+    if unit.blocked or unit.placed_on:
+        return ("unit", unit.key)
+    return ("gang", unit.min_count, unit.priority, unit.topology_level, unit.topology_required,
+            tuple(of_pod(p) for p in unit.pods))
+
+
+def _order(pod: Pod) -> tuple[float, str]:
+    return (pod.created, pod.uid)
+
+
+class SingleIndex:
+    """The pending single pods of each class, oldest first: kept as pods come and go, so
+    a step reads the classes, not every pending pod."""
+
+    def __init__(self) -> None:
+        self.classes: dict[Hashable, SortedKeyList] = {}
+        self._of: dict[PodUID, tuple[Hashable, Pod]] = {}
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def class_of(self, uid: PodUID) -> Hashable | None:
+        entry = self._of.get(uid)
+        return None if entry is None else entry[0]
+
+    def put(self, uid: PodUID, pod: Pod | None) -> None:
+        """``pod`` is pending and placed alone (None: it is not, or no more)."""
+        old = self._of.get(uid)
+        if old is not None:
+            if pod is old[1]:
+                return
+            members = self.classes[old[0]]
+            members.remove(old[1])
+            if not members:
+                del self.classes[old[0]]
+            del self._of[uid]
+        if pod is None:
+            return
+        key = pod_class(pod)
+        members = self.classes.get(key)
+        if members is None:
+            members = self.classes[key] = SortedKeyList(key=_order)
+        members.add(pod)
+        self._of[uid] = (key, pod)
+
+    def clear(self) -> None:
+        self.classes.clear()
+        self._of.clear()
+
+    def items(self) -> Iterator[tuple[Hashable, SortedKeyList]]:
+        return iter(self.classes.items())
+
+    def nominated(self, skip: Collection[PodUID]) -> list[PodUID]:
+        """The members carrying ``status.nominatedNodeName`` (read once after a start)."""
+        return [uid for uid, (_, pod) in self._of.items() if pod.nominated_node and uid not in skip]
+
+
+def fit_count(free: IntArray, columns: dict[str, int], requests: dict[str, int] | Any) -> int:
+    """At most how many pods asking ``requests`` fit on nodes with ``free`` capacity (one
+    row per node), each node taken alone: an upper bound (node constraints, other pods,
+    quota and reservations only lower it). -1: no bound (the pod asks nothing counted)."""
+    idx = [(columns[name], value) for name, value in requests.items() if value > 0 and name in columns]
+    if not idx:
+        return -1
+    per_node: npt.NDArray[np.int64] | None = None
+    for col, value in idx:
+        n = np.maximum(free[:, col], 0) // value
+        per_node = n if per_node is None else np.minimum(per_node, n)
+    assert per_node is not None
+    return int(per_node.sum())
