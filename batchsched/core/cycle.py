@@ -144,8 +144,8 @@ class _Walk:
                  state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class) -> None:
         self.t0 = time.perf_counter()
         self.class_of = classes
-        #: (queue, class) -> how its first unit failed: (reason, message, status)
-        self.failed_classes: dict[Hashable, tuple[str, str, UnitStatus]] = {}
+        #: (queue, class) -> how its first unit failed: (reason, message, status, that unit)
+        self.failed_classes: dict[Hashable, tuple[str, str, UnitStatus, Unit]] = {}
         self.cycle = cycle
         self.snap = snap
         self.units = units
@@ -186,7 +186,9 @@ class _Walk:
             return self.running
         src = self.qi.running
         given = src() if callable(src) else src
-        zero = np.zeros(len(self.snap.columns), dtype=np.int64)
+        width = len(self.snap.columns)
+        # each queue's running work charged at once (the tree's sums do not depend on order)
+        charged: dict[QueueName, IntArray] = {}
         out: list[RunningUnit] = []
         for w in given:
             if self.victims and any(p.uid in self.victims for p in w.pods):
@@ -202,8 +204,14 @@ class _Walk:
                 if self.tree.leaf_problem(q) is not None:
                     w = replace(w, queue=None)
                 else:
-                    self.tree.admit(q, sum((p.req for p in w.pods), start=zero))
+                    total = charged.get(q)
+                    if total is None:
+                        total = charged[q] = np.zeros(width, dtype=np.int64)
+                    for p in w.pods:
+                        total += p.req
             out.append(w)
+        for q, total in charged.items():
+            self.tree.admit(q, total)
         self.running = out
         return out
 
@@ -453,7 +461,9 @@ class _Walk:
         shared = self.failed_classes.get((q, self.class_of(unit)))
         if shared is None:
             return False
-        reason, message, status = shared
+        reason, message, status, first = shared
+        if not unit.single:
+            message = explain.like_gang(first.display, message)
         self.fail(unit, message, reason=reason, status=status)
         return True
 
@@ -464,7 +474,7 @@ class _Walk:
         if result is None or not result.failed or unit.key in self.plan.deferred or not unit.pods:
             return
         if unit.single or unit.min_count > 0:
-            self.failed_classes[(q, self.class_of(unit))] = (result.reason, result.message, result.status)
+            self.failed_classes[(q, self.class_of(unit))] = (result.reason, result.message, result.status, unit)
 
     def _nominee(self, unit: Unit, h: Held) -> bool:
         """A unit holding a nomination: place it if it can be; keep holding while its victims

@@ -41,7 +41,9 @@ from batchsched.core.plan import Unit
 from batchsched.core.queues import QUEUE_LABEL
 from batchsched.core.reservation import RUNTIME_ANNOTATION
 
-__all__ = ["READ_ANNOTATIONS", "SingleIndex", "fit_count", "pod_class", "unit_class"]
+__all__ = [
+    "READ_ANNOTATIONS", "ClassKey", "SingleIndex", "fit_count", "gang_like", "own_class", "pod_class", "unit_class",
+]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -51,16 +53,42 @@ READ_ANNOTATIONS = (
 )
 
 
+class ClassKey:
+    """A class's key: a tuple of what decides placement, hashed once (the tuples nest
+    deep, and a key is looked up many times per step)."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClassKey) and self._hash == other._hash and (
+            self.parts is other.parts or self.parts == other.parts)
+
+    def __repr__(self) -> str:
+        return f"ClassKey{self.parts!r}"
+
+
 def pod_class(pod: Pod) -> Hashable:
     """The class of a pending pod (see the module docstring)."""
     if pod.invalid or pod.gated or pod.claims or pod.resource_claims:
-        return ("pod", pod.uid)
+        return ClassKey(("pod", pod.uid))
     notes = pod.annotations
-    return (
+    return ClassKey((
         pod.namespace, pod.priority, tuple(sorted(pod.requests.items())), pod.constraint_key(),
         pod.card_asks, pod.active_deadline, pod.labels.get(QUEUE_LABEL, ""),
         tuple(notes.get(k) for k in READ_ANNOTATIONS),
-    )
+    ))
+
+
+def own_class(key: Hashable) -> bool:
+    """Whether ``key`` is the class of one pod alone (any change to it may matter)."""
+    return isinstance(key, ClassKey) and key.parts[0] == "pod"
 
 
 def unit_class(unit: Unit, of_pod: Any = pod_class) -> Hashable:
@@ -68,11 +96,17 @@ def unit_class(unit: Unit, of_pod: Any = pod_class) -> Hashable:
     priority, topology) and its members' classes. ``of_pod``: the pod class to use (a cached
     one)."""
     if unit.single:
-        return ("single", of_pod(unit.pods[0]))
+        single: Hashable = of_pod(unit.pods[0])
+        return single
     if unit.blocked or unit.placed_on:
-        return ("unit", unit.key)
-    return ("gang", unit.min_count, unit.priority, unit.topology_level, unit.topology_required,
-            tuple(of_pod(p) for p in unit.pods))
+        return ClassKey(("unit", unit.key))
+    return ClassKey(("gang", unit.min_count, unit.priority, unit.topology_level, unit.topology_required,
+                     tuple(of_pod(p) for p in unit.pods)))
+
+
+def gang_like(key: Hashable) -> bool:
+    """Whether ``key`` is a gang's class that other gangs may share."""
+    return isinstance(key, ClassKey) and key.parts[0] == "gang"
 
 
 def _order(pod: Pod) -> tuple[float, str]:

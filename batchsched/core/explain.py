@@ -72,6 +72,12 @@ def with_preemption(reason: str, why: str) -> str:
     return f"{reason.rstrip('.')}; preemption does not help: {why}"
 
 
+def like_gang(other: str, message: str) -> str:
+    """A gang of the same shape as ``other`` (same quorum, members, priority and queue)
+    waits for the same reason, found once for both."""
+    return f"same shape as gang {other}, which does not fit: {message}"
+
+
 # -- preemption ------------------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 A group's status is written when something about it changed (a member arrived or was
 bound, a cycle decided about it, its spec changed) and, besides, on a slow sweep over every
-group. Its condition carries the last cycle's word on why it waits; its pods get the same
+group (a slice of them in each step, so that a cluster of many groups pays for the sweep
+evenly), and groups with a gang timer (backing off, partly placed) in every step. Its condition carries the last cycle's word on why it waits; its pods get the same
 message, but a waiting gang's message changes with every change of capacity ("only 12 fit
 now"), so they are told a new one at most every :data:`POD_MESSAGE_SECONDS` (a write per
 member), while the PodGroup condition follows each change (one write).
@@ -24,7 +25,7 @@ from batchsched.core.reservation import RESERVED
 __all__ = ["GROUP_SWEEP_SECONDS", "POD_MESSAGE_SECONDS", "GroupReports"]
 
 #: a full pass over every group's status, besides the groups known to have changed
-GROUP_SWEEP_SECONDS = 5.0
+GROUP_SWEEP_SECONDS = 60.0
 #: a waiting gang's pods are told a new message at most this often
 POD_MESSAGE_SECONDS = 30.0
 
@@ -44,6 +45,9 @@ class GroupReports:
         #: gang unit key -> (reason, message, time) last told its pods
         self._pods_told: dict[str, tuple[str, str, float]] = {}
         self._last_sweep = -1e18
+        #: the groups of the current sweep, and how far it went
+        self._sweep: list[GroupKey] = []
+        self._swept = 0
 
     def changed(self, group: PodGroup, *, spec: bool, deleted: bool) -> None:
         """A PodGroup event: ``spec`` when what decides its placement changed."""
@@ -92,6 +96,28 @@ class GroupReports:
         elif result.failed or result.reason == RESERVED:
             self._message[key] = (result.reason, result.message)
 
+    def shared(self, key: GroupKey, result: UnitResult) -> None:
+        """A gang left out of the cycle shares the failure of an alike gang's (its status
+        is written again only if that changes what it says)."""
+        told = (result.reason, result.message)
+        if self._message.get(key) != told:
+            self.dirty.add(key)
+            self._message[key] = told
+
+    def _sweep_slice(self, now: float) -> None:
+        """Mark the next slice of the sweep: as many groups as the time since the last
+        slice is of :data:`GROUP_SWEEP_SECONDS` (all of them after a long pause)."""
+        elapsed = now - self._last_sweep
+        self._last_sweep = now
+        if self._swept >= len(self._sweep):
+            self._sweep, self._swept = sorted(self.groups.groups), 0
+        if not self._sweep:
+            return
+        count = len(self._sweep) if elapsed >= GROUP_SWEEP_SECONDS else max(
+            1, int(len(self._sweep) * elapsed / GROUP_SWEEP_SECONDS + 0.999))
+        self.dirty.update(self._sweep[self._swept:self._swept + count])
+        self._swept += count
+
     def _placed_where(self, unit: Unit, where: str) -> str:
         """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
         if not where:
@@ -107,9 +133,8 @@ class GroupReports:
     ) -> None:
         """The status of the groups that changed (and, now and then, of every group).
         ``room()``: what groups could have, for Volcano's admission (built when needed)."""
-        if now - self._last_sweep >= GROUP_SWEEP_SECONDS:
-            self._last_sweep = now
-            self.dirty.update(self.groups.groups)
+        self._sweep_slice(now)
+        self.dirty.update(self.groups.timed())
         dirty, self.dirty = self.dirty, set()
         admission: Room | None = None
         for key in sorted(dirty):

@@ -40,6 +40,7 @@ cycle.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -94,6 +95,7 @@ _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_duration(text: str) -> float | None:
     """Seconds of a Go duration (``90s``, ``1h30m``, ``1.5h``) or of a plain number of
     seconds; None when it is neither or not positive."""

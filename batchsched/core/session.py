@@ -47,7 +47,15 @@ from batchsched.core.decisions import (
 )
 from batchsched.core.devices import stale_keys
 from batchsched.core.disruption import DisruptionBudget
-from batchsched.core.equivalence import SingleIndex, fit_count, pod_class, unit_class
+from batchsched.core.equivalence import (
+    ClassKey,
+    SingleIndex,
+    fit_count,
+    gang_like,
+    own_class,
+    pod_class,
+    unit_class,
+)
 from batchsched.core.gangs import (
     GroupBook,
     GroupKey,
@@ -65,6 +73,7 @@ from batchsched.core.plan import (
     ObjectRef,
     Plan,
     Unit,
+    UnitResult,
     UnitStatus,
     single_unit,
 )
@@ -82,6 +91,9 @@ __all__ = ["Session", "SessionSettings"]
 GANG_CHECK_SECONDS = 0.5
 #: how often the mirror's usage is recomputed from every charge to check it
 FULL_CHECK_SECONDS = 60.0
+#: pods that share another unit's outcome (the rest of a class) are told a new message
+#: for the same reason at most this often (a new reason at once)
+SHARED_REFRESH_SECONDS = 60.0
 
 
 def _spec(group: PodGroup) -> tuple[Any, ...]:
@@ -150,10 +162,22 @@ class Session:
         self._node_generation = -1
         #: units that held a reservation or a nomination after the last cycle
         self._holders: set[str] = set()
-        #: class key -> the (reason, message) its members not handed to the cycle were told
-        self._class_told: dict[Any, tuple[str, str]] = {}
+        #: class key -> the (reason, message, when) its members not handed over were told
+        self._class_told: dict[Any, tuple[str, str, float]] = {}
         #: gang members' classes, by UID, with the version of the pod they were computed for
         self._member_classes: dict[PodUID, tuple[Pod, Any]] = {}
+        #: gang key -> its class across gangs, order, smallest member's request, quorum
+        #: (kept while it sleeps: of a class woken together only the first few are built)
+        self._gang_class: dict[str, tuple[Any, tuple[int, float, str], Mapping[str, int], int]] = {}
+        #: class -> the gangs of it left out of this step's cycle
+        self._gang_cut: dict[Any, list[str]] = {}
+        #: this step's class of each gang handed over
+        self._step_classes: dict[str, Any] = {}
+        #: classes of single pods cut short in this step: how many members were handed over
+        self._cut: dict[Any, int] = {}
+        #: pending pod -> the (reason, message) of the PodScheduled condition it was last
+        #: told, and when it was last told a shared one
+        self._told: dict[PodUID, tuple[str, str, float]] = {}
         #: pods that joined a sleeping class after it was told why: told at the next step
         self._joined: set[PodUID] = set()
         self._assumed_at: dict[PodUID, float] = {}
@@ -215,6 +239,7 @@ class Session:
         self.state.replace_pods(pods)
         self.groups.replace_pods(pods)
         self.singles.clear()
+        self._told.clear()
         for uid in self.state.pending:
             self._sync(uid)
         self.reports.dirty.update(self.groups.groups)
@@ -226,6 +251,8 @@ class Session:
         alone = pod is not None and not pod.gated and not self.groups.in_group(uid)
         before = self.singles.class_of(uid)
         self.singles.put(uid, pod if alone else None)
+        if pod is None:
+            self._told.pop(uid, None)
         after = self.singles.class_of(uid)
         if after is not None and after != before and after in self._class_told:
             self._joined.add(uid)
@@ -277,7 +304,7 @@ class Session:
             if g is not None:
                 self.reports.dirty.add(g.key)
                 if pending:
-                    self.waits.forget(g.key)  # a member arrived or changed: try again
+                    self._forget_gang(g.key)  # a member arrived or changed: try again
                     self.wants_step = True
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
             self._assumed_at.pop(pod.uid, None)
@@ -290,7 +317,7 @@ class Session:
         elif (pending and was_pending is None) or (was_pending is not None and pending and was_pending is not state.pending[pod.uid]):
             # new or changed: worth a step unless its class sleeps (it would fail alike)
             ckey = self.singles.class_of(pod.uid)
-            if isinstance(ckey, tuple) and ckey[0] == "pod":
+            if own_class(ckey):
                 self.waits.forget(("class", ckey))  # a class of its own: any change may matter
             if ckey is None or ("class", ckey) not in self.waits:
                 self.wants_step = True
@@ -301,7 +328,7 @@ class Session:
         self.groups.replace_groups(api, groups)
         self.reports.dirty.update(g.key for g in groups)
         for g in groups:
-            self.waits.forget(g.key)
+            self._forget_gang(g.key)
         self.wants_step = True
         return gone
 
@@ -312,7 +339,7 @@ class Session:
         if kind == "DELETED" and group.key in self._holders:
             self.waits.wake_all()
         if kind == "DELETED" or spec:
-            self.waits.forget(group.key)
+            self._forget_gang(group.key)
             self.wants_step = True
         self.reports.changed(group, spec=spec, deleted=kind == "DELETED")
 
@@ -380,7 +407,7 @@ class Session:
         group = self.groups.group_of(uid)
         if group is not None:
             # the rest of the gang is retried as its remainder at once
-            self.waits.forget(group.key)
+            self._forget_gang(group.key)
             self.reports.dirty.add(group.key)
         if outcome == "conflict":
             out.resyncs.append(pod_ref(b))
@@ -437,7 +464,7 @@ class Session:
             ckey = self.singles.class_of(PodUID(uid))
             if ckey is not None:
                 self.waits.forget(("class", ckey))
-        self.waits.forget(e.preemptor)
+        self._forget_gang(e.preemptor)
         self.wants_step = True
         return out
 
@@ -470,6 +497,12 @@ class Session:
             self._last_full_check = now
             self.state.check()
             self.waits.prune(self._still_waiting)
+            self._gang_class = {k: v for k, v in self._gang_class.items() if k in self.waits}
+
+    def _forget_gang(self, key: str) -> None:
+        """The gang changed or was placed: worth trying at once, its class found anew."""
+        self.waits.forget(key)
+        self._gang_class.pop(key, None)
 
     def _still_waiting(self, key: object) -> bool:
         """Whether a sleeper's class or gang still has pods."""
@@ -488,7 +521,7 @@ class Session:
         nominated = self.queues.nominations
         units: list[Unit] = []
         seen: set[PodUID] = set()
-        self._cut: dict[Any, int] = {}
+        self._cut = {}
         free: Any = None
         columns: dict[str, int] = {}
         for ckey, members in self.singles.items():
@@ -517,17 +550,77 @@ class Session:
             for uid in self.singles.nominated(seen):
                 units.append(single_unit(self.state.pending[uid]))
         room = Room(self.state, self.groups, self.queues, snapshot, now)
-        for unit in self.groups.units(self.state, now, room, want=self._gang_awake(now, nominated)):
-            units.append(unit)
+
+        def fits(need: Mapping[str, int]) -> int:
+            nonlocal free, columns
+            if free is None:
+                snap = snapshot()
+                free = snap.alloc - snap.used
+                columns = {c: i for i, c in enumerate(snap.columns)}
+            return fit_count(free, columns, need)
+
+        units.extend(self._gangs(now, room, nominated, fits))
         return units
 
-    def _gang_awake(self, now: float, nominated: Mapping[str, Any]) -> Callable[[str], bool]:
+    def _gangs(self, now: float, room: Room, nominated: Mapping[str, Any],
+               fits: Callable[[Mapping[str, int]], int]) -> list[Unit]:
+        """The gangs to hand to the cycle: those awake, and of each class of alike gangs
+        only the oldest that could fit and one more (the rest share their outcome)."""
         retry = self.settings.retry_unschedulable
+        self._gang_cut = {}
+        # gangs known to fail alike: of each class, only the first few are built at all
+        awake: dict[Any, list[tuple[tuple[int, float, str], str]]] = {}
+        for key, (ckey, order, _, _) in self._gang_class.items():
+            if key not in nominated and not self.waits.asleep(key, now, retry):
+                awake.setdefault(ckey, []).append((order, key))
+        skip: set[str] = set()
+        for ckey, members in awake.items():
+            members.sort()
+            n = self._gang_fit(self._gang_class[members[0][1]], fits, len(members))
+            if n < len(members):
+                self._gang_cut[ckey] = [k for _, k in members[n:]]
+                skip.update(k for _, k in members[n:])
 
-        def awake(key: str) -> bool:
-            return key in nominated or not self.waits.asleep(key, now, retry)
+        def want(key: str) -> bool:
+            return key in nominated or (key not in skip and not self.waits.asleep(key, now, retry))
 
-        return awake
+        built = self.groups.units(self.state, now, room, want=want)
+        out: list[Unit] = []
+        by_class: dict[Any, list[Unit]] = {}
+        for unit in built:
+            ckey = self._gang_key(unit)
+            if unit.blocked or unit.key in nominated or not gang_like(ckey.parts[1]):
+                out.append(unit)
+            else:
+                by_class.setdefault(ckey, []).append(unit)
+        for ckey, alike in by_class.items():
+            alike.sort(key=Unit.order)
+            first = alike[0]
+            n = self._gang_fit((ckey, first.order(), _smallest(first), first.min_count), fits, len(alike))
+            out.extend(alike[:n])
+            if n < len(alike):
+                self._gang_cut.setdefault(ckey, []).extend(u.key for u in alike[n:])
+                for u in alike[n:]:
+                    self._gang_class[u.key] = (ckey, u.order(), _smallest(u), u.min_count)
+        return out
+
+    @staticmethod
+    def _gang_fit(entry: tuple[Any, Any, Mapping[str, int], int], fits: Callable[[Mapping[str, int]], int],
+                  count: int) -> int:
+        """How many gangs of a class to hand over: as many as could fit, and one more."""
+        _, _, need, quorum = entry
+        per = fits(need)
+        return count if per < 0 else min(count, per // max(quorum, 1) + 1)
+
+    def _gang_key(self, unit: Unit) -> Any:
+        """A gang's class across gangs: its shape and members (:func:`unit_class`) and the
+        queue its PodGroup names."""
+        found = self._step_classes.get(unit.key)
+        if found is None:
+            group = self.groups.groups.get(GroupKey(unit.key))
+            queue = (group.queue, group.labels.get(QUEUE_LABEL, "")) if group is not None else ("", "")
+            found = self._step_classes[unit.key] = ClassKey((queue, unit_class(unit, self._pod_class)))
+        return found
 
     def _wake(self) -> None:
         """Wake the sleepers the events since the last step could make fit."""
@@ -581,6 +674,7 @@ class Session:
         # one snapshot for the whole decision (the units' admission and the cycle), taken
         # only when there is something to decide
         snapshot = _once(self.state.snapshot)
+        self._step_classes = {}
         units = self.schedulable_units(now, snapshot)
         self._tell_joined(out)
         if not units:
@@ -595,13 +689,8 @@ class Session:
                 out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
             self._clear_nominated(n.pods, out)
         queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
-        unit_classes: dict[str, Any] = {}
-
         def classes(unit: Unit) -> Any:
-            found = unit_classes.get(unit.key)
-            if found is None:
-                found = unit_classes[unit.key] = unit_class(unit, self._pod_class)
-            return found
+            return unit_class(unit, self._pod_class) if unit.single else self._gang_key(unit)
 
         plan = self.cycle.run(snap, units, queues=queues, state=self.state, classes=classes)
         self.queues.settle(plan, queues.queue_of)
@@ -634,10 +723,11 @@ class Session:
                 continue  # members and PodGroups usually arrive together: do not report yet
             elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
                 message = self.reports.pod_message(unit.key, u.reason, message, now)
-            out.unschedulable.append(PodCondition(pod_ref(u.pod), u.reason, message))
+            self._tell(out, u.pod, u.reason, message)
         self._sleep_classes(failed, awake, plan, now, out)
         self._preempt(plan, out)
         self._gang_results(plan, gangs, now, out)
+        self._share_gang_results(plan, gangs, now, out)
         self._holders = {k for k, r in plan.results.items() if r.holding or r.reason == RESERVED}
         self._holders.update(n.unit for n in plan.nominations)
         if plan.deferred:
@@ -670,11 +760,15 @@ class Session:
                 continue
             self.waits.sleep(("class", ckey), now, pod.requests, quota=pod.key in plan.quota_blocked)
             cut = self._cut.get(ckey)
-            told = (reason, message)
-            if cut is not None and self._class_told.get(ckey) != told:
+            before = self._class_told.get(ckey)
+            told_at = before[2] if before is not None else -1e18
+            if cut is not None and (before is None or before[0] != reason or (
+                    before[1] != message and now - told_at >= SHARED_REFRESH_SECONDS)):
+                told_at = now
                 for member in self.singles.classes[ckey].islice(cut):
-                    out.unschedulable.append(PodCondition(pod_ref(member), reason, message))
-            self._class_told[ckey] = told
+                    self._tell(out, member, reason, message)
+            # the latest word (pods joining the class are told it), and when all were told
+            self._class_told[ckey] = (reason, message, told_at)
         if any(ckey not in failed for ckey in self._cut):
             out.again = True  # a class was cut and none of it failed: place more of it now
         if len(self._class_told) > 2 * len(self.singles.classes) + 64:
@@ -686,8 +780,61 @@ class Session:
             ckey = self.singles.class_of(uid)
             told = self._class_told.get(ckey)
             if told is not None and ("class", ckey) in self.waits:
-                out.unschedulable.append(PodCondition(pod_ref(self.state.pending[uid]), *told))
+                self._tell(out, self.state.pending[uid], told[0], told[1])
         self._joined.clear()
+
+    def _tell(self, out: Decisions, pod: Pod, reason: str, message: str, *, shared_at: float | None = None) -> None:
+        """A pending pod's ``PodScheduled`` condition, when it says something new.
+        ``shared_at``: the pod shares another unit's outcome; a new message for the same
+        reason is told at most every :data:`SHARED_REFRESH_SECONDS`."""
+        before = self._told.get(pod.uid)
+        if before is not None and before[:2] == (reason, message):
+            return
+        if shared_at is not None and before is not None and before[0] == reason and (
+                shared_at - before[2] < SHARED_REFRESH_SECONDS):
+            return
+        self._told[pod.uid] = (reason, message, shared_at if shared_at is not None else before[2] if before else 0.0)
+        out.unschedulable.append(PodCondition(pod_ref(pod), reason, message))
+
+    def _share_gang_results(self, plan: Plan, gangs: dict[str, Unit], now: float, out: Decisions) -> None:
+        """Gangs left out as alike to others (:meth:`_gangs`): when the class failed, they
+        share its outcome and sleep; when it did not, they are handed over next."""
+        first_failed: dict[Any, Unit] = {}
+        placed: set[Any] = set()
+        for key, unit in gangs.items():
+            result = plan.results.get(key)
+            if result is None or unit.blocked:
+                continue
+            ckey = self._gang_key(unit)
+            if result.failed and key not in plan.deferred:
+                first_failed.setdefault(ckey, unit)
+            elif not result.failed:
+                placed.add(ckey)
+        for ckey, keys in self._gang_cut.items():
+            first = first_failed.get(ckey)
+            if first is None:
+                out.again = True  # the class was not found failing: hand the rest over now
+                continue
+            result = plan.results[first.key]
+            message = explain.like_gang(first.display, result.message)
+            shared = UnitResult(result.status, result.reason, message)
+            quota = first.key in plan.quota_blocked
+            for key in keys:
+                self.waits.sleep(key, now, self._gang_class[key][2], quota=quota)
+            self._tell_cut_gangs(keys, shared, now, out)
+
+    def _tell_cut_gangs(self, keys: list[str], result: UnitResult, now: float, out: Decisions) -> None:
+        """The PodGroups and pending pods of gangs that share a class's outcome."""
+        for key in keys:
+            group = self.groups.groups.get(GroupKey(key))
+            if group is None:
+                continue
+            self.reports.shared(group.key, result)
+            message = self.reports.pod_message(key, result.reason, result.message, now)
+            for uid in self.groups.member_uids(group):
+                pod = self.state.pending.get(uid)
+                if pod is not None:
+                    self._tell(out, pod, result.reason, message, shared_at=now)
 
     def _restore_nominations(self, units: list[Unit], snap: Snapshot, now: float) -> None:
         """After a restart: units whose quorum carries ``status.nominatedNodeName`` hold
@@ -742,9 +889,11 @@ class Session:
                 continue
             if result.status is UnitStatus.SCHEDULED or holding:
                 # placed, or it preempted others (or waits for them to go): tried next cycle
-                self.waits.forget(key)
+                self._forget_gang(key)
             elif result.failed and not unit.blocked and key not in plan.deferred:
-                self.waits.sleep(key, now, _smallest(unit), quota=key in plan.quota_blocked)
+                need = _smallest(unit)
+                self.waits.sleep(key, now, need, quota=key in plan.quota_blocked)
+                self._gang_class[key] = (self._gang_key(unit), unit.order(), need, unit.min_count)
 
     def _sync_queues(self, now: float, out: Decisions, queues: QueueInput | None = None) -> None:
         """The Queue statuses, at most every ``queue_status_interval``.
@@ -761,8 +910,14 @@ class Session:
             snap = self.state.snapshot()
             queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=[], now=now)
             self.cycle.account(snap, queues)
-        pending: set[str] = set()
-        for uid, pod in self.state.pending.items():
-            group = self.groups.group_of(uid)
-            pending.add(group.key if group is not None else pod.key)
-        out.queue_statuses.extend(self.queues.statuses(queues.tree, pending.__contains__).items())
+        out.queue_statuses.extend(self.queues.statuses(queues.tree, self._has_pending).items())
+
+    def _has_pending(self, key: str) -> bool:
+        """Whether the unit ``key`` (a group's, or a single pod's ``namespace/name``) still
+        has a pod waiting."""
+        pending = self.state.pending
+        group = self.groups.groups.get(GroupKey(key))
+        if group is not None:
+            return any(uid in pending for uid in self.groups.member_uids(group))
+        uid = self.state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
+        return uid is not None and uid in pending

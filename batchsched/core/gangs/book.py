@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 _NATURAL = re.compile(r"(\d+)")
+_UNKNOWN = object()
 
 
 def free_capacity(snap: Snapshot) -> dict[str, int]:
@@ -156,6 +157,8 @@ class GroupBook:
         #: (namespace, name) of groups whose members or spec changed since the last
         #: :meth:`check` (None: all of them)
         self._dirty: set[tuple[str, str]] | None = None
+        #: each pod reference's group, at a version of the groups
+        self._resolved: tuple[int, dict[tuple[str, str, str], Any]] = (-1, {})
 
     # -- groups ----------------------------------------------------------------------------
 
@@ -306,6 +309,10 @@ class GroupBook:
             return self.priority_classes[group.priority_class]
         return max((p.priority for p in members), default=0)
 
+    def timed(self) -> list[GroupKey]:
+        """The groups with a gang timer (partly placed, or backing off after a timeout)."""
+        return list(self._timers)
+
     def backing_off(self, key: GroupKey, now: float) -> bool:
         timer = self._timers.get(key)
         return timer is not None and now < timer.backoff_until
@@ -340,8 +347,13 @@ class GroupBook:
         missing: dict[tuple[str, str], list[Pod]] = {}
         waiting: set[GroupKey] = set()
         pending = state.pending
+        resolved = self._resolved
+        if resolved[0] != self.version:
+            resolved = self._resolved = (self.version, {})
         for ref, uids in self._by_ref.items():
-            group = self.resolve(*ref)
+            group = resolved[1].get(ref, _UNKNOWN)
+            if group is _UNKNOWN:
+                group = resolved[1][ref] = self.resolve(*ref)
             if group is not None and (group.key in waiting or (want is not None and not want(group.key))):
                 continue  # known to wait, or it sleeps: its members are not looked at
             for uid in uids:

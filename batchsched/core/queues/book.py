@@ -142,6 +142,8 @@ class QueueBook:
         self.last_running: _Once | None = None
         #: the running units last built, and what they were built from
         self._running: tuple[tuple[Any, ...], list[RunningUnit]] | None = None
+        #: unit key -> its members (pod, row, charge) and the RunningUnit built of them
+        self._unit_cache: dict[str, tuple[list[tuple[Pod, int, Any]], RunningUnit]] = {}
 
     # -- mirror ----------------------------------------------------------------------------
 
@@ -283,6 +285,8 @@ class QueueBook:
         )
         if self._running is not None and self._running[0] == key:
             return self._running[1]
+        if self._running is None or self._running[0][1:] != key[1:]:
+            self._unit_cache = {}  # nodes, groups, queues or budgets changed: build anew
         out = self._build_running(state=state, groups=groups, snap=snap, tree=tree, now=now)
         self._running = (key, out)
         return out
@@ -314,9 +318,18 @@ class QueueBook:
             by_unit.setdefault(key, []).append((pod, row, vec))
             unit_group[key] = group
         out: list[RunningUnit] = []
+        cache: dict[str, tuple[list[tuple[Pod, int, Any]], RunningUnit]] = {}
         for key in sorted(by_unit):
             members = by_unit[key]
             group = unit_group[key]
+            # a unit none of whose members changed (same pod, node and charge) is kept
+            kept = self._unit_cache.get(key)
+            if kept is not None and len(kept[0]) == len(members) and all(
+                a[0] is b[0] and a[1] == b[1] and a[2] is b[2] for a, b in zip(kept[0], members, strict=True)
+            ):
+                cache[key] = kept
+                out.append(kept[1])
+                continue
             pods = [m[0] for m in members]
             q = self.queue_of(pods, group, tree)
             queue = q if isinstance(q, str) else None
@@ -333,10 +346,13 @@ class QueueBook:
                 created, unit_uid = group.created, group.uid or key
             else:
                 priority, created, unit_uid = pods[0].priority, pods[0].created, str(pods[0].uid)
-            out.append(RunningUnit(
+            unit = RunningUnit(
                 key=key, queue=queue, priority=priority, created=created, uid=unit_uid, start=start,
                 pods=running_pods, protected=protected,
-            ))
+            )
+            cache[key] = (members, unit)
+            out.append(unit)
+        self._unit_cache = cache
         return out
 
     def settle(self, plan: Plan, queue_of: Mapping[str, QueueName | QueueProblem | None]) -> None:
