@@ -15,9 +15,11 @@ pods (PodGroups, quorum the whole gang), a few CPU-only pods and a few that fit 
 Measured, through :meth:`Session.step` as the running scheduler drives it:
 
 - **first**: the first step after the lists (every unit tried: the cost after a restart);
-- **idle**: a step with nothing new (the steady state of a cluster where nothing changes);
-- **churn**: a step after a few running pods ended (capacity freed on their nodes) and a
-  few new pods arrived: the steady state of a busy cluster;
+- **idle**: a step with nothing new (the steady state of a cluster where nothing changes),
+  once the back-off of what earlier steps woke has passed;
+- **churn**: a step, one second after the last, after 5 running pods ended (capacity
+  freed on their nodes) and 10 new pods arrived: after 20 such steps (the steady state of
+  a busy cluster), 4 x ``--repeats`` of them;
 - **full**: a step after the slow retry timer ran out (every waiting unit tried again; the
   cycle KAI Scheduler and Volcano run every time).
 
@@ -50,6 +52,8 @@ GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 QUEUE = "batchsched.io/queue"
 QUEUES = 8
 PRIORITIES = (0, 10, 100)
+#: churn steps before the churn is measured (the back-off of what it wakes settles)
+CHURN_WARMUP = 20
 NODE_ALLOC = {"cpu": 96_000, "memory": 1024 * GIB, "pods": 110, GPU: 8}
 
 
@@ -210,11 +214,14 @@ def measure(nodes: int, pods: int, *, repeats: int = 5) -> dict[str, Any]:
         r = world.step()
         if not r["bound"] and not r["evicted"]:
             break
+    world.step(dt=11.0)  # past the longest back-off: what earlier events woke is tried
     idle = [world.step() for _ in range(repeats)]
     churn = []
-    for _ in range(repeats):
+    for i in range(CHURN_WARMUP + repeats * 4):
         world.churn()
-        churn.append(world.step())
+        row = world.step()
+        if i >= CHURN_WARMUP:  # the steady state of a busy cluster, not the first seconds
+            churn.append(row)
     full = [world.step(dt=world.session.settings.retry_unschedulable + 1.0) for _ in range(repeats)]
     return {
         "nodes": nodes, "pending": len(world.pending), "running": len(world.running),

@@ -90,6 +90,7 @@ from batchsched.core.plan import (
 )
 from batchsched.core.preemption import CyclePreemption, Held, Terminating, held_nominations
 from batchsched.core.queues import FairOrder, QueueInput, QueueName, QueueProblem, QueueTree
+from batchsched.core.queues.running import RunningBook
 from batchsched.core.reservation import Reservations, ReservationSettings
 
 IntArray = npt.NDArray[np.int64]
@@ -186,6 +187,10 @@ class _Walk:
             return self.running
         src = self.qi.running
         given = src() if callable(src) else src
+        book = self.qi.running_book
+        if book is not None and all(self.tree.leaf_problem(q) is None for q in book.usage):
+            self.running = self._running_from(book, list(given))
+            return self.running
         width = len(self.snap.columns)
         # each queue's running work charged at once (the tree's sums do not depend on order)
         charged: dict[QueueName, IntArray] = {}
@@ -214,6 +219,33 @@ class _Walk:
             self.tree.admit(q, total)
         self.running = out
         return out
+
+    def _running_from(self, book: RunningBook, out: list[RunningUnit]) -> list[RunningUnit]:
+        """:meth:`load_running` from a book that keeps each queue's running usage and
+        which unit each pod is in: only the units of victims are looked at."""
+        totals = {q: v.copy() for q, v in book.usage.items()}
+        emptied: set[int] = set()
+        for uid in self.victims:
+            unit = book.unit_of(uid)
+            if unit is None:
+                continue
+            at = book.position(unit.key)
+            w = out[at]
+            gone = [p for p in w.pods if p.uid == uid]
+            if not gone:
+                continue
+            pod = gone[0]
+            # evicted for a nomination: gone for this cycle's decisions
+            self.gone.add(pod.uid, pod.node, pod.req)
+            out[at] = replace(w, pods=tuple(p for p in w.pods if p.uid != uid))
+            if w.queue is not None:
+                totals[w.queue] -= pod.req
+            if not out[at].pods:
+                emptied.add(at)
+        for queue, summed in totals.items():
+            if summed.any():
+                self.tree.admit(queue, summed)
+        return [w for i, w in enumerate(out) if i not in emptied] if emptied else out
 
     def _hold(self) -> None:
         """Charge each nomination to its nodes and queue; drop those that cannot hold."""

@@ -121,6 +121,9 @@ class ClusterState:
         self.by_name: dict[tuple[str, str], PodUID] = {}
         #: nodes where capacity was freed (a charge removed) since the session last looked
         self.freed_nodes: set[str] = set()
+        #: sets the pods whose charge changed are added to, one per reader (see
+        #: :meth:`watch_charges`)
+        self._charge_readers: list[set[PodUID]] = []
         #: unbound pods of ours carrying a card assignment no binding followed (see
         #: :func:`~batchsched.core.devices.stale_keys`): kept out of ``pending`` until clean
         self.stale: dict[PodUID, Pod] = {}
@@ -221,8 +224,20 @@ class ClusterState:
     def ours(self, pod: Pod) -> bool:
         return pod.scheduler_name in self.scheduler_names
 
-    def _charge(self, uid: PodUID, node: str, pod: Pod, cards: tuple[tuple[int, ...], ...] | None = None) -> None:
+    def watch_charges(self) -> set[PodUID]:
+        """A set the UIDs of pods whose charge changes (charged, uncharged, or changed while
+        charged) are added to from now on; the reader empties it as it reads."""
+        changed: set[PodUID] = set()
+        self._charge_readers.append(changed)
+        return changed
+
+    def _charge_changed(self, uid: PodUID) -> None:
         self.charge_generation += 1
+        for changed in self._charge_readers:
+            changed.add(uid)
+
+    def _charge(self, uid: PodUID, node: str, pod: Pod, cards: tuple[tuple[int, ...], ...] | None = None) -> None:
+        self._charge_changed(uid)
         vec = self.vector(held(pod, cards if cards is not None else pod.cards))
         self.charges[uid] = (node, vec)
         row = self.node_row.get(node)
@@ -235,7 +250,7 @@ class ClusterState:
         charged = self.charges.pop(uid, None)
         if charged is None:
             return
-        self.charge_generation += 1
+        self._charge_changed(uid)
         node, vec = charged
         row = self.node_row.get(node)
         if row is None:
@@ -260,7 +275,7 @@ class ClusterState:
         if pod.card_asks and uid not in self._mix_seen and self.ours(pod):
             self._count_mix(uid, mix_kind(pod.requests.get("cpu", 0), pod.card_asks))
         if uid in self.charges:
-            self.charge_generation += 1
+            self._charge_changed(uid)
         if pod.holds_resources or pod.node_name or pod.terminal:
             self.stale.pop(uid, None)
         if pod.holds_resources:

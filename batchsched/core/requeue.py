@@ -7,8 +7,8 @@ whom they wake:
 
 - **capacity freed on a node** (a pod there ended or was deleted, a binding was undone, the
   node was added or grew): the sleepers that ask no more than that node now has free
-  (each resource; a gang by its smallest member); sleepers held back by quota wake too,
-  since the pod that ended released its queue's usage;
+  (each resource; a gang by its smallest member); sleepers held back by the quota of the
+  queue tree the pod that ended was charged to wake too (its usage fell);
 - **the nodes changed** (labels, taints, readiness, cordoning: a node may now pass a
   filter it failed): everyone;
 - **queues, namespaces or disruption budgets changed** (quota, lending, which queue a
@@ -28,7 +28,7 @@ interval of waiting, so every rule above errs on the side of waking.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +56,8 @@ class Sleeper:
 
     since: float
     need: Mapping[str, int]
-    quota: bool = False
+    #: the top of the queue tree whose quota held it back ("" for any; None: not quota)
+    quota: str | None = None
     failures: int = 1
     woken: bool = False
 
@@ -82,7 +83,7 @@ class WaitBook:
     def __contains__(self, key: object) -> bool:
         return key in self.sleepers
 
-    def sleep(self, key: object, now: float, need: Mapping[str, int], *, quota: bool = False) -> None:
+    def sleep(self, key: object, now: float, need: Mapping[str, int], *, quota: str | None = None) -> None:
         before = self.sleepers.get(key)
         failures = before.failures + 1 if before is not None else 1
         self.sleepers[key] = Sleeper(now, dict(need), quota, failures)
@@ -114,18 +115,22 @@ class WaitBook:
         waited = now - s.since
         return not (waited >= interval or (s.woken and waited >= s.backoff()))
 
-    def freed(self, free: Iterable[IntArray], columns: Mapping[str, int]) -> None:
-        """Capacity was freed on some nodes; ``free``: each such node's free capacity now.
-        Wakes the sleepers it could be enough for, and those quota held back."""
+    def freed(self, free: Iterable[IntArray], columns: Mapping[str, int], roots: Collection[str] = ()) -> None:
+        """Capacity was freed on some nodes; ``free``: each such node's free capacity now;
+        ``roots``: the queue trees whose usage fell. Wakes the sleepers it could be enough
+        for, and those the quota of one of those trees held back."""
         rows = list(free)
-        if not rows or not self.sleepers:
+        if not (rows or roots) or not self.sleepers:
             return
         if len(rows) > WAKE_ALL_NODES:
             self.wake_all()
             return
-        matrix = np.stack(rows)
+        matrix = np.stack(rows) if rows else None
         for s in self.sleepers.values():
-            if not s.woken and (s.quota or _fits_any(matrix, s.need, columns)):
+            if s.woken:
+                continue
+            if (s.quota is not None and (s.quota in roots or not s.quota)) or (
+                    matrix is not None and _fits_any(matrix, s.need, columns)):
                 s.woken = True
                 self.woken += 1
 

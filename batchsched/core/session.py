@@ -160,8 +160,12 @@ class Session:
         #: asleep until an event could make them fit (:mod:`batchsched.core.requeue`)
         self.waits = WaitBook()
         self._node_generation = -1
+        #: the queue trees whose usage fell since the last step (a charged pod went)
+        self._freed_roots: set[str] = set()
         #: units that held a reservation or a nomination after the last cycle
         self._holders: set[str] = set()
+        #: classes of single pods whose first member held a reservation after the last cycle
+        self._holder_classes: set[Any] = set()
         #: class key -> the (reason, message, when) its members not handed over were told
         self._class_told: dict[Any, tuple[str, str, float]] = {}
         #: gang members' classes, by UID, with the version of the pod they were computed for
@@ -174,7 +178,7 @@ class Session:
         #: this step's class of each gang handed over
         self._step_classes: dict[str, Any] = {}
         #: classes of single pods cut short in this step: how many members were handed over
-        self._cut: dict[Any, int] = {}
+        self._cut: dict[Any, tuple[float, str]] = {}
         #: pending pod -> the (reason, message) of the PodScheduled condition it was last
         #: told, and when it was last told a shared one
         self._told: dict[PodUID, tuple[str, str, float]] = {}
@@ -295,8 +299,14 @@ class Session:
         state = self.state
         before = state.capacity_generation
         was_pending = state.pending.get(pod.uid)
+        charged = pod.uid in state.charges
         group = self.groups.group_of(pod.uid)
         state.pod_event(kind, pod)
+        if charged and pod.uid not in state.charges:
+            old = state.pods.get(pod.uid, pod)
+            root = self.queues.pod_queue_root(old, group)
+            if root is not None:
+                self._freed_roots.add(root)
         self.groups.pod_event(kind, pod)
         self._sync(pod.uid)
         pending = pod.uid in state.pending
@@ -499,6 +509,14 @@ class Session:
             self.waits.prune(self._still_waiting)
             self._gang_class = {k: v for k, v in self._gang_class.items() if k in self.waits}
 
+    def _quota_root(self, key: str, plan: Plan) -> str | None:
+        """For a unit its queue's quota held back: the top of that queue's tree (whose
+        usage falling wakes it); None when quota did not hold it back."""
+        if key not in plan.quota_blocked:
+            return None
+        q = self.queues.waiting.get(key)
+        return self.queues.root_of(q) if isinstance(q, str) else ""
+
     def _forget_gang(self, key: str) -> None:
         """The gang changed or was placed: worth trying at once, its class found anew."""
         self.waits.forget(key)
@@ -524,22 +542,27 @@ class Session:
         self._cut = {}
         free: Any = None
         columns: dict[str, int] = {}
-        for ckey, members in self.singles.items():
-            if self.waits.asleep(("class", ckey), now, retry):
-                continue
+        def hand(ckey: Any, members: Any) -> None:
+            nonlocal free, columns
             limit = len(members)
-            if limit > 1:
+            if limit > 2:
                 if free is None:
                     snap = snapshot()
                     free = snap.alloc - snap.used
                     columns = {c: i for i, c in enumerate(snap.columns)}
                 fit = fit_count(free, columns, members[0].requests)
-                if 0 <= fit < limit - 1:
-                    limit = fit + 1
-                    self._cut[ckey] = limit
+                # one more than fits (two: the first may only hold a reservation)
+                if 0 <= fit < limit - 2:
+                    limit = fit + 2
+                    last = members[limit - 1]
+                    self._cut[ckey] = (last.created, last.uid)
             for pod in members.islice(0, limit):
                 seen.add(pod.uid)
                 units.append(single_unit(pod))
+
+        for ckey, members in self.singles.items():
+            if not self.waits.asleep(("class", ckey), now, retry):
+                hand(ckey, members)
         for key in nominated:
             uid = self.state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
             if uid is not None and uid not in seen and self.singles.class_of(uid) is not None:
@@ -560,6 +583,17 @@ class Session:
             return fit_count(free, columns, need)
 
         units.extend(self._gangs(now, room, nominated, fits))
+        if units and self._holders:
+            # reservations hold room against the others tried in a cycle: their holders
+            # are tried too, asleep or not (with nothing else to try, they may sleep)
+            for ckey in self._holder_classes:
+                members = self.singles.classes.get(ckey)
+                if members is not None and members[0].uid not in seen:
+                    hand(ckey, members)
+            built = {u.key for u in units}
+            holders = {k for k in self._holders if k not in built and GroupKey(k) in self.groups.groups}
+            if holders:
+                units.extend(self.groups.units(self.state, now, room, want=holders.__contains__))
         return units
 
     def _gangs(self, now: float, room: Room, nominated: Mapping[str, Any],
@@ -629,11 +663,12 @@ class Session:
             self._node_generation = state.node_generation
             self.waits.wake_all()
         freed = state.freed_nodes
-        if freed:
+        if freed or self._freed_roots:
             rows = [state.node_row[n] for n in freed if n in state.node_row]
             columns = {c: i for i, c in enumerate(state.columns)}
-            self.waits.freed((state.alloc[r] - state.used[r] for r in rows), columns)
+            self.waits.freed((state.alloc[r] - state.used[r] for r in rows), columns, self._freed_roots)
             freed.clear()
+            self._freed_roots.clear()
 
     def _clean_stale(self, now: float, out: Decisions) -> None:
         """Ask for the removal of card assignments no binding followed; again after the
@@ -709,14 +744,17 @@ class Session:
             out.binds.append(b)
         delay = self.settings.gang_report_delay
         failed: dict[Any, tuple[str, str, Pod]] = {}
+        reserved: dict[Any, tuple[str, str, Pod]] = {}
         awake: set[Any] = set()
         for u in plan.unschedulable:
             unit = gangs.get(u.unit)
             message = u.message
             if unit is None:
                 ckey = self.singles.class_of(u.pod.uid)
-                if u.reason == RESERVED or u.unit in plan.deferred:
-                    awake.add(ckey)  # a reservation is recomputed in every cycle
+                if u.unit in plan.deferred:
+                    awake.add(ckey)  # its victim search is owed: next cycle
+                elif u.reason == RESERVED:
+                    reserved[ckey] = (u.reason, message, u.pod)
                 elif ckey is not None:
                     failed[ckey] = (u.reason, message, u.pod)
             elif unit.blocked and now - self._blocked_since.setdefault(unit.key, now) < delay:
@@ -724,12 +762,17 @@ class Session:
             elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
                 message = self.reports.pod_message(unit.key, u.reason, message, now)
             self._tell(out, u.pod, u.reason, message)
+        for ckey, entry in reserved.items():
+            failed.setdefault(ckey, entry)  # its head holds a reservation: it sleeps too
         self._sleep_classes(failed, awake, plan, now, out)
         self._preempt(plan, out)
         self._gang_results(plan, gangs, now, out)
         self._share_gang_results(plan, gangs, now, out)
         self._holders = {k for k, r in plan.results.items() if r.holding or r.reason == RESERVED}
         self._holders.update(n.unit for n in plan.nominations)
+        self._holder_classes = {
+            self.singles.class_of(u.pod.uid) for u in plan.unschedulable
+            if u.reason == RESERVED and u.unit not in gangs} - {None}
         if plan.deferred:
             # a victim search did not fit in this cycle's budget: next cycle, not later
             out.again = True
@@ -756,16 +799,16 @@ class Session:
         """Classes of single pods that failed sleep; their members the cycle was not handed
         are told the same (once per change of message)."""
         for ckey, (reason, message, pod) in failed.items():
-            if ckey in awake:
-                continue
-            self.waits.sleep(("class", ckey), now, pod.requests, quota=pod.key in plan.quota_blocked)
+            if ckey not in awake:
+                self.waits.sleep(("class", ckey), now, pod.requests, quota=self._quota_root(pod.key, plan))
             cut = self._cut.get(ckey)
             before = self._class_told.get(ckey)
             told_at = before[2] if before is not None else -1e18
             if cut is not None and (before is None or before[0] != reason or (
                     before[1] != message and now - told_at >= SHARED_REFRESH_SECONDS)):
                 told_at = now
-                for member in self.singles.classes[ckey].islice(cut):
+                # the members after the last one handed over (the order of the index)
+                for member in self.singles.classes[ckey].irange_key(min_key=cut, inclusive=(False, True)):
                     self._tell(out, member, reason, message)
             # the latest word (pods joining the class are told it), and when all were told
             self._class_told[ckey] = (reason, message, told_at)
@@ -806,7 +849,7 @@ class Session:
             if result is None or unit.blocked:
                 continue
             ckey = self._gang_key(unit)
-            if result.failed and key not in plan.deferred:
+            if (result.failed or result.reason == RESERVED) and key not in plan.deferred:
                 first_failed.setdefault(ckey, unit)
             elif not result.failed:
                 placed.add(ckey)
@@ -816,9 +859,11 @@ class Session:
                 out.again = True  # the class was not found failing: hand the rest over now
                 continue
             result = plan.results[first.key]
-            message = explain.like_gang(first.display, result.message)
-            shared = UnitResult(result.status, result.reason, message)
-            quota = first.key in plan.quota_blocked
+            if result.reason == RESERVED:
+                shared = UnitResult(UnitStatus.UNSCHEDULABLE, "Unschedulable", explain.behind_gang(first.display))
+            else:
+                shared = UnitResult(result.status, result.reason, explain.like_gang(first.display, result.message))
+            quota = self._quota_root(first.key, plan)
             for key in keys:
                 self.waits.sleep(key, now, self._gang_class[key][2], quota=quota)
             self._tell_cut_gangs(keys, shared, now, out)
@@ -890,9 +935,10 @@ class Session:
             if result.status is UnitStatus.SCHEDULED or holding:
                 # placed, or it preempted others (or waits for them to go): tried next cycle
                 self._forget_gang(key)
-            elif result.failed and not unit.blocked and key not in plan.deferred:
+            elif (result.failed or result.reason == RESERVED) and not unit.blocked and key not in plan.deferred:
+                # failed, or holds a reservation (tried again whenever others are)
                 need = _smallest(unit)
-                self.waits.sleep(key, now, need, quota=key in plan.quota_blocked)
+                self.waits.sleep(key, now, need, quota=self._quota_root(key, plan))
                 self._gang_class[key] = (self._gang_key(unit), unit.order(), need, unit.min_count)
 
     def _sync_queues(self, now: float, out: Decisions, queues: QueueInput | None = None) -> None:

@@ -30,28 +30,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from batchsched.core.devices import GPU_SHARES, MILLI
 from batchsched.core.disruption import DisruptionBook, DisruptionBudget
-from batchsched.core.gangs import ANNOTATION_TASK, VOLCANO, GroupBook, GroupKey, PodGroup
+from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.model import GPU, Pod, PodUID
+from batchsched.core.model import Pod, PodUID
 from batchsched.core.plan import (
     Nomination,
     Plan,
     QueueName,
-    RunningPod,
     RunningUnit,
     Unit,
     UnitStatus,
 )
 from batchsched.core.queues.assign import QueueProblem, assign_queue
 from batchsched.core.queues.fair import UsageHistory
+from batchsched.core.queues.running import RunningBook
 from batchsched.core.queues.tree import QueueTree
 
 __all__ = ["QueueBook", "QueueInput", "QueueSettings"]
 
 Running = Sequence[RunningUnit] | Callable[[], Sequence[RunningUnit]]
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(slots=True)
@@ -77,6 +78,9 @@ class QueueInput:
     preemption: bool = True
     #: victim searches per cycle at most; units beyond are retried in the next cycle
     max_searches: int = 64
+    #: the book ``running`` comes from, once called: each queue's summed running usage and
+    #: which unit each pod is in (None: the cycle sums every unit itself)
+    running_book: RunningBook | None = None
 
 
 
@@ -140,10 +144,9 @@ class QueueBook:
         self.waiting: dict[str, QueueName | QueueProblem | None] = {}
         #: the running units of the last :meth:`prepare` (after the cycle ran)
         self.last_running: _Once | None = None
-        #: the running units last built, and what they were built from
-        self._running: tuple[tuple[Any, ...], list[RunningUnit]] | None = None
-        #: unit key -> its members (pod, row, charge) and the RunningUnit built of them
-        self._unit_cache: dict[str, tuple[list[tuple[Pod, int, Any]], RunningUnit]] = {}
+        self._running = RunningBook()
+        #: the queue tree's structure (no usage), at a generation of the queues
+        self._structure: tuple[int, QueueTree] | None = None
 
     # -- mirror ----------------------------------------------------------------------------
 
@@ -191,6 +194,26 @@ class QueueBook:
         self.budgets.replace(budgets)
 
     # -- building the cycle's input -----------------------------------------------------------
+
+    def root_of(self, queue: str) -> str:
+        """The top of the queue tree ``queue`` is in (the cohort whose quota it shares);
+        the queue itself when it has no parent. Follows ``spec.parent`` as written."""
+        seen = {queue}
+        while True:
+            spec = (self.queue_objects.get(queue) or {}).get("spec")
+            parent = spec.get("parent") if isinstance(spec, Mapping) else None
+            if not isinstance(parent, str) or not parent or parent in seen:
+                return queue
+            seen.add(parent)
+            queue = parent
+
+    def pod_queue_root(self, pod: Pod, group: PodGroup | None) -> str | None:
+        """The top of the queue tree a running pod's usage is charged to (None: no queue)."""
+        cached = self._structure
+        if cached is None or cached[0] != self.generation:
+            cached = self._structure = (self.generation, self.tree(()))
+        q = self.queue_of([pod], group, cached[1])
+        return self.root_of(q) if isinstance(q, str) else None
 
     def tree(self, columns: Sequence[str]) -> QueueTree:
         return QueueTree.from_objects(self.queue_objects.values(), columns)
@@ -245,6 +268,7 @@ class QueueBook:
             max_wait=s.max_wait or None,
             preemption=s.preemption,
             max_searches=s.max_searches,
+            running_book=self._running,
         )
 
     def _live(self, state: ClusterState, now: float) -> dict[str, Nomination]:
@@ -275,85 +299,16 @@ class QueueBook:
         tree: QueueTree,
         now: float,
     ) -> list[RunningUnit]:
-        """Every running or assumed unit of ours, as the cycle and preemption see it.
-
-        Kept while nothing they are built from changed (pods charged or changed, nodes,
-        groups and priority classes, queues, namespace labels, budgets)."""
-        key = (
-            state.charge_generation, snap.node_generation, len(snap.nodes), len(snap.columns),
-            groups.version, self.generation, self.budgets.version, id(state), id(groups),
+        """Every running or assumed unit of ours, as the cycle and preemption see it
+        (kept up to date as pods are charged: :class:`~batchsched.core.queues.running.RunningBook`)."""
+        basis = (
+            snap.node_generation, len(snap.nodes), len(snap.columns), groups.version, self.generation,
+            self.budgets.version, id(groups),
         )
-        if self._running is not None and self._running[0] == key:
-            return self._running[1]
-        if self._running is None or self._running[0][1:] != key[1:]:
-            self._unit_cache = {}  # nodes, groups, queues or budgets changed: build anew
-        out = self._build_running(state=state, groups=groups, snap=snap, tree=tree, now=now)
-        self._running = (key, out)
-        return out
-
-    def _build_running(
-        self,
-        *,
-        state: ClusterState,
-        groups: GroupBook,
-        snap: Snapshot,
-        tree: QueueTree,
-        now: float,
-    ) -> list[RunningUnit]:
-        rows: dict[str, int] = {n.name: i for i, n in enumerate(snap.nodes)}
-        width = len(snap.columns)
-        gpu = snap.columns.index(GPU) if GPU in snap.columns else -1
-        shares = snap.columns.index(GPU_SHARES) if GPU_SHARES in snap.columns else -1
-        by_unit: dict[str, list[tuple[Pod, int, Any]]] = {}
-        unit_group: dict[str, PodGroup | None] = {}
-        for uid, (node, vec) in state.charges.items():
-            row = rows.get(node)
-            pod = state.pods.get(uid)
-            if row is None or pod is None or not state.ours(pod):
-                continue
-            group = groups.group_of(uid)
-            key = group.key if group is not None else pod.key
-            if len(vec) != width:
-                vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
-            by_unit.setdefault(key, []).append((pod, row, vec))
-            unit_group[key] = group
-        out: list[RunningUnit] = []
-        cache: dict[str, tuple[list[tuple[Pod, int, Any]], RunningUnit]] = {}
-        for key in sorted(by_unit):
-            members = by_unit[key]
-            group = unit_group[key]
-            # a unit none of whose members changed (same pod, node and charge) is kept
-            kept = self._unit_cache.get(key)
-            if kept is not None and len(kept[0]) == len(members) and all(
-                a[0] is b[0] and a[1] == b[1] and a[2] is b[2] for a, b in zip(kept[0], members, strict=True)
-            ):
-                cache[key] = kept
-                out.append(kept[1])
-                continue
-            pods = [m[0] for m in members]
-            q = self.queue_of(pods, group, tree)
-            queue = q if isinstance(q, str) else None
-            elastic = _elastic(pods, group)
-            protected = "terminating" if any(p.deleting for p in pods) else self.budgets.protecting(pods)
-            start = min((p.started for p in pods if p.started), default=now)
-            running_pods = tuple(
-                RunningPod(uid=pod.uid, node=row, req=vec, gpus=_cards(vec, gpu, shares),
-                           elastic=pod.uid in elastic)
-                for pod, row, vec in sorted(members, key=lambda m: (m[0].created, _natural(m[0].name)))
-            )
-            if group is not None:
-                priority = groups.priority(group, pods)
-                created, unit_uid = group.created, group.uid or key
-            else:
-                priority, created, unit_uid = pods[0].priority, pods[0].created, str(pods[0].uid)
-            unit = RunningUnit(
-                key=key, queue=queue, priority=priority, created=created, uid=unit_uid, start=start,
-                pods=running_pods, protected=protected,
-            )
-            cache[key] = (members, unit)
-            out.append(unit)
-        self._unit_cache = cache
-        return out
+        return self._running.get(
+            state=state, groups=groups, snap=snap, tree=tree, now=now, basis=basis,
+            queue_of=self.queue_of, protecting=self.budgets.protecting,
+        )
 
     def settle(self, plan: Plan, queue_of: Mapping[str, QueueName | QueueProblem | None]) -> None:
         """After a cycle: keep its nominations, and which units wait in which queue."""
@@ -404,31 +359,3 @@ class QueueBook:
             for name in sorted(self.queue_objects)
             if name
         }
-
-
-def _elastic(pods: Sequence[Pod], group: PodGroup | None) -> set[str]:
-    """The members beyond the group's quorum (``minMember`` and each task's minimum),
-    the last started first."""
-    if group is None or group.invalid or len(pods) <= group.min_member:
-        return set()
-    tasks = Counter(p.annotations.get(ANNOTATION_TASK, "") for p in pods)
-    out: set[str] = set()
-    taken: Counter[str] = Counter()
-    newest_first = sorted(pods, key=lambda p: (p.started, p.created, _natural(p.name)), reverse=True)
-    for pod in newest_first:
-        if len(pods) - len(out) <= group.min_member:
-            break
-        task = pod.annotations.get(ANNOTATION_TASK, "")
-        if tasks[task] - taken[task] <= group.min_task_member.get(task, 0):
-            continue
-        out.add(pod.uid)
-        taken[task] += 1
-    return out
-
-
-def _cards(vec: Any, gpu: int, shares: int) -> float:
-    """The GPU cards a pod holds: its card compute (shares count their fraction), or its
-    ``nvidia.com/gpu`` count for a pod the device model does not know."""
-    if shares >= 0 and vec[shares] > 0:
-        return float(vec[shares]) / MILLI
-    return float(vec[gpu]) if gpu >= 0 else 0.0

@@ -1,0 +1,266 @@
+"""Large backlogs: equivalence classes and event-driven requeue, on a fake clock.
+
+What a user sees: every waiting pod is told why, the oldest of alike pods goes first when
+room frees, a step with nothing new does nothing, and the outcome is the one a cycle that
+tried every pod would reach.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchsched.core.cycle import Cycle
+from batchsched.core.equivalence import SingleIndex, pod_class
+from batchsched.core.gangs import GroupBook
+from batchsched.core.mirror import ClusterState
+from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID, parse_pod
+from batchsched.core.placement.scoring import ScoringConfig
+from batchsched.core.plan import single_unit
+from batchsched.core.queues.running import RunningBook
+from batchsched.core.queues.tree import QueueTree
+from batchsched.core.reservation import RUNTIME_ANNOTATION, _Charged, expected_end
+from batchsched.core.session import Session, SessionSettings
+from tests.builders import make_group, make_node, make_pod
+from tests.unit.test_session import T0, Cluster, gpu_pod
+
+
+def _full_cluster(pods: int = 300) -> tuple[Cluster, list[str], list[str]]:
+    """Two 8-GPU nodes full of 1-GPU pods, and ``pods`` more 1-GPU pods waiting."""
+    c = Cluster(Session())
+    c.node("n0", 8)
+    c.node("n1", 8)
+    running = [c.pod(gpu_pod(f"run-{i}", 1)) for i in range(16)]
+    assert len(c.step().binds) == 16
+    waiting = []
+    for i in range(pods):
+        waiting.append(c.pod(make_pod(f"wait-{i:03d}").req(cpu="1", **{GPU: "1"}).created(T0 + i).obj()))
+    return c, running, waiting
+
+
+def test_every_waiting_pod_of_a_class_is_told_why_while_the_cycle_tries_one() -> None:
+    c, _, waiting = _full_cluster()
+    d = c.step(after=1.0)
+    told = {x.ref.uid: x for x in d.unschedulable}
+    assert set(told) == set(waiting)
+    assert told[waiting[0]].message.startswith(
+        "0/2 nodes fit: 2 insufficient nvidia.com/gpu; holds a reservation on node(s) n0")
+    assert {told[uid].message for uid in waiting[1:]} == {"0/2 nodes fit: 2 insufficient nvidia.com/gpu."}
+    # the oldest (it holds the reservation) and the next were tried, for 300 alike
+    assert d.plan is not None and len(d.plan.tried) == 2
+
+
+def test_a_step_with_nothing_new_does_nothing_and_tells_nobody_again() -> None:
+    c, _, _ = _full_cluster()
+    c.step(after=1.0)
+    for _ in range(3):
+        d = c.step(after=1.0)
+        assert d.plan is None and d.unschedulable == [] and d.binds == []
+    assert not c.session.wants_step
+
+
+def test_room_freed_on_a_node_goes_to_the_oldest_of_the_class() -> None:
+    c, running, waiting = _full_cluster()
+    c.step(after=1.0)
+    c.delete_pod(running[3])
+    assert c.session.wants_step
+    d = c.step(after=1.0)
+    assert [b.uid for b in d.binds] == [waiting[0]]
+    c.delete_pod(running[4])
+    c.delete_pod(running[5])
+    d = c.step(after=5.0)  # past the back-off the first wake started
+    assert [b.uid for b in d.binds] == waiting[1:3]
+
+
+def test_a_new_pod_of_a_sleeping_class_waits_with_it_and_is_told_why() -> None:
+    c, _, _ = _full_cluster(20)
+    c.step(after=1.0)
+    late = c.pod(make_pod("late").req(cpu="1", **{GPU: "1"}).created(T0 + 100).obj())
+    assert not c.session.wants_step
+    d = c.step(after=1.0)
+    assert d.plan is None
+    assert [(x.ref.uid, x.message) for x in d.unschedulable] == [
+        (late, "0/2 nodes fit: 2 insufficient nvidia.com/gpu.")
+    ]
+
+
+def test_a_different_pod_is_tried_at_once_while_its_neighbours_sleep() -> None:
+    c, _, _ = _full_cluster(20)
+    c.step(after=1.0)
+    small = c.pod(make_pod("cpu-only").req(cpu="1").created(T0 + 100).obj())
+    assert c.session.wants_step
+    d = c.step(after=1.0)
+    assert [b.uid for b in d.binds] == [small]
+
+
+def test_a_new_node_wakes_every_sleeper_and_the_retry_timer_tries_them_anyway() -> None:
+    c, _, waiting = _full_cluster(20)
+    c.step(after=1.0)
+    c.node("n2", 2)
+    assert c.session.wants_step
+    d = c.step(after=1.0)
+    assert [b.uid for b in d.binds] == waiting[:2]
+    assert c.step(after=1.0).plan is None
+    d = c.step(after=c.session.settings.retry_unschedulable)
+    assert d.plan is not None and d.binds == []  # tried again on the timer, still no room
+
+
+def test_woken_sleepers_wait_out_their_back_off() -> None:
+    c, running, _ = _full_cluster(20)
+    c.step(after=1.0)
+    c.node("n2", 1)  # wakes the class, one pod fits
+    c.step(after=0.1)
+    big = c.pod(make_pod("big").req(cpu="1", **{GPU: "4"}).created(T0 + 200).obj())
+    d = c.step(after=0.1)
+    assert big in {x.ref.uid for x in d.unschedulable}
+    c.delete_pod(running[0])  # one GPU frees: the 1-GPU class may fit, the 4-GPU pod not
+    d = c.step(after=0.1)
+    assert d.binds == []  # the 1-GPU class failed 0.2 s ago: its 1 s back-off is not over
+    d = c.step(after=1.0)
+    assert len(d.binds) == 1
+
+
+def test_alike_gangs_are_tried_once_and_the_oldest_binds_when_room_frees() -> None:
+    c = Cluster(Session())
+    c.node("n0", 8)
+    c.node("n1", 8)
+    blocker = c.pod(gpu_pod("blocker", 8))
+    assert [b.uid for b in c.step().binds] == [blocker]
+    groups = [make_group(f"job-{i:02d}").min_member(2).created(T0 + i).build() for i in range(20)]
+    c.session.on_groups_listed("scheduling.x-k8s.io", groups)
+    members = {}
+    for i in range(20):
+        members[i] = [c.pod(make_pod(f"job-{i:02d}-{m}").req(cpu="1", **{GPU: "8"}).group(f"job-{i:02d}")
+                            .created(T0 + i).obj()) for m in range(2)]
+    d = c.step(after=1.0)
+    assert d.binds == []
+    assert d.plan is not None and len(d.plan.tried) <= 2
+    statuses = {g.name: st for g, st in d.group_statuses}
+    assert set(statuses) == {g.name for g in groups}
+    assert statuses["job-00"].message.startswith(
+        "gang needs 2 pods (2 cpu, 16 nvidia.com/gpu) placed together; only 1 fit now. Member job-00-")
+    assert statuses["job-07"].message == "same shape as gang default/job-00, which holds a reservation and goes first"
+    told = {x.ref.uid for x in d.unschedulable}
+    assert told == {uid for ms in members.values() for uid in ms}
+    c.delete_pod(blocker)
+    d = c.step(after=1.0)
+    assert sorted(b.uid for b in d.binds) == sorted(members[0])
+
+
+def test_class_index_follows_pods_coming_and_going() -> None:
+    index = SingleIndex()
+    a = make_pod("a").req(cpu="1").created(T0 + 2).build()
+    b = make_pod("b").req(cpu="1").created(T0 + 1).build()
+    other = make_pod("c").req(cpu="2").build()
+    for p in (a, b, other):
+        index.put(p.uid, p)
+    assert index.class_of(a.uid) == index.class_of(b.uid) != index.class_of(other.uid)
+    assert [p.name for p in index.classes[pod_class(a)]] == ["b", "a"]  # oldest first
+    moved = replace(a, requests={**a.requests, "cpu": 2000})
+    index.put(a.uid, moved)
+    assert index.class_of(a.uid) == index.class_of(other.uid)
+    index.put(b.uid, None)
+    assert len(index) == 2 and pod_class(b) not in index.classes
+
+
+def test_pods_differing_only_in_what_placement_ignores_share_a_class() -> None:
+    a = make_pod("a").req(cpu="1").label(**{"batch.kubernetes.io/job-completion-index": "0"}).build()
+    b = make_pod("b").req(cpu="1").label(**{"batch.kubernetes.io/job-completion-index": "1"}).build()
+    assert pod_class(a) == pod_class(b)
+    assert pod_class(a) != pod_class(make_pod("c").req(cpu="1").annotate(**{RUNTIME_ANNOTATION: "1h"}).build())
+    assert pod_class(a) != pod_class(make_pod("d").req(cpu="1").selector(zone="a").build())
+    assert pod_class(a) != pod_class(make_pod("e").req(cpu="1").priority(5).build())
+
+
+# -- the class cut and the in-cycle skip change nothing the cycle decides -------------------
+
+SHAPES = [{"cpu": 1000, GPU: 1}, {"cpu": 1000, GPU: 2}, {"cpu": 4000}, {"cpu": 1000, GPU: 8}]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=st.lists(st.integers(0, 8), min_size=1, max_size=5),
+    pods=st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from((0, 5))), min_size=1, max_size=40),
+)
+def test_a_step_binds_what_a_cycle_trying_every_pod_binds(nodes: list[int], pods: list[tuple[int, int]]) -> None:
+    session = Session(SessionSettings())
+    state = ClusterState()
+    for i, gpus in enumerate(nodes):
+        node = Node(name=NodeName(f"n{i}"), uid=f"n{i}", allocatable={"cpu": 8000, "pods": 110, GPU: gpus})
+        session.on_node("ADDED", node)
+        state.node_event("ADDED", node)
+    for k, (shape, priority) in enumerate(pods):
+        pod = Pod(uid=PodUID(f"p{k}"), namespace="default", name=f"p{k:02d}", priority=priority,
+                  created=T0 + k, requests=dict(SHAPES[shape]))
+        session.on_pod("ADDED", pod)
+        state.pod_event("ADDED", pod)
+    got = session.step(T0 + 100)
+    units = [single_unit(p) for p in state.pending.values()]
+    every = Cycle(ScoringConfig()).run(state.snapshot(), units, classes=lambda u: u.key)
+    assert sorted((b.uid, b.node) for b in got.binds) == sorted((b.uid, b.node) for b in every.bindings)
+    told = {x.ref.uid: x.message for x in got.unschedulable}
+    assert told == {u.pod.uid: u.message for u in every.unschedulable}
+
+
+# -- kept books equal rebuilt ones -----------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("add", "bind", "end", "delete")), st.integers(0, 11)), max_size=60))
+def test_running_units_kept_as_pods_change_equal_units_built_anew(ops: list[tuple[str, int]]) -> None:
+    state = ClusterState()
+    groups = GroupBook()
+    for i in range(3):
+        state.node_event("ADDED", Node(name=NodeName(f"n{i}"), allocatable={"cpu": 64000, "pods": 110, GPU: 8}))
+    groups.group_event("ADDED", make_group("g").min_member(2).build())
+    kept = RunningBook()
+
+    def get(book: RunningBook) -> list[object]:
+        snap = state.snapshot()
+        return book.get(state=state, groups=groups, snap=snap, tree=QueueTree((), snap.columns), now=T0,
+                        basis=(1,), queue_of=lambda pods, group, tree: None, protecting=lambda pods: "")
+
+    rng = random.Random(len(ops))
+    for op, k in ops:
+        b = make_pod(f"p{k}").uid(f"u{k}").req(cpu="1", **{GPU: str(1 + k % 2)})
+        if k % 3 == 0:
+            b = b.group("g")
+        if op == "add":
+            pod = parse_pod(b.obj())
+        elif op == "bind":
+            pod = parse_pod(b.running(f"n{rng.randrange(3)}").obj())
+        elif op == "end":
+            pod = parse_pod(b.running("n0").phase("Succeeded").obj())
+        else:
+            pod = parse_pod(b.obj())
+            state.pod_event("DELETED", pod)
+            groups.pod_event("DELETED", pod)
+            assert get(kept) == get(RunningBook())
+            continue
+        state.pod_event("MODIFIED", pod)
+        groups.pod_event("MODIFIED", pod)
+        assert get(kept) == get(RunningBook())
+    assert {q: list(v) for q, v in kept.usage.items()} == {q: list(v) for q, v in RunningBook().usage.items()}
+
+
+def test_expected_ends_kept_across_cycles_are_each_pods_expected_end() -> None:
+    state = ClusterState()
+    state.node_event("ADDED", make_node("n0").cap(cpu="64", memory="64Gi").build())
+    pods = [
+        make_pod("a").req(cpu="1").running("n0").annotate(**{RUNTIME_ANNOTATION: "10m"}).obj(),
+        make_pod("b").req(cpu="1").running("n0").obj(),
+        make_pod("c").req(cpu="1").running("n0").deleting(T0).obj(),
+        make_pod("d").req(cpu="1").node("n0").annotate(**{RUNTIME_ANNOTATION: "90s"}).obj(),
+    ]
+    parsed = [parse_pod(p) for p in pods]
+    for p in parsed:
+        state.pod_event("ADDED", p)
+    snap = state.snapshot()
+    charged = _Charged.of(state, snap, {"n0": 0})
+    for now in (T0, T0 + 100, T0 + 10_000):
+        ends = charged.at(now).ends
+        want = [expected_end(state.pods[uid], now) for uid in state.charges]
+        assert list(ends) == want
