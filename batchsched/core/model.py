@@ -8,6 +8,7 @@ in an object the apiserver accepted; a quantity that cannot be parsed makes the 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
@@ -218,6 +219,7 @@ class Node:
 # -- parsing ------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=8192)
 def parse_time(value: str | None) -> float:
     if not value:
         return 0.0
@@ -357,10 +359,23 @@ def _term(t: Mapping[str, Any]) -> Term:
     )
 
 
-def parse_pod(obj: Mapping[str, Any]) -> Pod:
+def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) -> Pod:
+    """A pod as the scheduler sees it. ``schedulers``: the names it schedules for; a pod of
+    another scheduler that is not bound takes no capacity and is never placed by us, so
+    only what identifies it (and its gang) is read."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
+    name = spec.get("schedulerName") or "default-scheduler"
+    if schedulers is not None and name not in schedulers and not spec.get("nodeName"):
+        return Pod(
+            uid=PodUID(str(meta.get("uid", ""))), namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")), scheduler_name=str(name),
+            phase=str(status.get("phase") or "Pending"), created=parse_time(meta.get("creationTimestamp")),
+            deleting=bool(meta.get("deletionTimestamp")), labels=dict(meta.get("labels") or {}),
+            annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+            resource_version=str(meta.get("resourceVersion", "")),
+        )
     invalid = ""
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     asks: tuple[CardAsk, ...] = ()

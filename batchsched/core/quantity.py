@@ -7,6 +7,7 @@ other extended resources) in whole units, rounding up like the apiserver does fo
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal, InvalidOperation
@@ -66,7 +67,15 @@ def parse_quantity(value: str | int | float) -> Decimal:
 
 
 def to_units(resource: str, value: str | int | float) -> int:
-    """The quantity in the scheduler's integer unit for ``resource`` (milli-CPU for cpu)."""
+    """The quantity in the scheduler's integer unit for ``resource`` (milli-CPU for cpu).
+    Each distinct (resource, value) is parsed once: a cluster's pods repeat a few strings."""
+    if not isinstance(value, str | int | float):
+        raise QuantityError(f"bad quantity {value!r}")
+    return _to_units(resource, value)
+
+
+@functools.lru_cache(maxsize=16384)
+def _to_units(resource: str, value: str | int | float) -> int:
     q = parse_quantity(value)
     if resource in MILLI_RESOURCES:
         q = q * 1000

@@ -73,9 +73,10 @@ class Intake:
         #: uid -> the error last told about an object that could not be read
         self._told: dict[str, str] = {}
         s = session
+        self._schedulers = frozenset(s.settings.scheduler_names)
         self.reflectors = [
             self._feed("/api/v1/nodes", "nodes", "Node", parse_node, s.on_nodes_listed, s.on_node),
-            self._feed("/api/v1/pods", "pods", "Pod", parse_pod, s.on_pods_listed, self._pod),
+            self._feed("/api/v1/pods", "pods", "Pod", self._parse_pod, s.on_pods_listed, self._pod),
             self._feed("/apis/scheduling.k8s.io/v1/priorityclasses", "priorityclasses", "PriorityClass",
                        lambda o: (str(o["metadata"]["name"]), int(o.get("value") or 0)),
                        lambda items: s.on_priority_classes_listed(dict(items)),
@@ -97,6 +98,9 @@ class Intake:
                 path, f"podgroups.{api}", "PodGroup", partial(parse_podgroup, api),
                 partial(self._groups_listed, api), self._group,
             ))
+
+    def _parse_pod(self, obj: dict[str, Any]) -> Pod:
+        return parse_pod(obj, self._schedulers)
 
     def _feed(
         self, path: str, name: str, kind: str, parse: Callable[[dict[str, Any]], Any],
@@ -132,7 +136,7 @@ class Intake:
 
     def pod(self, kind: str, obj: dict[str, Any]) -> None:
         """A pod read outside the watch (a resync)."""
-        pod = self._parsed("Pod", parse_pod, obj)
+        pod = self._parsed("Pod", self._parse_pod, obj)
         if pod is not None:
             self.guard(self._pod, kind, pod)
 

@@ -21,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,9 +334,24 @@ class Sandbox:
             await apply_manifests(client, sorted(MANIFESTS.glob("*.yaml")) if MANIFESTS.exists() else [])
             if shapes:
                 names = await create_nodes(client, shapes)
-                await wait_nodes_ready(client, names, timeout=timeout)
+                await self._while_alive(st, wait_nodes_ready(client, names, timeout=timeout))
         finally:
             await client.close()
+
+    async def _while_alive(self, st: SandboxState, waiting: Coroutine[Any, Any, None]) -> None:
+        """Await ``waiting``, failing at once if a control-plane process exits meanwhile."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=1.0)
+                if not task.done():
+                    self._check_alive(st)
+            task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
 
     # -- down / status -------------------------------------------------------------
 

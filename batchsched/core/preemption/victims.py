@@ -178,6 +178,8 @@ class _Search:
         self.reach: BoolArray = np.asarray(p.masks[sigs].any(axis=0), dtype=np.bool_)
         self.usage: dict[str, IntArray] = {}
         self.nominal: dict[str, IntArray] = {}
+        #: queue -> the columns P asks for that the queue is borrowing in
+        self._borrowing: dict[str, list[int]] = {}
         self.pieces: list[_Piece] = []
         if self.valid:
             for w in running:
@@ -198,9 +200,11 @@ class _Search:
 
     def _borrowed_resource(self, queue: str, vec: IntArray) -> int:
         """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
-        used, nominal = self._queue_arrays(queue)
-        hit = self.managed & (self.x > 0) & (vec > 0) & (used > nominal)
-        return int(np.argmax(hit)) if hit.any() else -1
+        cols = self._borrowing.get(queue)
+        if cols is None:
+            used, nominal = self._queue_arrays(queue)
+            cols = self._borrowing[queue] = [int(c) for c in np.flatnonzero(self.managed & (self.x > 0) & (used > nominal))]
+        return next((c for c in cols if vec[c] > 0), -1)
 
     def _candidates(self, w: RunningUnit) -> None:
         kind = self._kind(w)
@@ -213,9 +217,12 @@ class _Search:
             options.append((extras, False))
         span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
         for pods, whole in options:
-            vec = np.zeros(width, dtype=np.int64)
-            for pod in pods:
-                vec += pod.req
+            if len(pods) == 1:
+                vec = pods[0].req  # read only
+            else:
+                vec = np.zeros(width, dtype=np.int64)
+                for pod in pods:
+                    vec += pod.req
             message, borrowed = kind[1], ""
             if kind[0] is VictimKind.RECLAIM:
                 assert w.queue is not None
