@@ -198,15 +198,22 @@ class _Search:
     def _kind(self, w: RunningUnit) -> tuple[VictimKind, str] | None:
         return eviction_kind(w, self.p, self.tree)
 
-    def _borrowed_resource(self, queue: str, vec: IntArray) -> int:
-        """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
+    def _borrowing_columns(self, queue: str) -> list[int]:
+        """The columns P asks for that ``queue`` is borrowing in."""
         cols = self._borrowing.get(queue)
         if cols is None:
             used, nominal = self._queue_arrays(queue)
             cols = self._borrowing[queue] = [int(c) for c in np.flatnonzero(self.managed & (self.x > 0) & (used > nominal))]
-        return next((c for c in cols if vec[c] > 0), -1)
+        return cols
+
+    def _borrowed_resource(self, queue: str, vec: IntArray) -> int:
+        """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
+        return next((c for c in self._borrowing_columns(queue) if vec[c] > 0), -1)
 
     def _candidates(self, w: RunningUnit) -> None:
+        if w.queue is not None and w.queue != self.p.queue and self.tree is not None and (
+                self.tree.leaf_problem(w.queue) is not None or not self._borrowing_columns(w.queue)):
+            return  # another queue's work is only ever reclaimed, and only from a borrower
         kind = self._kind(w)
         if kind is None or not w.pods:
             return
