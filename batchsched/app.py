@@ -27,6 +27,7 @@ import time
 import uuid
 from typing import Any
 
+from batchsched import procmem
 from batchsched.config import Config, ConfigError, load_config
 from batchsched.core.decisions import Decisions
 from batchsched.core.model import PodUID
@@ -48,6 +49,11 @@ from batchsched.kube.status import StatusWriter
 from batchsched.metrics import Metrics
 
 log = logging.getLogger("batchsched")
+
+#: a step longer than this may have freed much memory: it is given back to the system,
+#: at most every :data:`TRIM_EVERY_SECONDS`
+TRIM_AFTER_SECONDS = 0.5
+TRIM_EVERY_SECONDS = 30.0
 
 class SchedulerFailed(RuntimeError):
     """The replica stopped on an unexpected error (it was reported and the lease released)."""
@@ -86,6 +92,7 @@ class Scheduler:
         self._tasks: list[asyncio.Task[Any]] = []
         self.elector: LeaderElector | None = None
         self._failure: BaseException | None = None
+        self._trimmed = -1e18
         self.intake = Intake(
             client, self.session, status=self.status, group_status=self.group_status,
             queue_status=self.queue_status, metrics=self.metrics, on_change=self._poke, on_failure=self._fail,
@@ -180,7 +187,12 @@ class Scheduler:
         self._apply(d)
         if d.again:
             self._wake.set()
-        self._observe(d, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self._observe(d, seconds)
+        if seconds > TRIM_AFTER_SECONDS and time.monotonic() - self._trimmed > TRIM_EVERY_SECONDS:
+            # a large step freed much: give the pages back (the resident size stays honest)
+            self._trimmed = time.monotonic()
+            procmem.trim()
         return len(d.binds)
 
     def _observe(self, d: Decisions, seconds: float) -> None:

@@ -39,6 +39,7 @@ import sys
 import time
 from typing import Any
 
+from batchsched import procmem
 from batchsched.core.gangs import PodGroup
 from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID
 from batchsched.core.placement import kernels
@@ -150,6 +151,8 @@ class Backlog:
         t = time.perf_counter()
         out = s.step(self.now)
         took = time.perf_counter() - t
+        if took > 0.5:
+            procmem.trim()  # as the running scheduler does after a large step
         plan = out.plan
         # what the watch would show next: the bindings confirmed, the evicted pods gone
         for b in out.binds:

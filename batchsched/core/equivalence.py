@@ -119,6 +119,7 @@ class SingleIndex:
 
     def __init__(self) -> None:
         self.classes: dict[Hashable, SortedKeyList] = {}
+        self._keys: dict[Hashable, Hashable] = {}
         self._of: dict[PodUID, tuple[Hashable, Pod]] = {}
 
     def __len__(self) -> int:
@@ -138,6 +139,7 @@ class SingleIndex:
             members.remove(old[1])
             if not members:
                 del self.classes[old[0]]
+                del self._keys[old[0]]
             del self._of[uid]
         if pod is None:
             return
@@ -145,11 +147,15 @@ class SingleIndex:
         members = self.classes.get(key)
         if members is None:
             members = self.classes[key] = SortedKeyList(key=_order)
+            self._keys[key] = key
+        else:
+            key = self._keys[key]  # one key object per class, shared by its members
         members.add(pod)
         self._of[uid] = (key, pod)
 
     def clear(self) -> None:
         self.classes.clear()
+        self._keys.clear()
         self._of.clear()
 
     def items(self) -> Iterator[tuple[Hashable, SortedKeyList]]:

@@ -170,6 +170,7 @@ class Session:
         self._class_told: dict[Any, tuple[str, str, float]] = {}
         #: gang members' classes, by UID, with the version of the pod they were computed for
         self._member_classes: dict[PodUID, tuple[Pod, Any]] = {}
+        self._member_keys: dict[Any, Any] = {}
         #: gang key -> its class across gangs, order, smallest member's request, quorum
         #: (kept while it sleeps: of a class woken together only the first few are built)
         self._gang_class: dict[str, tuple[Any, tuple[int, float, str], Mapping[str, int], int]] = {}
@@ -508,6 +509,8 @@ class Session:
             self.state.check()
             self.waits.prune(self._still_waiting)
             self._gang_class = {k: v for k, v in self._gang_class.items() if k in self.waits}
+            live = {id(v[1]) for v in self._member_classes.values()}
+            self._member_keys = {k: v for k, v in self._member_keys.items() if id(v) in live}
 
     def _quota_root(self, key: str, plan: Plan) -> str | None:
         """For a unit its queue's quota held back: the top of that queue's tree (whose
@@ -790,6 +793,7 @@ class Session:
         if cached is not None and cached[0] is pod:
             return cached[1]
         found = pod_class(pod)
+        found = self._member_keys.setdefault(found, found)  # one key object per class
         self._member_classes[pod.uid] = (pod, found)
         return found
 
