@@ -235,6 +235,34 @@ def measure(nodes: int, pods: int, *, repeats: int = 5) -> dict[str, Any]:
     }
 
 
+def markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's table: one row per cluster size."""
+    if not rows:
+        return []
+
+    def ms(cell: Any) -> str:
+        if isinstance(cell, list | tuple):
+            return f"{1e3 * cell[0]:,.0f} ({1e3 * cell[1]:,.0f}-{1e3 * cell[2]:,.0f})"
+        return f"{1e3 * cell:,.0f}"
+
+    lines = [
+        "A large backlog through the whole session (`python -m perf.backlog`; eight queues in two cohorts, "
+        "85% of the GPUs busy, 70% single pods and 30% gang members of 8-32, far more than fits). "
+        "Step time in ms, median (min-max); *units*: what the cycle was handed (median).",
+        "",
+        "| nodes | pending | running | first step | idle step | churn step (units) | every sleeper retried (units) "
+        "| RSS after intake / end, MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['nodes']:,} | {r['pending']:,} | {r['running']:,} | {ms(r['first']['s'])} | {ms(r['idle']['s'])} | "
+            f"{ms(r['churn']['s'])} ({r['churn']['units']:g}) | {ms(r['full']['s'])} ({r['full']['units']:g}) | "
+            f"{r['rss_after_intake_mib']} / {r['rss_mib']} |"
+        )
+    return [*lines, ""]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.backlog", description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=4000)

@@ -360,6 +360,16 @@ def mirror_child(nodes: int, pods: int, bound_fraction: float) -> dict[str, Any]
     }
 
 
+def bench_backlog(nodes: int, pods: int, repeats: int = 3) -> dict[str, Any]:
+    """:mod:`perf.backlog` in a fresh process (its resident size is the session's own)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "perf.backlog", "--nodes", str(nodes), "--pods", str(pods), "--repeats", str(repeats)],
+        capture_output=True, text=True, check=True,
+    )
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
 def bench_mirror(nodes: int = 5000, pods: int = 50000, bound_fraction: float = 0.6) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "perf.cyclebench", "mirror", str(nodes), str(pods), str(bound_fraction)],
@@ -380,6 +390,7 @@ FULL: dict[str, Any] = {
     "gang_sizes": [64, 512],
     "mirror": (5000, 50000),
     "cards": [(1000, 2000), (5000, 2000), (10000, 2000)],
+    "backlog": [(4000, 140000), (10000, 140000)],
 }
 QUICK: dict[str, Any] = {
     "cycle_nodes": [100, 400],
@@ -389,6 +400,7 @@ QUICK: dict[str, Any] = {
     "gang_sizes": [64],
     "mirror": (200, 2000),
     "cards": [(200, 500)],
+    "backlog": [(200, 3000)],
 }
 
 
@@ -420,6 +432,10 @@ def run_all(*, quick: bool = False, log: Any = None) -> dict[str, Any]:
         for policy in ("fragmentation", "binpack"):
             row[policy] = bench_cards(n, p, policy=policy, repeats=2)
         out["cards"].append(row)
+    out["backlog"] = []
+    for n, p in sizes["backlog"]:
+        say(f"backlog through the whole session: {n} nodes, {p} pending pods (fresh process) ...")
+        out["backlog"].append(bench_backlog(n, p))
     mn, mp = sizes["mirror"]
     say(f"mirror of {mn} nodes / {mp} pods (fresh process) ...")
     out["mirror"] = bench_mirror(mn, mp)
