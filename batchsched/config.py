@@ -113,6 +113,9 @@ class PreemptionSection:
     nomination_timeout_seconds: float = 300.0
     #: victim searches per cycle at most (the rest are retried in the next cycle)
     max_searches_per_cycle: int = 64
+    #: seconds of victim search per cycle at most (the rest are retried in the next cycle:
+    #: a search walks the running work, so a large cluster reaches this before the count)
+    max_search_seconds_per_cycle: float = 0.5
 
 
 @dataclass(slots=True, frozen=True)
@@ -194,6 +197,7 @@ class Config:
             preemption=p.enabled,
             nomination_timeout=p.nomination_timeout_seconds,
             max_searches=p.max_searches_per_cycle,
+            max_search_seconds=p.max_search_seconds_per_cycle,
         )
 
     def session_settings(self) -> SessionSettings:
@@ -346,6 +350,7 @@ def _validate(cfg: Config) -> None:
     positive(q.status_interval_seconds, "queues.statusIntervalSeconds")
     positive(cfg.preemption.nomination_timeout_seconds, "preemption.nominationTimeoutSeconds")
     positive(cfg.preemption.max_searches_per_cycle, "preemption.maxSearchesPerCycle")
+    positive(cfg.preemption.max_search_seconds_per_cycle, "preemption.maxSearchSecondsPerCycle")
     positive(cfg.reservation.per_queue, "reservation.perQueue")
     positive(cfg.reservation.max_hold_seconds, "reservation.maxHoldSeconds")
     host, _, port = cfg.metrics_address.rpartition(":")

@@ -497,13 +497,16 @@ class _Walk:
         if not unit.single:
             message = explain.like_gang(first.display, message)
         self.fail(unit, message, reason=reason, status=status)
+        if first.key in self.plan.deferred:
+            self.plan.deferred.add(unit.key)  # its victim search is owed too
         return True
 
     def _learn(self, q: QueueName | None, unit: Unit) -> None:
-        """After ``unit`` was tried: if it failed outright (not waiting for a reservation
-        or for victims, not deferred), the rest of its class will fail alike."""
+        """After ``unit`` was tried: if it failed (not waiting for a reservation or for
+        victims), the rest of its class fails alike; if its victim search was put off to
+        the next cycle (the search budget was spent), theirs are too."""
         result = self.plan.results.get(unit.key)
-        if result is None or not result.failed or unit.key in self.plan.deferred or not unit.pods:
+        if result is None or not result.failed or not unit.pods:
             return
         if unit.single or unit.min_count > 0:
             self.failed_classes[(q, self.class_of(unit))] = (result.reason, result.message, result.status, unit)

@@ -11,7 +11,8 @@ cycle's view, charges the quorum to the nodes the search named and records a
 victims are gone.
 
 Per cycle, failed searches are remembered by what decides them (cleared whenever capacity
-is freed), and at most ``QueueInput.max_searches`` searches run; units beyond are deferred
+is freed), and at most ``QueueInput.max_searches`` searches run, for at most
+``QueueInput.max_search_seconds`` in all; units beyond are deferred
 to the next cycle. The walk is reached through the :class:`Walk` protocol: this module
 does not import the cycle.
 """
@@ -147,7 +148,7 @@ class CyclePreemption:
         cands = self.candidates.for_unit(q, unit.priority, x)
         if not cands:
             return False, ""
-        if self.searches >= qi.max_searches:
+        if self.searches >= qi.max_searches or self.time >= qi.max_search_seconds:
             walk.plan.deferred.add(unit.key)
             return False, ""
         self.searches += 1

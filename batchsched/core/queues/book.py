@@ -78,6 +78,8 @@ class QueueInput:
     preemption: bool = True
     #: victim searches per cycle at most; units beyond are retried in the next cycle
     max_searches: int = 64
+    #: seconds of victim search per cycle at most; units beyond are retried in the next cycle
+    max_search_seconds: float = 0.5
     #: the book ``running`` comes from, once called: each queue's summed running usage and
     #: which unit each pod is in (None: the cycle sums every unit itself)
     running_book: RunningBook | None = None
@@ -104,6 +106,7 @@ class QueueSettings:
     preemption: bool = True
     nomination_timeout: float = 300.0
     max_searches: int = 64
+    max_search_seconds: float = 0.5
 
 
 @dataclass(slots=True)
@@ -268,6 +271,7 @@ class QueueBook:
             max_wait=s.max_wait or None,
             preemption=s.preemption,
             max_searches=s.max_searches,
+            max_search_seconds=s.max_search_seconds,
             running_book=self._running,
         )
 
