@@ -5,6 +5,11 @@ On a fresh sandbox with the workload's nodes, for each concurrency in the sweep:
 POST a Binding for each (with the pod's UID, as a scheduler does) from ``concurrency``
 workers over raw aiohttp, doing nothing else. The pods are spread round-robin over the
 nodes. Every scheduler's pods/s can then be read as a fraction of the best rate here.
+
+In a live suite (:mod:`perf.suite`) the ceiling is one more member of every round (A, B,
+ceiling, A, B, ceiling, ...) on a control plane of the same size and node shape as the
+schedulers', so each run is divided by the ceiling measured under the same conditions
+of the machine, not by one measured minutes later.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import orjson
 
 from batchsched.kube.client import KubeClient
 from perf import procstat
-from perf.live import StartError, create_all
+from perf.live import StartError, create_all, ready_timeout
+from perf.workload import NodeSpec
 
 NOBODY = "perf-nobody"
 
@@ -120,22 +126,38 @@ async def measure(
 
 
 def run_ceiling(
-    *, nodes: int, binds: int, concurrencies: list[int], apiserver_args: list[str], sandbox_name: str
+    *,
+    nodes: int,
+    binds: int,
+    concurrencies: list[int],
+    apiserver_args: list[str],
+    sandbox_name: str,
+    node: NodeSpec | None = None,
 ) -> dict[str, Any]:
-    """The sweep on a fresh sandbox; ``best`` is the highest rate of the sweep."""
+    """The sweep on a fresh sandbox of ``nodes`` nodes shaped like ``node`` (default: 8
+    GPUs); ``best`` is the highest rate of the sweep."""
     from batchsched.kube.errors import KubeError
     from batchsched.sandbox.cluster import Sandbox, SandboxError
     from batchsched.sandbox.nodes import NodeShape
 
+    spec = node or NodeSpec()
     box = Sandbox(sandbox_name)
+    t_up = time.monotonic()
     try:
-        state = box.up([NodeShape(count=nodes)], apiserver_args=apiserver_args, ready_timeout=max(120.0, nodes * 0.1))
+        state = box.up(
+            [NodeShape(count=nodes, gpus=spec.gpus, cpu=spec.cpu, memory=spec.memory, max_pods=spec.max_pods)],
+            apiserver_args=apiserver_args, ready_timeout=ready_timeout(nodes),
+        )
     except (SandboxError, KubeError, OSError, TimeoutError) as exc:
         raise StartError(f"the sandbox for the ceiling did not start: {exc}") from exc
+    up_s = time.monotonic() - t_up
     try:
         procs = {p.name: p.pid for p in state.processes}
         sweep = asyncio.run(measure(state.kubeconfig, procs, binds=binds, concurrencies=concurrencies))
     finally:
         box.down()
     rates = [r["binds_per_s"] for r in sweep if r["binds_per_s"]]
-    return {"nodes": nodes, "binds": binds, "sweep": sweep, "best": max(rates) if rates else None}
+    return {
+        "nodes": nodes, "binds": binds, "sweep": sweep, "best": max(rates) if rates else None,
+        "sandbox_up_s": round(up_s, 2),
+    }

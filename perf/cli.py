@@ -2,8 +2,11 @@
 
     python -m perf list                               workloads, sizes and schedulers
     python -m perf build                              build the peers (kube-scheduler, scheduler-plugins)
-    python -m perf sched WORKLOAD [--size S] [--runs N] [--schedulers a,b]
+    python -m perf sched WORKLOAD [--size S] [--runs N] [--schedulers a,b]   rounds of A B ceiling
     python -m perf ceiling --nodes N [--binds B] [--concurrency 1,16,64,256]
+    python -m perf restart [--nodes N --gangs G --pods P]   kill mid-run, restart: ready, first bind
+    python -m perf idle [--nodes N] [--variant gangs|pods]  CPU while work that cannot fit waits
+    python -m perf sandbox [--nodes 1000,5000]            N nodes to Ready; control plane CPU idle
     python -m perf cycle [--quick]
     python -m perf report
     python -m perf smoke                              everything at tiny sizes, one run each
@@ -42,6 +45,10 @@ def _positive(text: str) -> int:
     return value[0]
 
 
+def _names(text: str) -> list[str]:
+    return [s for s in text.split(",") if s]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m perf", description="batchsched's perf suite")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: perf/results)")
@@ -53,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--size", help="a size named in the workload, or NODESxPODS (default: its default_size)")
     s.add_argument("--runs", type=_positive, default=3, help="runs per scheduler (default 3)")
     s.add_argument("--schedulers", help="comma-separated subset of the workload's schedulers")
-    s.add_argument("--no-ceiling", action="store_true", help="skip the bind-ceiling sweep")
+    s.add_argument("--no-ceiling", action="store_true", help="skip the bind ceiling (otherwise one per round)")
     s.add_argument("--ceiling-binds", type=_positive, help="binds per concurrency step (default: min(pods, 4000))")
-    s.add_argument("--concurrency", type=_csv_ints, default=[1, 16, 64, 256], help="ceiling sweep (default 1,16,64,256)")
+    s.add_argument("--concurrency", type=_csv_ints, default=[64, 256],
+                   help="each round's ceiling sweep, Bindings in flight (default 64,256)")
     s.add_argument("--timeout", type=float, help="seconds until every pod must be bound (default: the workload's)")
     s.add_argument("--profile", action="store_true",
                    help="one more batchsched run under cProfile after the measured ones (its top functions go in the report)")
@@ -76,6 +84,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also replay openb default at its own times with arrivals this many times sooner "
                         "and plot the wait-time CDF (0: no replay)")
     m.add_argument("--replay-limit", type=int, help="replay only the first N tasks")
+    r = sub.add_parser("restart", help="SIGKILL each scheduler mid-run, start it again: time to ready and first bind")
+    r.add_argument("--nodes", type=_positive, default=500, help="8-GPU nodes (default 500; issue 13: 5000)")
+    r.add_argument("--gangs", type=int, default=10, help="gangs in the backlog (default 10; issue 13: 100)")
+    r.add_argument("--gang-size", type=_positive, default=64, help="single-GPU pods per gang, quorum = size (default 64)")
+    r.add_argument("--pods", type=int, default=2000, help="single pods in the backlog (default 2000; issue 13: 20000)")
+    r.add_argument("--pod-gpus", type=_positive, default=2, help="GPUs per single pod (default 2: more is asked than exists)")
+    r.add_argument("--kill-fraction", type=float, default=0.25, help="kill once this fraction of the pods is bound (default 0.25)")
+    r.add_argument("--after", type=float, default=10.0, help="seconds of binds counted after the restart's first bind")
+    r.add_argument("--runs", type=_positive, default=1, help="rounds, A B A B (default 1)")
+    r.add_argument("--schedulers", default="batchsched,kube-scheduler-gang",
+                   help="comma-separated (default batchsched,kube-scheduler-gang)")
+    r.add_argument("--timeout", type=float, default=600.0, help="seconds allowed to reach the kill point, and to the first bind after the restart")
+    i = sub.add_parser("idle", help="scheduler CPU over a minute while gangs that can never fit wait")
+    i.add_argument("--nodes", type=_positive, default=500, help="8-GPU nodes (default 500; issue 13: 5000)")
+    i.add_argument("--free-nodes", type=int, default=4, help="nodes left empty; every other node is full (default 4)")
+    i.add_argument("--gangs", type=_positive, default=100, help="waiting gangs (default 100)")
+    i.add_argument("--gang-size", type=_positive, default=8, help="pods of 8 GPUs per gang, quorum = size (default 8)")
+    i.add_argument("--variant", choices=["gangs", "pods"], default="gangs",
+                   help="gangs, or the same pods without gangs (for schedulers that have none)")
+    i.add_argument("--window", type=float, default=60.0, help="seconds measured with nothing changing (default 60)")
+    i.add_argument("--settle", type=float, default=20.0, help="seconds from the scheduler's start to the window (default 20)")
+    i.add_argument("--runs", type=_positive, default=1, help="rounds, A B A B (default 1)")
+    i.add_argument("--schedulers", help="comma-separated (default: batchsched,kube-scheduler-gang for gangs, "
+                                        "batchsched,kube-scheduler for pods)")
+    b = sub.add_parser("sandbox", help="time N fake nodes to Ready and the control plane's CPU while idle")
+    b.add_argument("--nodes", type=_csv_ints, default=[1000], help="node counts, comma-separated (default 1000)")
+    b.add_argument("--idle", type=float, default=60.0, help="seconds idle after all are Ready (default 60)")
+    b.add_argument("--sample", type=float, default=10.0, help="seconds between progress lines (default 10)")
+    b.add_argument("--timeout", type=float, help="seconds allowed to reach all Ready (default: as the live runs)")
     sub.add_parser("report", help="rewrite the report from the results folder")
     sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
     return p
@@ -142,6 +179,15 @@ def smoke(out: Path) -> dict[str, Path]:
     else:
         log("smoke: coscheduling skipped: scheduler-plugins is not built (python -m perf build)")
     run_suite(workload="gang-8", size="smoke", schedulers=gang_peers, runs=1, out=out, ceiling=False, strict=True)
+    from perf.idle import IdleSize, run_idle
+    from perf.restart import RestartSize, run_restart
+
+    # large enough that the Bindings in flight at the kill (batchsched: up to 128) leave work
+    run_restart(size=RestartSize(nodes=40, gangs=2, gang_size=8, pods=400, pod_gpus=1, kill_fraction=0.05,
+                                 after=2.0, timeout=120.0),
+                schedulers=["batchsched", "kube-scheduler-gang"], runs=1, out=out, log=log, strict=True)
+    run_idle(size=IdleSize(nodes=12, free_nodes=4, gangs=5, gang_size=8, settle=5.0, window=5.0, sample=5.0),
+             schedulers=["batchsched", "kube-scheduler-gang"], runs=1, out=out, log=log, strict=True)
     write_json(out / "cycle.json", run_all(quick=True, log=log))
     return write_report(out)
 
@@ -164,6 +210,30 @@ def main(argv: list[str] | None = None) -> int:
             runs=args.runs, out=out, ceiling=not args.no_ceiling, ceiling_binds=args.ceiling_binds,
             concurrencies=args.concurrency, timeout=args.timeout, profile=args.profile,
         )
+    elif args.command == "restart":
+        from perf.restart import RestartSize, run_restart
+
+        rsize = RestartSize(nodes=args.nodes, gangs=args.gangs, gang_size=args.gang_size, pods=args.pods,
+                            pod_gpus=args.pod_gpus, kill_fraction=args.kill_fraction, after=args.after,
+                            timeout=args.timeout)
+        run_restart(size=rsize, schedulers=_names(args.schedulers), runs=args.runs, out=out, log=log)
+    elif args.command == "idle":
+        from perf.idle import IdleSize, run_idle
+
+        isize = IdleSize(nodes=args.nodes, free_nodes=args.free_nodes, gangs=args.gangs, gang_size=args.gang_size,
+                         variant=args.variant, settle=args.settle, window=args.window)
+        default = "batchsched,kube-scheduler-gang" if args.variant == "gangs" else "batchsched,kube-scheduler"
+        run_idle(size=isize, schedulers=_names(args.schedulers or default), runs=args.runs, out=out, log=log)
+    elif args.command == "sandbox":
+        from perf.live import ready_timeout
+        from perf.sandboxbench import run_one, table
+
+        results = []
+        for n in args.nodes:
+            result = run_one(n, idle=args.idle, sample=args.sample, timeout=args.timeout or ready_timeout(n), log=log)
+            write_json(out / "sandbox" / f"{n}.json", result)
+            results.append(result)
+        print("\n".join(table(results)))
     elif args.command == "ceiling":
         cmd_ceiling(out, args.nodes, args.binds, args.concurrency)
     elif args.command == "cycle":

@@ -25,16 +25,19 @@ import contextlib
 import statistics
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError
 from perf import procstat
 from perf.peers import GANG_X_K8S, Peer, Running
-from perf.workload import Expanded, PodSpec
+from perf.workload import Expanded, NodeSpec, PodSpec
+
+if TYPE_CHECKING:
+    from batchsched.sandbox.cluster import SandboxState
 
 NAMESPACE = "perf"
 CREATE_CONCURRENCY = 64
@@ -127,6 +130,31 @@ async def create_all(client: KubeClient, items: Iterable[tuple[str, dict[str, An
 # -- the run --------------------------------------------------------------------------------
 
 
+def ready_timeout(nodes: int) -> float:
+    """Seconds a sandbox of ``nodes`` nodes may take to bring them all Ready."""
+    return max(120.0, nodes * 0.1)
+
+
+@contextlib.contextmanager
+def fresh_sandbox(name: str, nodes: int, node: NodeSpec, apiserver_args: Iterable[str]) -> Iterator[SandboxState]:
+    """A sandbox of ``nodes`` nodes shaped like ``node``, stopped on exit; StartError if it cannot start."""
+    from batchsched.sandbox.cluster import Sandbox, SandboxError
+    from batchsched.sandbox.nodes import NodeShape
+
+    box = Sandbox(name)
+    try:
+        state = box.up(
+            [NodeShape(count=nodes, gpus=node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods)],
+            apiserver_args=tuple(apiserver_args), ready_timeout=ready_timeout(nodes),
+        )
+    except (SandboxError, KubeError, OSError, TimeoutError) as exc:
+        raise StartError(f"the sandbox did not start: {exc}") from exc
+    try:
+        yield state
+    finally:
+        box.down()
+
+
 @dataclass(slots=True)
 class RunConfig:
     peer: Peer
@@ -165,7 +193,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         state = box.up(
             [NodeShape(count=ex.size.nodes, gpus=node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods)],
             apiserver_args=cfg.apiserver_args,
-            ready_timeout=max(120.0, ex.size.nodes * 0.1),
+            ready_timeout=ready_timeout(ex.size.nodes),
         )
     except (SandboxError, KubeError, OSError, TimeoutError) as exc:
         raise StartError(f"the sandbox did not start: {exc}") from exc
@@ -284,6 +312,13 @@ def profile_summary(path: Path, top: int = 30) -> dict[str, Any]:
 
 async def _wait_ready(running: Running, m: Measured, interval: float = 0.02) -> None:
     """Record when the scheduler's /readyz first answers 200 (seconds from its start)."""
+    ready = await wait_ready(running, interval)
+    if ready is not None:
+        m.timings["ready_s"] = ready
+
+
+async def wait_ready(running: Running, interval: float = 0.02) -> float | None:
+    """Seconds from the scheduler's start until its /readyz first answers 200 (None if it exits)."""
     import ssl
 
     ctx = ssl.create_default_context()
@@ -300,9 +335,9 @@ async def _wait_ready(running: Running, m: Measured, interval: float = 0.02) -> 
     loop = asyncio.get_running_loop()
     while running.ready_url and running.alive():
         if await loop.run_in_executor(None, probe):
-            m.timings["ready_s"] = time.monotonic() - running.started
-            return
+            return time.monotonic() - running.started
         await asyncio.sleep(interval)
+    return None
 
 
 async def _stream(

@@ -1,6 +1,7 @@
 """The report: every result under ``<out>`` summarised as Markdown, JSON and PNG plots.
 
 Reads ``<out>/sched/*.json`` (live runs, one file per workload and size),
+``<out>/restart/*.json`` and ``<out>/idle/*.json`` (the restart and idle benchmarks),
 ``<out>/ceiling/*.json`` (stand-alone ceiling sweeps) and ``<out>/cycle.json`` (cycle and
 kernel benchmarks); writes ``<out>/report.md``, ``<out>/summary.json``,
 ``<out>/bound-<workload>@<size>.png`` (pods bound over time, one line per run, one colour
@@ -48,6 +49,20 @@ def _spread(values: list[float], digits: int = 0) -> str:
     return f"{_fmt(_med(values), digits)} ({_fmt(min(values), digits)}\u2013{_fmt(max(values), digits)})"
 
 
+def _stats(values: list[float]) -> dict[str, float | None]:
+    """Median, min and max (the JSON form of "median (min-max)")."""
+    return {"median": _med(values), "min": min(values) if values else None, "max": max(values) if values else None}
+
+
+def _pct(values: list[float]) -> str:
+    """Fractions as "77% (70\u201385%)"."""
+    if not values:
+        return "\u2013"
+    if len(values) == 1:
+        return f"{100 * values[0]:.0f}%"
+    return f"{100 * _med(values):.0f}% ({100 * min(values):.0f}\u2013{100 * max(values):.0f}%)"  # type: ignore[operator]
+
+
 def _mib(v: float | None) -> float | None:
     return None if v is None else v / 2**20
 
@@ -71,6 +86,12 @@ def summarize_suite(data: dict[str, Any]) -> dict[str, Any]:
             return [r["usage"][proc][key] for r in rs if (r.get("usage") or {}).get(proc, {}).get(key) is not None]
 
         rate = vals("pods_per_s")
+        frac = vals("fraction_of_ceiling")
+        frac_e2e = vals("fraction_of_ceiling_e2e")
+        if not frac and ceiling:
+            # results written before the ceiling was measured in every round: one ceiling for all
+            frac = [v / ceiling for v in rate]
+            frac_e2e = [v / ceiling for v in vals("pods_per_s_e2e")]
         per[name] = {
             "runs": len(runs),
             "ok": len(good),
@@ -82,7 +103,11 @@ def summarize_suite(data: dict[str, Any]) -> dict[str, Any]:
             "first_bind_s": vals("first_bind_s"),
             "last_bind_s": vals("last_bind_s"),
             "partial_gangs": sum(r.get("partial_gangs", 0) for r in runs),
-            "fraction_of_ceiling": (_med(rate) / ceiling) if rate and ceiling else None,
+            # each run's rate over the ceiling measured in its own round
+            "fraction_of_ceiling_runs": frac,
+            "fraction_of_ceiling_e2e_runs": frac_e2e,
+            "fraction_of_ceiling": _med(frac),
+            "fraction_of_ceiling_e2e": _med(frac_e2e),
             "scheduler_cpu_s": usage("scheduler", "cpu_seconds"),
             "scheduler_cpu_percent": usage("scheduler", "cpu_percent"),
             "scheduler_peak_rss": usage("scheduler", "peak_rss_bytes"),
@@ -94,6 +119,12 @@ def summarize_suite(data: dict[str, Any]) -> dict[str, Any]:
             "stream_latency_ms": [r["stream_latency_ms"] for r in good if r.get("stream_latency_ms")],
             "metrics": [r.get("scheduler_metrics") or {} for r in good],
         }
+        s = per[name]
+        s["stats"] = {
+            key: _stats(s[key])
+            for key in ("pods_per_s", "pods_per_s_e2e", "ready_s", "first_bind_s", "last_bind_s",
+                        "fraction_of_ceiling_runs", "fraction_of_ceiling_e2e_runs")
+        }
     ours = per.get("batchsched", {}).get("pods_per_s_median")
     ours_e2e = _med(per.get("batchsched", {}).get("pods_per_s_e2e", []))
     for name, s in per.items():
@@ -103,7 +134,15 @@ def summarize_suite(data: dict[str, Any]) -> dict[str, Any]:
         s["batchsched_ratio_e2e"] = (
             (ours_e2e / theirs_e2e) if ours_e2e and theirs_e2e and name != "batchsched" else None
         )
-    return {"ceiling": ceiling, "schedulers": per}
+    c = data.get("ceiling") or {}
+    ceilings = [x["best"] for x in data.get("ceilings") or [] if x.get("best")]
+    return {
+        "ceiling": ceiling,
+        "ceiling_per_round": ceilings or ([ceiling] if ceiling else []),
+        "ceiling_in_rounds": bool(data.get("ceilings")),
+        "ceiling_stats": _stats(ceilings) if ceilings else {"median": c.get("best"), "min": c.get("best"), "max": c.get("best")},
+        "schedulers": per,
+    }
 
 
 def _cycle_metrics(metrics: list[dict[str, float]]) -> str:
@@ -127,15 +166,27 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
     lines = [f"## {data['workload']} @ {data['size']}: {nodes:,} nodes, {pods:,} pods{gangs}", ""]
     if data.get("description"):
         lines += [f"{data['description']}. GPUs asked {data['gpu_demand']:,} of {data['gpu_capacity']:,}.", ""]
-    ceiling = data.get("ceiling")
-    if ceiling and ceiling.get("sweep"):
+    ceiling = data.get("ceiling") or {}
+    if data.get("ceilings"):
+        per_round = ", ".join(
+            f"round {c['round'] + 1}: {_fmt(c.get('best'))}" + (" (failed)" if c.get("error") else "")
+            for c in data["ceilings"]
+        )
+        sweep = ", ".join(f"{r['concurrency']} in flight: {_fmt(r['binds_per_s'])}/s" for r in ceiling.get("sweep") or [])
+        lines += [
+            f"Bind ceiling, measured in every round after the schedulers (A, B, ceiling, ...) on the same "
+            f"cluster shape: **{_spread(summary['ceiling_per_round'])} binds/s** ({per_round}; last round: {sweep}). "
+            "Each run's rate is divided by its own round's ceiling.",
+            "",
+        ]
+    elif ceiling.get("sweep"):
         sweep = ", ".join(f"{r['concurrency']} in flight: {_fmt(r['binds_per_s'])}/s" for r in ceiling["sweep"])
-        lines += [f"Bind ceiling on this control plane: **{_fmt(ceiling['best'])} binds/s** ({sweep}).", ""]
+        lines += [f"Bind ceiling on this control plane, measured once after the runs: **{_fmt(ceiling['best'])} binds/s** ({sweep}).", ""]
     lines += [
         "| scheduler | runs ok | pods/s, first→last bind: median (min\u2013max) | pods/s end to end | "
-        "ready s | first bind s | last bind s | batchsched ÷ this | of ceiling | partial gangs | "
+        "ready s | first bind s | last bind s | batchsched ÷ this | of ceiling | end to end, of ceiling | partial gangs | "
         "scheduler CPU s (% of a core) | scheduler peak RSS MiB | apiserver CPU s (%) | apiserver peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summary["schedulers"].items():
         ratio = "\u2013"
@@ -143,7 +194,6 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
             ratio = f"{s['batchsched_ratio']:.2f}x"
             if s["batchsched_ratio_e2e"]:
                 ratio += f" (e2e {s['batchsched_ratio_e2e']:.2f}x)"
-        frac = f"{100 * s['fraction_of_ceiling']:.0f}%" if s["fraction_of_ceiling"] else "\u2013"
         cpu = _spread(s["scheduler_cpu_s"], 1)
         if s["scheduler_cpu_percent"]:
             cpu += f" ({_fmt(_med(s['scheduler_cpu_percent']))}%)"
@@ -152,12 +202,17 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
             api += f" ({_fmt(_med(s['apiserver_cpu_percent']))}%)"
         lines.append(
             f"| {name} | {s['ok']}/{s['runs']} | {_spread(s['pods_per_s'])} | {_spread(s['pods_per_s_e2e'])} | "
-            f"{_spread(s['ready_s'], 2)} | {_spread(s['first_bind_s'], 2)} | {_spread(s['last_bind_s'], 2)} | {ratio} | {frac} | "
+            f"{_spread(s['ready_s'], 2)} | {_spread(s['first_bind_s'], 2)} | {_spread(s['last_bind_s'], 2)} | {ratio} | "
+            f"{_pct(s['fraction_of_ceiling_runs'])} | {_pct(s['fraction_of_ceiling_e2e_runs'])} | "
             f"{s['partial_gangs']} | {cpu} | {_spread([_mib(v) or 0 for v in s['scheduler_peak_rss']])} | "
             f"{api} | {_spread([_mib(v) or 0 for v in s['apiserver_peak_rss']])} |"
         )
     lines.append("")
-    notes = ["- ready: the scheduler's /readyz first answered 200 (caches synced), seconds from its start."]
+    notes = [
+        "- ready: the scheduler's /readyz first answered 200 (caches synced), seconds from its start; "
+        "first and last bind: seconds from its start; end to end: pods bound over the time from the "
+        "scheduler's start to its last bind. Every figure: median (min\u2013max) over the rounds.",
+    ]
     for name, s in summary["schedulers"].items():
         if s["gang_spread_ms"]:
             notes.append(f"- {name}: within a gang, first to last bind took a median {_fmt(_med(s['gang_spread_ms']))} ms (median over runs).")
@@ -174,10 +229,7 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
         notes.append(f"- {name} settings: {p['settings']} (pods' schedulerName `{p['scheduler_name']}`).")
     if data.get("apiserver_args"):
         notes.append(f"- apiserver flags for every run of this workload: `{' '.join(data['apiserver_args'])}`.")
-    notes.append(
-        f"- {data['machine']['cpus']} CPUs, load average {data['machine']['load_before']:.1f} before the first run; "
-        f"started {data['started']}."
-    )
+    notes.append(_machine_line(data))
     lines += [*notes, ""]
     if plot:
         lines += [f"![pods bound over time]({plot})", ""]
@@ -274,6 +326,113 @@ def cycle_markdown(cyc: dict[str, Any], plot: str | None) -> list[str]:
     return lines
 
 
+def _by_scheduler(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in data.get("peers") or {}}
+    for r in data.get("runs", []):
+        out.setdefault(r["scheduler"], []).append(r)
+    return out
+
+
+def restart_markdown(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The restart benchmark (perf/restart.py): one row per scheduler, median (min-max)."""
+    lines = [
+        f"## Restart after SIGKILL: {data['nodes']:,} nodes, {data['gangs']} gangs of {data['gang_size']} "
+        f"+ {data['single_pods']:,} pods of {data['pod_gpus']} GPUs",
+        "",
+        f"{data['pods']:,} pods asking {data['gpu_demand']:,} GPUs of {data['gpu_capacity']:,}, all created before the "
+        f"first start. Each scheduler is killed (SIGKILL) once {100 * data['kill_fraction']:.0f}% of the pods are bound, "
+        f"then, after no bind has been seen for {data['quiet_s']:.0f} s, started again with the same configuration. "
+        "Times are seconds from the start of that process; median (min\u2013max) over the rounds.",
+        "",
+        "| scheduler | runs ok | first start: ready | first start: first bind | bound at the kill | pending at restart | "
+        "**restart: ready** | **restart: first bind** | CPU s to that bind | pods/s in the "
+        f"{data['after_s']:.0f} s after it |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    summary: dict[str, Any] = {}
+    for name, runs in _by_scheduler(data).items():
+        good = [r for r in runs if r.get("ok")]
+
+        def v(part: str, key: str, rs: list[dict[str, Any]] = good) -> list[float]:
+            return [r[part][key] for r in rs if r.get(part, {}).get(key) is not None]
+
+        cols = {
+            "first_ready_s": v("first_start", "ready_s"), "first_first_bind_s": v("first_start", "first_bind_s"),
+            "bound_at_kill": v("first_start", "bound_at_kill"), "pending_at_restart": v("restart", "pending_at_restart"),
+            "restart_ready_s": v("restart", "ready_s"), "restart_first_bind_s": v("restart", "first_bind_s"),
+            "restart_cpu_s_to_first_bind": v("restart", "cpu_s_to_first_bind"),
+            "pods_per_s_after": v("restart", "pods_per_s_after"),
+        }
+        summary[name] = {"runs": len(runs), "ok": len(good), **{k: _stats(x) for k, x in cols.items()}}
+        lines.append(
+            f"| {name} | {len(good)}/{len(runs)} | {_spread(cols['first_ready_s'], 2)} | {_spread(cols['first_first_bind_s'], 2)} | "
+            f"{_spread(cols['bound_at_kill'])} | {_spread(cols['pending_at_restart'])} | {_spread(cols['restart_ready_s'], 2)} | "
+            f"{_spread(cols['restart_first_bind_s'], 2)} | {_spread(cols['restart_cpu_s_to_first_bind'], 2)} | "
+            f"{_spread(cols['pods_per_s_after'])} |"
+        )
+    lines.append("")
+    for name, runs in _by_scheduler(data).items():
+        for r in runs:
+            if not r.get("ok"):
+                lines.append(f"- {name}: a run failed: {(r.get('error') or 'unknown').splitlines()[0]}")
+    for name, p in (data.get("peers") or {}).items():
+        lines.append(f"- {name}: {p['settings']}; gangs: {p['gangs']}.")
+    lines += [_machine_line(data), ""]
+    return lines, summary
+
+
+def idle_markdown(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The idle benchmark (perf/idle.py): one row per scheduler, median (min-max)."""
+    what = (f"{data['gangs']} gangs of {data['gang_size']} pods of 8 GPUs (quorum {data['gang_size']})"
+            if data["variant"] == "gangs" else f"{data['pods']:,} single pods of 8 GPUs")
+    lines = [
+        f"## Idle: {what} waiting on {data['nodes']:,} nodes, {data['free_nodes']} of them free",
+        "",
+        f"Every other node is full (one 8-GPU pod bound at creation). After {data['settle_s']:.0f} s from the "
+        f"scheduler's start, nothing changes for {data['window_s']:.0f} s; CPU over that window, percent of one core, "
+        "median (min\u2013max) over the rounds.",
+        "",
+        "| scheduler | runs ok | **scheduler CPU %** | per sample, first run | apiserver CPU % | etcd CPU % | "
+        "binds in the window | batchsched cycles in the window | scheduler RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    summary: dict[str, Any] = {}
+    for name, runs in _by_scheduler(data).items():
+        good = [r for r in runs if r.get("ok")]
+
+        def v(key: str, rs: list[dict[str, Any]] = good) -> list[float]:
+            return [r[key] for r in rs if r.get(key) is not None]
+
+        cols = {k: v(k) for k in ("scheduler_cpu_percent", "apiserver_cpu_percent", "etcd_cpu_percent",
+                                   "binds_in_window", "cycles_in_window")}
+        rss = [x / 2**20 for x in v("scheduler_rss_bytes")]
+        summary[name] = {"runs": len(runs), "ok": len(good), **{k: _stats(x) for k, x in cols.items()}}
+        series = good[0].get("scheduler_cpu_percent_series") if good else None
+        samples = ", ".join(f"{x:.1f}" for x in series) if series else "\u2013"
+        lines.append(
+            f"| {name} | {len(good)}/{len(runs)} | {_spread(cols['scheduler_cpu_percent'], 1)} | "
+            f"{samples} | {_spread(cols['apiserver_cpu_percent'], 1)} | "
+            f"{_spread(cols['etcd_cpu_percent'], 1)} | {_spread(cols['binds_in_window'])} | "
+            f"{_spread(cols['cycles_in_window'])} | {_spread(rss)} |"
+        )
+    lines.append("")
+    for name, runs in _by_scheduler(data).items():
+        for r in runs:
+            if not r.get("ok"):
+                lines.append(f"- {name}: a run failed: {(r.get('error') or 'unknown').splitlines()[0]}")
+    for name, p in (data.get("peers") or {}).items():
+        lines.append(f"- {name}: {p['settings']}.")
+    lines += [_machine_line(data), ""]
+    return lines, summary
+
+
+def _machine_line(data: dict[str, Any]) -> str:
+    m = data.get("machine") or {}
+    code = m.get("code")
+    return (f"- {m.get('cpus')} CPUs, load average {m.get('load_before', 0):.1f} before the first run; "
+            f"started {data.get('started')}" + (f"; code {code}" if code else "") + ".")
+
+
 # -- plots -------------------------------------------------------------------------------------
 
 
@@ -359,6 +518,12 @@ def write_report(out: Path) -> dict[str, Path]:
             lines.append(f"| {r['concurrency']} | {_fmt(r['binds_per_s'])} | {_fmt(r['client_cpu_percent'])} | "
                          f"{_fmt(r['apiserver_cpu_percent'])} | {_fmt(r['apiserver_cpu_ms_per_bind'], 2)} |")
         lines.append("")
+    for kind, render in (("restart", restart_markdown), ("idle", idle_markdown)):
+        for path in sorted((out / kind).glob("*.json")):
+            data = _load(path)
+            section, ssum = render(data)
+            summary.setdefault(kind, {})[path.stem] = ssum
+            lines += section
     cycle_path = out / "cycle.json"
     if cycle_path.exists():
         cyc = _load(cycle_path)

@@ -1,8 +1,10 @@
-"""A workload at one size through every peer, alternating A B A B, plus the ceiling.
+"""A workload at one size through every peer, in rounds: A B ceiling, A B ceiling, ...
 
 Writes ``<out>/sched/<workload>@<size>.json``: every run (see :mod:`perf.live`), the
-settings each peer ran with, the peers that could not run and why, and the bind ceiling
-measured on a control plane of the same size.
+settings each peer ran with, the peers that could not run and why, and the Binding
+ceiling measured once per round on a control plane of the same size and node shape.
+Each run carries its round's ceiling and its rates (bind window and end to end) as
+fractions of it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,11 +25,28 @@ from perf.live import RunConfig, RunError, run_once
 from perf.peers import PeerUnavailable, apiserver_args, get_peer
 from perf.workload import expand, load_workload
 
-DEFAULT_CONCURRENCIES = [1, 16, 64, 256]
+#: the in-round ceiling's sweep (the rate at 1 and 16 in flight never was the best; the
+#: stand-alone ``python -m perf ceiling`` sweeps 1, 16, 64, 256)
+DEFAULT_CONCURRENCIES = [64, 256]
 
 
 def log(message: str) -> None:
     print(f"perf: {message}", file=sys.stderr, flush=True)
+
+
+def code_version() -> str:
+    """The commit batchsched ran from, and whether batchsched/ had uncommitted changes."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "batchsched"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f"{head}{' + uncommitted changes in batchsched/' if dirty else ''}" if head else ""
 
 
 def machine() -> dict[str, Any]:
@@ -35,6 +55,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_before": os.getloadavg()[0],
+        "code": code_version(),
     }
 
 
@@ -43,6 +64,42 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     tmp.replace(path)
+
+
+def describe(result: dict[str, Any]) -> str:
+    """One line for the log: both rates, start-up, the fraction of the round's ceiling."""
+    frac = result.get("fraction_of_ceiling")
+    return (
+        f"{result['bound']} pods bound, {result['pods_per_s']} pods/s first to last bind, "
+        f"{result['pods_per_s_e2e']} pods/s end to end (ready {result['timings'].get('ready_s')} s, "
+        f"first bind {result['first_bind_s']} s, last {result['last_bind_s']} s)"
+        + (f", {100 * frac:.0f}% of the round's ceiling" if frac else "")
+    )
+
+
+def attach_ceiling(runs: list[dict[str, Any]], round_: int, best: float | None) -> None:
+    """Give each run of ``round_`` its round's ceiling and its rates as fractions of it."""
+    for run in runs:
+        if run.get("round") != round_:
+            continue
+        run["ceiling_best"] = best
+        for key, frac in (("pods_per_s", "fraction_of_ceiling"), ("pods_per_s_e2e", "fraction_of_ceiling_e2e")):
+            rate = run.get(key)
+            run[frac] = round(rate / best, 4) if rate and best else None
+
+
+def ceiling_summary(ceilings: list[dict[str, Any]]) -> dict[str, Any]:
+    """``best``: the median over rounds of each round's best rate; the range beside it."""
+    bests = [c["best"] for c in ceilings if c.get("best")]
+    return {
+        "best": statistics.median(bests) if bests else None,
+        "min": min(bests) if bests else None,
+        "max": max(bests) if bests else None,
+        "rounds": len(ceilings),
+        "per_round": [c.get("best") for c in ceilings],
+        # the last round's sweep, for the report's one-line breakdown
+        "sweep": ceilings[-1].get("sweep") if ceilings else [],
+    }
 
 
 def run_suite(
@@ -102,13 +159,20 @@ def run_suite(
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "runs": [],
         "profile_runs": [],
+        #: one Binding-ceiling measurement per round (see perf.ceiling)
+        "ceilings": [],
+        #: their summary: best = the median over rounds of each round's best rate
         "ceiling": None,
     }
     path = out / "sched" / f"{tag}.json"
     workdir = out / "work" / tag
     shutil.rmtree(workdir, ignore_errors=True)
+    binds = ceiling_binds or max(200, min(len(ex.pods), 4000))
     for r in range(runs):
-        for peer in peers:  # A B A B: every peer once per round, same order each round
+        # A B ceiling, A B ceiling: every peer once per round, same order each round, then
+        # the Binding ceiling on a control plane of the same shape, so each run is read
+        # against the ceiling of its own round (the machine's load drifts between rounds)
+        for peer in peers:
             log(f"{tag}: round {r + 1}/{runs}: {peer.name} ...")
             cfg = RunConfig(
                 peer=peer, workload=ex, round=r, apiserver_args=tuple(args),
@@ -123,14 +187,33 @@ def run_suite(
             data["runs"].append(result)
             write_json(path, data)
             if result["ok"]:
-                log(
-                    f"{tag}: {peer.name}: {result['bound']} pods bound, {result['pods_per_s']} pods/s "
-                    f"(first bind {result['first_bind_s']} s, last {result['last_bind_s']} s)"
-                )
+                log(f"{tag}: {peer.name}: {describe(result)}")
             else:
                 log(f"{tag}: {peer.name}: FAILED: {result['error']}")
                 if strict:
                     raise RunError(f"{tag}: {peer.name}: {result['error']}")
+        if ceiling:
+            log(f"{tag}: round {r + 1}/{runs}: bind ceiling on {ex.size.nodes} nodes ...")
+            try:
+                c = run_ceiling(
+                    nodes=ex.size.nodes, node=wl.node, binds=binds,
+                    concurrencies=concurrencies or DEFAULT_CONCURRENCIES,
+                    apiserver_args=args, sandbox_name=f"perf-{os.getpid()}-ceiling",
+                )
+            except RunError as exc:
+                if strict:
+                    raise
+                c = {"nodes": ex.size.nodes, "binds": binds, "sweep": [], "best": None, "error": str(exc)}
+            c["round"] = r
+            data["ceilings"].append(c)
+            attach_ceiling(data["runs"], r, c.get("best"))
+            data["ceiling"] = ceiling_summary(data["ceilings"])
+            write_json(path, data)
+            log(f"{tag}: round {r + 1}: ceiling {c.get('best')} binds/s" + (f" ({c['error']})" if c.get("error") else ""))
+            for run in data["runs"]:
+                if run.get("round") == r and run.get("fraction_of_ceiling"):
+                    log(f"{tag}: round {r + 1}: {run['scheduler']}: {100 * run['fraction_of_ceiling']:.0f}% of the "
+                        f"round's ceiling over the bind window, {100 * (run['fraction_of_ceiling_e2e'] or 0):.0f}% end to end")
     if profile and any(p.name == "batchsched" for p in peers):
         log(f"{tag}: batchsched under cProfile (not a measured run) ...")
         cfg = RunConfig(
@@ -143,16 +226,6 @@ def run_suite(
         except RunError as exc:
             data["profile_runs"].append({"scheduler": "batchsched", "ok": False, "error": str(exc)})
         write_json(path, data)
-    if ceiling:
-        log(f"{tag}: bind ceiling on {ex.size.nodes} nodes ...")
-        data["ceiling"] = run_ceiling(
-            nodes=ex.size.nodes,
-            binds=ceiling_binds or max(200, min(len(ex.pods), 4000)),
-            concurrencies=concurrencies or DEFAULT_CONCURRENCIES,
-            apiserver_args=args,
-            sandbox_name=f"perf-{os.getpid()}-ceiling",
-        )
-        log(f"{tag}: ceiling {data['ceiling']['best']} binds/s")
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json(path, data)
     return data

@@ -48,8 +48,22 @@ def test_perf_smoke(tmp_path: Path) -> None:
             assert run["partial_gangs"] == 0
             assert run["overcommitted_nodes"] == 0
     assert plain["ceiling"]["best"] > 0
+    # the ceiling is measured in the round, and every run is read against its round's
+    assert [c["round"] for c in plain["ceilings"]] == [0]
+    assert all(r["fraction_of_ceiling"] and r["fraction_of_ceiling_e2e"] for r in plain["runs"])
+
+    [restart] = [orjson.loads(p.read_bytes()) for p in (tmp_path / "restart").glob("*.json")]
+    assert {r["scheduler"] for r in restart["runs"]} == {"batchsched", "kube-scheduler-gang"}
+    for run in restart["runs"]:
+        assert run["ok"], run["error"]
+        assert run["restart"]["first_bind_s"] > 0 and run["restart"]["pending_at_restart"] > 0
+    [idle] = [orjson.loads(p.read_bytes()) for p in (tmp_path / "idle").glob("*.json")]
+    for run in idle["runs"]:
+        assert run["ok"], run["error"]
+        assert run["binds_in_window"] == 0 and run["scheduler_cpu_percent"] >= 0
 
     cycle = orjson.loads((tmp_path / "cycle.json").read_bytes())
     assert cycle["cycle"] and cycle["gang"] and cycle["twin"] and cycle["mirror"]["pods"] > 0
     report = (tmp_path / "report.md").read_text()
     assert "| batchsched |" in report and "| kube-scheduler |" in report
+    assert "## Restart after SIGKILL" in report and "## Idle:" in report
