@@ -422,6 +422,14 @@ class Session:
             self.reports.dirty.add(group.key)
         if outcome == "conflict":
             out.resyncs.append(pod_ref(b))
+        elif outcome == "failed":
+            # the apiserver refused it (a namespace being deleted...): its class waits out a
+            # back-off instead of being bound again, and failing again, at once
+            ckey = self.singles.class_of(uid)
+            pod = self.state.pending.get(uid)
+            if ckey is not None and pod is not None:
+                self.waits.sleep(("class", ckey), now, pod.requests)
+                self.waits.wake(("class", ckey))
         self.wants_step = True
         return out
 

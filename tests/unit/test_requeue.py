@@ -264,3 +264,22 @@ def test_expected_ends_kept_across_cycles_are_each_pods_expected_end() -> None:
         ends = charged.at(now).ends
         want = [expected_end(state.pods[uid], now) for uid in state.charges]
         assert list(ends) == want
+
+
+def test_a_pod_whose_binding_is_refused_waits_out_a_back_off_and_takes_no_room_meanwhile() -> None:
+    c = Cluster(Session())
+    c.node("n0", 8)
+    doomed = c.pod(make_pod("doomed").req(cpu="1", **{GPU: "1"}).obj())
+    d = c.session.step(T0 + 1)
+    [b] = d.binds
+    assert b.uid == doomed
+    # the apiserver refuses the binding (its namespace is being deleted)
+    c.session.on_bind_result(b, "failed", now=T0 + 1)
+    d = c.session.step(T0 + 1.1)
+    assert d.binds == []  # not bound again at once
+    gang = [c.pod(make_pod(f"big-{i}").req(cpu="1", **{GPU: "4"}).group("big").obj()) for i in range(2)]
+    c.session.on_groups_listed("scheduling.x-k8s.io", [make_group("big").min_member(2).build()])
+    d = c.session.step(T0 + 1.2)
+    assert sorted(x.uid for x in d.binds) == sorted(gang)  # all 8 GPUs were free for it
+    d = c.session.step(T0 + 3.0)
+    assert d.binds == []  # the back-off passed: tried again, no room left
