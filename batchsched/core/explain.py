@@ -78,9 +78,10 @@ def like_gang(other: str, message: str) -> str:
     return f"same shape as gang {other}, which does not fit: {message}"
 
 
-def behind_gang(other: str) -> str:
-    """A gang of the same shape as ``other``, which holds a reservation: it goes first."""
-    return f"same shape as gang {other}, which holds a reservation and goes first"
+def behind(other: str) -> str:
+    """A pod or gang of the same shape as ``other`` (``pod ns/name``, ``gang ns/name``),
+    which holds a reservation: it goes first."""
+    return f"same shape as {other}, which holds a reservation and goes first"
 
 
 # -- preemption ------------------------------------------------------------------------------

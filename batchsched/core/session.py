@@ -773,8 +773,9 @@ class Session:
             elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
                 message = self.reports.pod_message(unit.key, u.reason, message, now)
             self._tell(out, u.pod, u.reason, message)
-        for ckey, entry in reserved.items():
-            failed.setdefault(ckey, entry)  # its head holds a reservation: it sleeps too
+        for ckey, (_, _, head) in reserved.items():
+            # its head holds a reservation: it sleeps too, and the rest are told they wait behind it
+            failed.setdefault(ckey, ("Unschedulable", explain.behind(f"pod {head.key}"), head))
         self._sleep_classes(failed, awake, plan, now, out)
         self._preempt(plan, out)
         self._gang_results(plan, gangs, now, out)
@@ -872,7 +873,7 @@ class Session:
                 continue
             result = plan.results[first.key]
             if result.reason == RESERVED:
-                shared = UnitResult(UnitStatus.UNSCHEDULABLE, "Unschedulable", explain.behind_gang(first.display))
+                shared = UnitResult(UnitStatus.UNSCHEDULABLE, "Unschedulable", explain.behind(f"gang {first.display}"))
             else:
                 shared = UnitResult(result.status, result.reason, explain.like_gang(first.display, result.message))
             quota = self._quota_root(first.key, plan)

@@ -30,23 +30,20 @@ def _scheduled(pod: dict[str, object]) -> dict[str, str]:
 async def test_a_backlog_that_cannot_fit_is_told_why_then_sleeps_and_wakes_when_room_frees(  # type: ignore[no-untyped-def]
     sandbox, kube: KubeClient, namespace: str, make_nodes,
 ) -> None:
-    await make_nodes(count=4, gpus=8, cpu="32", memory="256Gi")
-    await create_pods(kube, namespace, [pod_body(f"run-{i:02d}", gpu=1) for i in range(32)])
+    nodes = await make_nodes(count=4, gpus=8, cpu="32", memory="256Gi")
+    # the nodes are full of running pods (bound at creation), and behind them wait 200 alike
+    # pods and 10 alike gangs, none of which fits
+    await create_pods(kube, namespace, [pod_body(f"run-{i:02d}", gpu=1, spec={"nodeName": nodes[i % 4]})
+                                        for i in range(32)])
+    await create_pods(kube, namespace, [pod_body(f"wait-{i:03d}", gpu=1) for i in range(200)])
+    await asyncio.sleep(1.1)  # the gangs come later (creation times are in seconds)
+    gangs = []
+    for i in range(10):
+        await create_group(kube, XK8S, namespace, f"job-{i}", {"minMember": 2})
+        gangs += [pod_body(f"job-{i}-{m}", gpu=8, metadata={"labels": {"scheduling.x-k8s.io/pod-group": f"job-{i}"}})
+                  for m in range(2)]
+    await create_pods(kube, namespace, gangs)
     async with running_scheduler(sandbox.kubeconfig, namespace) as sched:
-        async def running() -> bool:
-            pods = await list_pods(kube, namespace)
-            return sum(1 for p in pods if p["spec"].get("nodeName")) == 32
-
-        await wait_for(running, timeout=60)
-        # 200 alike pods and 10 alike gangs, none of which fits
-        waiting = [pod_body(f"wait-{i:03d}", gpu=1) for i in range(200)]
-        for i in range(10):
-            await create_group(kube, XK8S, namespace, f"job-{i}", {"minMember": 2})
-            waiting += [pod_body(f"job-{i}-{m}", gpu=8,
-                                 metadata={"labels": {"scheduling.x-k8s.io/pod-group": f"job-{i}"}})
-                        for m in range(2)]
-        await create_pods(kube, namespace, waiting)
-
         async def all_told() -> bool:
             pods = [p for p in await list_pods(kube, namespace) if not p["metadata"]["name"].startswith("run-")]
             return len(pods) == 220 and all(_scheduled(p).get("status") == "False" for p in pods)
@@ -56,7 +53,8 @@ async def test_a_backlog_that_cannot_fit_is_told_why_then_sleeps_and_wakes_when_
         messages = {name: _scheduled(pods[name])["message"] for name in pods if name.startswith("wait-")}
         # the first in line (creation time, then UID) holds a reservation; the other 199 are
         # told why they wait, all the same, though the cycle tried only a couple of them
-        [first] = [n for n, m in messages.items() if "holds a reservation" in m]
+        [first] = [n for n, m in messages.items()
+                   if m.startswith("0/4 nodes fit: 4 insufficient nvidia.com/gpu; holds a reservation")]
         assert {m for n, m in messages.items() if n != first} == {"0/4 nodes fit: 4 insufficient nvidia.com/gpu."}
         assert "nvidia.com/gpu" in _scheduled(pods["job-7-0"])["message"]
 

@@ -87,6 +87,18 @@ def test_a_new_pod_of_a_sleeping_class_waits_with_it_and_is_told_why() -> None:
     ]
 
 
+def test_a_pod_joining_a_class_whose_first_holds_a_reservation_is_told_it_waits_behind_it() -> None:
+    c, _, _ = _full_cluster(0)
+    first = c.pod(make_pod("first").req(cpu="1", **{GPU: "1"}).created(T0 + 1).obj())
+    d = c.step(after=1.0)
+    [(uid, message)] = [(x.ref.uid, x.message) for x in d.unschedulable]
+    assert uid == first and "holds a reservation" in message
+    later = c.pod(make_pod("later").req(cpu="1", **{GPU: "1"}).created(T0 + 2).obj())
+    d = c.step(after=1.0)
+    assert [(x.ref.uid, x.message) for x in d.unschedulable] == [
+        (later, "same shape as pod default/first, which holds a reservation and goes first")]
+
+
 def test_a_different_pod_is_tried_at_once_while_its_neighbours_sleep() -> None:
     c, _, _ = _full_cluster(20)
     c.step(after=1.0)
