@@ -524,6 +524,16 @@ def write_report(out: Path) -> dict[str, Path]:
             section, ssum = render(data)
             summary.setdefault(kind, {})[path.stem] = ssum
             lines += section
+    scale = [_load(p) for p in sorted((out / "sandbox").glob("*.json"))]
+    if scale:
+        from perf.sandboxbench import table
+
+        scale.sort(key=lambda r: r["nodes"])
+        summary["sandbox"] = {str(r["nodes"]): {k: v for k, v in r.items() if k != "samples"} for r in scale}
+        lines += ["## The sandbox at scale (python -m perf sandbox)", "",
+                  "Seconds from creating the nodes to all Ready (as `batchsched sandbox up` waits), then CPU "
+                  "(percent of one core) of each control-plane process while idle, and nodes that left Ready.", "",
+                  *table(scale), ""]
     cycle_path = out / "cycle.json"
     if cycle_path.exists():
         cyc = _load(cycle_path)
