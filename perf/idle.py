@@ -14,8 +14,9 @@ One run, on a fresh sandbox of ``nodes`` 8-GPU nodes:
 3. the scheduler starts; after ``settle`` seconds (it has listed everything, tried
    everything, written its statuses) nothing changes for ``window`` seconds, and the
    scheduler's CPU over that window is read from ``/proc`` (percent of one core), with
-   the apiserver's and etcd's, the binds in the window (should be none) and, for
-   batchsched, how many cycles it ran (its ``/metrics``).
+   the apiserver's and etcd's, the binds in the window (should be none), the writes to
+   Nodes in the window (kwok's status heartbeats: each node every 4-9 minutes, as a
+   kubelet's every 5) and, for batchsched, how many cycles it ran (its ``/metrics``).
 
 ``python -m perf idle`` (500 nodes by default; ``--nodes 5000`` is issue 13's size)
 writes ``<out>/idle/<tag>.json``. The schedulers alternate A B A B over ``runs`` rounds,
@@ -122,11 +123,35 @@ async def _cycles(running: Running) -> float | None:
     return metrics.get("batchsched_cycle_duration_seconds_count{phase=total}")
 
 
+class NodeEvents:
+    """Counts writes to Nodes seen by a watch (kwok's status heartbeats, the controller manager)."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+        self.count = 0
+
+    async def run(self) -> None:
+        rv = ""
+        while True:
+            try:
+                if not rv:
+                    head = await self.client.get("/api/v1/nodes", limit=1)
+                    rv = str((head.get("metadata") or {}).get("resourceVersion", ""))
+                async for etype, obj in self.client.watch("/api/v1/nodes", rv, timeout_seconds=300):
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if etype != "BOOKMARK":
+                        self.count += 1
+            except KubeError:
+                rv = ""
+                await asyncio.sleep(0.5)
+
+
 async def _measure(peer: Peer, ex: Expanded, size: IdleSize, kubeconfig: str, procs: dict[str, int],
                    workdir: Path) -> dict[str, Any]:
     client = await KubeClient.connect(kubeconfig, max_connections=CREATE_CONCURRENCY + 8)
     running: Running | None = None
     watch_task: asyncio.Task[None] | None = None
+    nodes_task: asyncio.Task[None] | None = None
     out: dict[str, Any] = {"scheduler": peer.name, "variant": size.variant, "pods": len(ex.pods)}
     try:
         if peer.gang_style == GANG_X_K8S and ex.gangs:
@@ -146,6 +171,8 @@ async def _measure(peer: Peer, ex: Expanded, size: IdleSize, kubeconfig: str, pr
         await create_all(client, ((pod_path, peer.pod(p)) for p in ex.pods))
         out["create_s"] = round(time.monotonic() - t, 2)
 
+        node_events = NodeEvents(client)
+        nodes_task = asyncio.create_task(node_events.run())
         running = peer.start(kubeconfig, workdir)
         ready = await wait_ready(running)
         out["ready_s"] = None if ready is None else round(ready, 3)
@@ -160,6 +187,7 @@ async def _measure(peer: Peer, ex: Expanded, size: IdleSize, kubeconfig: str, pr
         t0 = time.monotonic()
         windows = {n: procstat.Window(p, started=t0) for n, p in pids.items()}
         step = procstat.Window(running.pid, started=t0)
+        events0 = node_events.count
         series: list[float] = []
         while (left := t0 + size.window - time.monotonic()) > 0:
             await asyncio.sleep(min(size.sample, left))
@@ -168,6 +196,7 @@ async def _measure(peer: Peer, ex: Expanded, size: IdleSize, kubeconfig: str, pr
             series.append(round(u.cpu_percent or 0.0, 1))
             step = procstat.Window(running.pid, started=now)
         t1 = time.monotonic()
+        events1 = node_events.count
         cycles1 = await _cycles(running)
         usage = {n: w.end(t1).to_json() for n, w in windows.items()}
         if not running.alive():
@@ -182,15 +211,19 @@ async def _measure(peer: Peer, ex: Expanded, size: IdleSize, kubeconfig: str, pr
             "etcd_cpu_percent": round(usage.get("etcd", {}).get("cpu_percent") or 0.0, 2),
             "scheduler_rss_bytes": procstat.rss(running.pid),
             "binds_in_window": sum(1 for b, _ in watch.bound.values() if t0 <= b <= t1),
+            # kwok posts each node's status every 4-9 minutes (as a kubelet does every 5):
+            # the only writes a scheduler could see in the window
+            "node_writes_in_window": events1 - events0,
             "bound_at_end": len(watch.bound),
             "cycles_in_window": None if cycles0 is None or cycles1 is None else cycles1 - cycles0,
             "usage": usage,
         })
     finally:
-        if watch_task is not None:
-            watch_task.cancel()
-            with contextlib.suppress(BaseException):
-                await watch_task
+        for task in (watch_task, nodes_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         if running is not None:
             await asyncio.get_running_loop().run_in_executor(None, running.stop)
         await client.close()
@@ -239,6 +272,7 @@ def run_idle(
                 log(f"idle {size.tag}: {peer.name}: {result['scheduler_cpu_percent']}% of a core over "
                     f"{result['window_s']} s (per {size.sample:.0f} s: {result['scheduler_cpu_percent_series']}); "
                     f"apiserver {result['apiserver_cpu_percent']}%; {result['binds_in_window']} binds; "
+                    f"{result['node_writes_in_window']} node writes; "
                     f"cycles {result['cycles_in_window']}")
             else:
                 log(f"idle {size.tag}: {peer.name}: FAILED: {result['error']}")

@@ -393,8 +393,8 @@ def idle_markdown(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         "median (min\u2013max) over the rounds.",
         "",
         "| scheduler | runs ok | **scheduler CPU %** | per sample, first run | apiserver CPU % | etcd CPU % | "
-        "binds in the window | batchsched cycles in the window | scheduler RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "binds in the window | node writes in the window | batchsched cycles in the window | scheduler RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     summary: dict[str, Any] = {}
     for name, runs in _by_scheduler(data).items():
@@ -404,7 +404,7 @@ def idle_markdown(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
             return [r[key] for r in rs if r.get(key) is not None]
 
         cols = {k: v(k) for k in ("scheduler_cpu_percent", "apiserver_cpu_percent", "etcd_cpu_percent",
-                                   "binds_in_window", "cycles_in_window")}
+                                   "binds_in_window", "node_writes_in_window", "cycles_in_window")}
         rss = [x / 2**20 for x in v("scheduler_rss_bytes")]
         summary[name] = {"runs": len(runs), "ok": len(good), **{k: _stats(x) for k, x in cols.items()}}
         series = good[0].get("scheduler_cpu_percent_series") if good else None
@@ -413,6 +413,7 @@ def idle_markdown(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
             f"| {name} | {len(good)}/{len(runs)} | {_spread(cols['scheduler_cpu_percent'], 1)} | "
             f"{samples} | {_spread(cols['apiserver_cpu_percent'], 1)} | "
             f"{_spread(cols['etcd_cpu_percent'], 1)} | {_spread(cols['binds_in_window'])} | "
+            f"{_spread(cols['node_writes_in_window'])} | "
             f"{_spread(cols['cycles_in_window'])} | {_spread(rss)} |"
         )
     lines.append("")
