@@ -321,6 +321,10 @@ def cycle_markdown(cyc: dict[str, Any], plot: str | None) -> list[str]:
             f"peak {m['peak_rss_mib']:.0f} MiB; parse and apply took {m['ingest_s']:.2f} s.",
             "",
         ]
+    if cyc.get("backlog"):
+        from perf.backlog import markdown as backlog_markdown
+
+        lines += backlog_markdown(cyc["backlog"])
     if plot:
         lines += [f"![cycle time against cluster size]({plot})", ""]
     return lines
