@@ -311,11 +311,18 @@ class Session:
         self.groups.pod_event(kind, pod)
         self._sync(pod.uid)
         pending = pod.uid in state.pending
-        for g in (group, self.groups.group_of(pod.uid)):
+        now_group = self.groups.group_of(pod.uid)
+        # a member arrived, left, or changed what placement reads: the gang is tried again
+        # (not for a change of its status, such as the condition we wrote)
+        changed = (
+            kind == "DELETED" or was_pending is None or not pending or group is not now_group
+            or pod_class(was_pending) != pod_class(state.pending[pod.uid])
+        )
+        for g in (group, now_group):
             if g is not None:
                 self.reports.dirty.add(g.key)
-                if pending:
-                    self._forget_gang(g.key)  # a member arrived or changed: try again
+                if pending and changed:
+                    self._forget_gang(g.key)
                     self.wants_step = True
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
             self._assumed_at.pop(pod.uid, None)
@@ -330,8 +337,8 @@ class Session:
             ckey = self.singles.class_of(pod.uid)
             if own_class(ckey):
                 self.waits.forget(("class", ckey))  # a class of its own: any change may matter
-            if ckey is None or ("class", ckey) not in self.waits:
-                self.wants_step = True
+            if ckey is not None and ("class", ckey) not in self.waits:
+                self.wants_step = True  # (a gang's member was handled above; a gated pod waits)
 
     def on_groups_listed(self, api: str, groups: list[PodGroup]) -> set[GroupKey]:
         """A full list of one API's PodGroups; returns the keys of those that are gone."""

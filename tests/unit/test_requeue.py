@@ -295,3 +295,26 @@ def test_a_pod_whose_binding_is_refused_waits_out_a_back_off_and_takes_no_room_m
     assert sorted(x.uid for x in d.binds) == sorted(gang)  # all 8 GPUs were free for it
     d = c.session.step(T0 + 3.0)
     assert d.binds == []  # the back-off passed: tried again, no room left
+
+
+def test_a_status_write_on_a_waiting_gang_member_does_not_wake_its_gang() -> None:
+    c = Cluster(Session())
+    c.node("n0", 8)
+    blocker = c.pod(gpu_pod("blocker", 8))
+    assert [b.uid for b in c.step().binds] == [blocker]
+    c.session.on_groups_listed("scheduling.x-k8s.io", [make_group("job").min_member(2).build()])
+    members = [c.pod(make_pod(f"job-{m}").req(cpu="1", **{GPU: "8"}).group("job").obj()) for m in range(2)]
+    assert c.step(after=1.0).binds == []
+    cycles = c.session.cycles
+    # what the watch shows after the scheduler wrote the PodScheduled condition
+    obj = c.pods[members[0]]
+    obj["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    obj["metadata"]["resourceVersion"] = "99"
+    c._modified(members[0])
+    assert not c.session.wants_step
+    c.step(after=1.0)
+    assert c.session.cycles == cycles
+    # a change to what placement reads does wake it
+    obj["spec"]["containers"][0]["resources"]["requests"][GPU] = "4"
+    c._modified(members[0])
+    assert c.session.wants_step
