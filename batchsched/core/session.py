@@ -560,15 +560,18 @@ class Session:
         self._cut = {}
         free: Any = None
         columns: dict[str, int] = {}
-        def hand(ckey: Any, members: Any) -> None:
+        def fits(need: Mapping[str, int]) -> int:
             nonlocal free, columns
+            if free is None:
+                snap = snapshot()
+                free = snap.alloc - snap.used
+                columns = {c: i for i, c in enumerate(snap.columns)}
+            return fit_count(free, columns, need)
+
+        def hand(ckey: Any, members: Any) -> None:
             limit = len(members)
             if limit > 2:
-                if free is None:
-                    snap = snapshot()
-                    free = snap.alloc - snap.used
-                    columns = {c: i for i, c in enumerate(snap.columns)}
-                fit = fit_count(free, columns, members[0].requests)
+                fit = fits(members[0].requests)
                 # one more than fits (two: the first may only hold a reservation)
                 if 0 <= fit < limit - 2:
                     limit = fit + 2
@@ -591,14 +594,6 @@ class Session:
             for uid in self.singles.nominated(seen):
                 units.append(single_unit(self.state.pending[uid]))
         room = Room(self.state, self.groups, self.queues, snapshot, now)
-
-        def fits(need: Mapping[str, int]) -> int:
-            nonlocal free, columns
-            if free is None:
-                snap = snapshot()
-                free = snap.alloc - snap.used
-                columns = {c: i for i, c in enumerate(snap.columns)}
-            return fit_count(free, columns, need)
 
         units.extend(self._gangs(now, room, nominated, fits))
         if units and self._holders:
