@@ -4,21 +4,54 @@ The control plane is the project's own sandbox (etcd, kube-apiserver,
 kube-controller-manager and kwok on 127.0.0.1). Where it cannot start, integration tests
 are skipped on a developer's machine and fail when ``CI=true``: CI must never pass
 without having run them.
+
+batchsched runs in these tests as it runs in a cluster: under its own ServiceAccount
+(``batchsched-system/batchsched``), bound to exactly the ClusterRole of
+``manifests/rbac.yaml``, so a permission missing there fails a test instead of hiding
+behind the admin kubeconfig. The tests' own client (creating nodes, pods, queues) stays
+admin. The apiserver keeps an audit log of that ServiceAccount's requests, which
+``tests/integration/test_rbac.py`` reads to find refused requests and unused grants.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import ssl
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+ROOT = Path(__file__).resolve().parent.parent
+RBAC = ROOT / "manifests" / "rbac.yaml"
+#: where manifests/deploy/batchsched.yaml runs the scheduler, and as whom
+SCHEDULER_NAMESPACE = "batchsched-system"
+SCHEDULER_ACCOUNT = "batchsched"
+SCHEDULER_USER = f"system:serviceaccount:{SCHEDULER_NAMESPACE}:{SCHEDULER_ACCOUNT}"
+#: the scheduler's token must outlive the whole test run
+TOKEN_SECONDS = 6 * 3600
+#: the apiserver's audit log (JSON lines, in the sandbox's logs) holds only these requests
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "users": [SCHEDULER_USER]},
+        {"level": "None"},
+    ],
+}
 
 
 @pytest.fixture
@@ -27,21 +60,108 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def sandbox() -> Iterator[object]:
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The control plane; ``sandbox.kubeconfig`` is admin, ``sandbox.kubeconfigs[SCHEDULER_USER]``
+    batchsched's own (see :func:`tests.integration.helpers.scheduler_kubeconfig`)."""
     from batchsched.sandbox.cluster import Sandbox
 
     box = Sandbox(f"pytest-{os.getpid()}")
+    policy = tmp_path_factory.mktemp("audit") / "policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     try:
-        state = box.up([])
+        state = box.up([], apiserver_args=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={box.dir / 'logs' / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ])
     except Exception as exc:  # any failure to start is reported the same way
         message = f"the local control plane could not start: {exc}"
         if IN_CI:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     try:
+        state.kubeconfigs[SCHEDULER_USER] = _scheduler_identity(state)
         yield state
     finally:
         box.down()
+
+
+@pytest.fixture(scope="session")
+def scheduler_kubeconfig(sandbox: Any) -> str:
+    """The kubeconfig batchsched runs with: its ServiceAccount's token."""
+    return str(sandbox.kubeconfigs[SCHEDULER_USER])
+
+
+@pytest.fixture(scope="session")
+def audit_log(sandbox: Any) -> Path:
+    """The apiserver's audit log of batchsched's requests (JSON lines, one per stage)."""
+    return Path(sandbox.dir) / "logs" / "audit.log"
+
+
+def _scheduler_identity(state: Any) -> str:
+    """Check that the sandbox holds rbac.yaml's ClusterRole and binding as written, create
+    the ServiceAccount they bind, and write a kubeconfig with a token for it."""
+    ca = Path(state.dir) / "pki" / "ca.crt"
+    context = ssl.create_default_context(cafile=str(ca))
+    token = _admin_token(state.kubeconfig)
+
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        request = urllib.request.Request(
+            state.server + path, method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                     "Accept": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            answer: dict[str, Any] = json.load(response)
+            return answer
+
+    def create(path: str, body: dict[str, Any]) -> None:
+        try:
+            call("POST", path, body)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise
+
+    role, binding = (d for d in yaml.safe_load_all(RBAC.read_text()) if d)
+    served_role = call("GET", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role['metadata']['name']}")
+    served_binding = call(
+        "GET", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding['metadata']['name']}"
+    )
+    assert _rules(served_role["rules"]) == _rules(role["rules"]), "the sandbox's ClusterRole is not rbac.yaml's"
+    assert served_binding["roleRef"] == binding["roleRef"]
+    assert served_binding["subjects"] == binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": SCHEDULER_ACCOUNT, "namespace": SCHEDULER_NAMESPACE}
+    ]
+
+    create("/api/v1/namespaces", {"metadata": {"name": SCHEDULER_NAMESPACE}})
+    create(f"/api/v1/namespaces/{SCHEDULER_NAMESPACE}/serviceaccounts",
+           {"metadata": {"name": SCHEDULER_ACCOUNT}})
+    issued = call(
+        "POST",
+        f"/api/v1/namespaces/{SCHEDULER_NAMESPACE}/serviceaccounts/{SCHEDULER_ACCOUNT}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": TOKEN_SECONDS}},
+    )
+    from batchsched.sandbox.pki import write_kubeconfig
+
+    path = Path(state.dir) / "kubeconfig-batchsched"
+    write_kubeconfig(path, state.server, ca, issued["status"]["token"], SCHEDULER_USER)
+    return str(path)
+
+
+def _admin_token(kubeconfig: str) -> str:
+    [user] = yaml.safe_load(Path(kubeconfig).read_text())["users"]
+    return str(user["user"]["token"])
+
+
+def _rules(rules: list[dict[str, Any]]) -> list[dict[str, list[str]]]:
+    """Policy rules compared as sets of strings per field."""
+    return sorted(
+        ({k: sorted(v) for k, v in rule.items() if v} for rule in rules),
+        key=lambda r: json.dumps(r, sort_keys=True),
+    )
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
 """Helpers for integration tests: run batchsched against the sandbox (in this process or
-as a process of its own), create pods and PodGroups, wait, inspect."""
+as a process of its own), create pods and PodGroups, wait, inspect.
+
+batchsched is started with the ``sandbox`` fixture, never with a kubeconfig path: it then
+runs under its own ServiceAccount, with exactly the rights of ``manifests/rbac.yaml``
+(:func:`scheduler_kubeconfig`), while the test's ``kube`` client stays admin."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from batchsched.config import parse_config
 from batchsched.core.quantity import to_units
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
+from tests.conftest import SCHEDULER_USER
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, interval: float = 0.2) -> Any:
@@ -46,9 +51,19 @@ def config(namespace: str, **overrides: Any) -> Any:
     return parse_config(data)
 
 
+def scheduler_kubeconfig(sandbox: Any) -> str:
+    """The kubeconfig batchsched runs with in the sandbox: its ServiceAccount's token."""
+    if isinstance(sandbox, (str, Path)):
+        raise TypeError("pass the sandbox fixture: batchsched runs under its own ServiceAccount, "
+                        "not with the admin kubeconfig")
+    return str(sandbox.kubeconfigs[SCHEDULER_USER])
+
+
 @contextlib.asynccontextmanager
-async def running_scheduler(kubeconfig: str, namespace: str, **overrides: Any) -> AsyncIterator[Scheduler]:
-    client = await KubeClient.connect(kubeconfig)
+async def running_scheduler(sandbox: Any, namespace: str, **overrides: Any) -> AsyncIterator[Scheduler]:
+    """batchsched in this process, leading, under its ServiceAccount; ``overrides`` are
+    configuration keys (see :func:`config`)."""
+    client = await KubeClient.connect(scheduler_kubeconfig(sandbox))
     sched = Scheduler(client, config(namespace, **overrides))
     task = asyncio.get_running_loop().create_task(sched.run())
     try:
@@ -60,9 +75,10 @@ async def running_scheduler(kubeconfig: str, namespace: str, **overrides: Any) -
         await client.close()
 
 
-def start_process(kubeconfig: str, config_file: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_process(sandbox: Any, config_file: Path, log: Path) -> subprocess.Popen[bytes]:
     """``python -m batchsched run`` as a process of its own (to be killed and restarted),
-    its output appended to ``log``."""
+    under its ServiceAccount, its output appended to ``log``."""
+    kubeconfig = scheduler_kubeconfig(sandbox)
     return subprocess.Popen(
         [sys.executable, "-m", "batchsched", "run", "--kubeconfig", kubeconfig, "--config", str(config_file)],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "BATCHSCHED_LOG_LEVEL": "INFO"},

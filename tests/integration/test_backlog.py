@@ -43,7 +43,7 @@ async def test_a_backlog_that_cannot_fit_is_told_why_then_sleeps_and_wakes_when_
         gangs += [pod_body(f"job-{i}-{m}", gpu=8, metadata={"labels": {"scheduling.x-k8s.io/pod-group": f"job-{i}"}})
                   for m in range(2)]
     await create_pods(kube, namespace, gangs)
-    async with running_scheduler(sandbox.kubeconfig, namespace) as sched:
+    async with running_scheduler(sandbox, namespace) as sched:
         async def all_told() -> bool:
             pods = [p for p in await list_pods(kube, namespace) if not p["metadata"]["name"].startswith("run-")]
             return len(pods) == 220 and all(_scheduled(p).get("status") == "False" for p in pods)

@@ -21,6 +21,7 @@ from tests.integration.helpers import (
     list_pods,
     pod_body,
     running_scheduler,
+    scheduler_kubeconfig,
     wait_for,
 )
 
@@ -60,7 +61,7 @@ async def test_absurd_quantities_are_reported_and_scheduling_goes_on(
                                "metadata": {"name": queue},
                                "spec": {"resources": [{"name": "nvidia.com/gpu", "nominal": "1e30"}]}})
     try:
-        async with running_scheduler(sandbox.kubeconfig, namespace, queues={"statusIntervalSeconds": 0.5}) as sched:
+        async with running_scheduler(sandbox, namespace, queues={"statusIntervalSeconds": 0.5}) as sched:
             await create_pods(kube, namespace, [
                 _absurd_pod("absurd", "nvidia.com/gpu", "1e30"),
                 _absurd_pod("widget", WIDGET, "1"),
@@ -105,7 +106,7 @@ async def test_a_failed_scheduling_loop_stops_the_replica_and_releases_its_lease
     sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:
     await make_nodes(count=1, gpus=8)
-    client = await KubeClient.connect(sandbox.kubeconfig)
+    client = await KubeClient.connect(scheduler_kubeconfig(sandbox))
     sched = Scheduler(client, config(namespace))
     task = asyncio.get_running_loop().create_task(sched.run())
     try:

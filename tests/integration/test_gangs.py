@@ -76,7 +76,7 @@ async def test_training_operator_scheduler_plugins_path_binds_whole_and_reports_
         bodies.append(pod_body(f"{job}-{rtype}-{index}", gpu=2,
                                metadata={"labels": labels, "ownerReferences": [ref]}))
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         async def whole() -> bool:
             return len(bound(await list_pods(kube, namespace), job)) == 5
 
@@ -113,7 +113,7 @@ async def test_volcano_path_admits_the_group_first_then_binds_its_pods_whole(
         "priorityClassName": "high-priority", "minResources": {"cpu": "300m", "nvidia.com/gpu": "6"},
     }, owner=ref)
     # the operator's volcano path gives its pods schedulerName "volcano": batchsched answers to it
-    async with running_scheduler(sandbox.kubeconfig, namespace, schedulerNames=["batchsched", "volcano"]):
+    async with running_scheduler(sandbox, namespace, schedulerNames=["batchsched", "volcano"]):
         async def inqueue() -> bool:
             g = await get_group(kube, VOLCANO, namespace, job)
             return (g.get("status") or {}).get("phase") == "Inqueue"
@@ -170,7 +170,7 @@ async def test_kuberay_cluster_binds_whole_under_the_scheduler_plugins_name(
                                scheduler="scheduler-plugins-scheduler",
                                metadata={"labels": labels, "ownerReferences": [ref]}))
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace,
+    async with running_scheduler(sandbox, namespace,
                                  schedulerNames=["batchsched", "scheduler-plugins-scheduler"]):
         async def whole() -> bool:
             return len(bound(await list_pods(kube, namespace), cluster)) == 4
@@ -195,7 +195,7 @@ async def test_group_larger_than_the_cluster_stays_pending_and_says_why(
     bodies.append(pod_body("broken-0", gpu=1, metadata={"labels": {"scheduling.x-k8s.io/pod-group": "broken"}}))
     bodies.append(pod_body("lost-0", gpu=1, metadata={"labels": {"scheduling.x-k8s.io/pod-group": "nowhere"}}))
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         async def explained() -> dict[str, Any] | None:
             g = await get_group(kube, XK8S, namespace, "huge")
             return g if condition(g).get("reason") == "Unschedulable" else None
@@ -238,7 +238,7 @@ async def test_two_competing_groups_never_both_hold_part(
         for i in range(3) for name in ("alpha", "beta")
     ]
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         first = ""
         while True:
             pods = await list_pods(kube, namespace)
@@ -281,7 +281,7 @@ async def test_a_gang_short_of_its_quorum_is_evicted_when_it_times_out(
         "metadata": {"name": "short-0", "namespace": namespace, "uid": first["metadata"]["uid"]},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     })
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         [incomplete] = await wait_for(lambda: events_for(kube, namespace, "short", "GangIncomplete"), timeout=15)
         assert incomplete["message"] == "1 of 3 required members are placed; retrying the other 2 as one gang"
         [timeout] = await wait_for(lambda: events_for(kube, namespace, "short", "GangTimeout"), timeout=15)
@@ -324,7 +324,7 @@ async def test_restart_while_binding_a_large_gang_ends_whole_or_empty(
     }))
     log = tmp_path / "batchsched.log"
     _, rv = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
-    first = start_process(sandbox.kubeconfig, cfg, log)
+    first = start_process(sandbox, cfg, log)
     try:
         seen: set[str] = set()
         async for _, obj in kube.watch(f"/api/v1/namespaces/{namespace}/pods", rv, timeout_seconds=60):
@@ -338,7 +338,7 @@ async def test_restart_while_binding_a_large_gang_ends_whole_or_empty(
     pods = await list_pods(kube, namespace)
     at_kill = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
     assert 0 < len(at_kill) < size, f"the kill should land mid-binding ({len(at_kill)} bound)"
-    second = start_process(sandbox.kubeconfig, cfg, log)
+    second = start_process(sandbox, cfg, log)
     try:
         async def settled() -> int | None:
             n = len(bound(await list_pods(kube, namespace), "big"))

@@ -148,7 +148,7 @@ async def test_binpack_packs_shares_onto_the_fewest_cards_within_compute_and_mem
 ) -> None:
     nodes = await make_nodes(count=2, prefix=namespace, **ELASTIC)
     mem = dict.fromkeys(nodes, CARD_MIB)
-    async with running_scheduler(sandbox.kubeconfig, namespace, **BINPACK):
+    async with running_scheduler(sandbox, namespace, **BINPACK):
         halves = [f"half-{i}" for i in range(4)]
         await create_pods(kube, namespace, [share_pod(namespace, n, 50, 2048) for n in halves])
         pods = await wait_for(lambda: _all_bound(kube, namespace, halves), timeout=30)
@@ -179,7 +179,7 @@ async def test_whole_cards_are_two_distinct_cards_never_shared(
 ) -> None:
     [node] = await make_nodes(count=1, prefix=namespace, **ELASTIC)
     mem = {node: CARD_MIB}
-    async with running_scheduler(sandbox.kubeconfig, namespace, **BINPACK):
+    async with running_scheduler(sandbox, namespace, **BINPACK):
         shares = ["s50a", "s50b", "s30"]
         await create_pods(kube, namespace, [share_pod(namespace, n, c) for n, c in (("s50a", 50), ("s50b", 50), ("s30", 30))])
         await wait_for(lambda: _all_bound(kube, namespace, shares), timeout=30)
@@ -206,7 +206,7 @@ async def test_shares_spread_by_their_own_annotation_leave_too_few_whole_cards(
 ) -> None:
     [node] = await make_nodes(count=1, prefix=namespace, **ELASTIC)
     mem = {node: CARD_MIB}
-    async with running_scheduler(sandbox.kubeconfig, namespace, **BINPACK):
+    async with running_scheduler(sandbox, namespace, **BINPACK):
         # configured binpack; these ask for spread: one card each, three cards in use
         spread = {"batchsched.io/gpu-placement": "spread"}
         names = [f"spread-{i}" for i in range(3)]
@@ -231,7 +231,7 @@ async def test_a_restarted_scheduler_rebuilds_card_usage_from_the_pods(
     [node] = await make_nodes(count=1, prefix=namespace, **ELASTIC)
     mem = {node: CARD_MIB}
     first = [f"first-{i}" for i in range(4)]
-    async with running_scheduler(sandbox.kubeconfig, namespace, **BINPACK):
+    async with running_scheduler(sandbox, namespace, **BINPACK):
         await create_pods(kube, namespace, [share_pod(namespace, n, 60) for n in first])
         pods = await wait_for(lambda: _all_bound(kube, namespace, first), timeout=30)
     # one 60 % share per card
@@ -247,7 +247,7 @@ async def test_a_restarted_scheduler_rebuilds_card_usage_from_the_pods(
     # 30 % shares fill each card to 90 %; 10 % more fits, on any card; then another 30 %
     # fits the node's gpu-core total (400/400) but no card
     second = [f"second-{i}" for i in range(4)]
-    async with running_scheduler(sandbox.kubeconfig, namespace, **BINPACK):
+    async with running_scheduler(sandbox, namespace, **BINPACK):
         await create_pods(kube, namespace, [share_pod(namespace, n, 30) for n in second])
         await wait_for(lambda: checked(second), timeout=30)
         await create_pods(kube, namespace, [share_pod(namespace, "tail", 10)])
@@ -271,7 +271,7 @@ async def test_an_invalid_gpu_request_is_refused_visibly_and_scheduling_goes_on(
     sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:
     await make_nodes(count=1, prefix=namespace, **ELASTIC)
-    async with running_scheduler(sandbox.kubeconfig, namespace, **BINPACK) as sched:
+    async with running_scheduler(sandbox, namespace, **BINPACK) as sched:
         await create_pods(kube, namespace, [
             share_pod(namespace, "odd-cores", 150),
             share_pod(namespace, "bad-policy", 50, annotations={"batchsched.io/gpu-placement": "tightest"}),
@@ -303,7 +303,7 @@ async def test_a_gang_of_shares_binds_whole_or_not_at_all(
 ) -> None:
     [node] = await make_nodes(count=1, prefix=namespace, **ELASTIC)
     mem = {node: CARD_MIB}
-    async with running_scheduler(sandbox.kubeconfig, namespace, **BINPACK):
+    async with running_scheduler(sandbox, namespace, **BINPACK):
         # one whole card taken, then a gang of 3 x 30 % that fits on one card binds whole
         await create_pods(kube, namespace, [share_pod(namespace, "holder", 100)])
         pods = await wait_for(lambda: _all_bound(kube, namespace, ["holder"]), timeout=30)
@@ -341,7 +341,7 @@ async def test_kai_fractions_on_nvidia_nodes_are_recorded_and_counted_against_wh
     [node] = await make_nodes(count=1, prefix=namespace, gpus=4, labels={"nvidia.com/gpu.memory": "81920"})
     mem = {node: 81920}
     # configured spread; the two halves ask for binpack themselves and share a card
-    async with running_scheduler(sandbox.kubeconfig, namespace, gpuSharing={"policy": "spread"}):
+    async with running_scheduler(sandbox, namespace, gpuSharing={"policy": "spread"}):
         pack = {"gpu-fraction": "0.5", "batchsched.io/gpu-placement": "binpack"}
         await create_pods(kube, namespace, [pool_pod(namespace, n, metadata={"annotations": pack}) for n in ("kai-a", "kai-b")])
         pods = await wait_for(lambda: _all_bound(kube, namespace, ["kai-a", "kai-b"]), timeout=30)

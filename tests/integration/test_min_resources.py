@@ -69,7 +69,7 @@ async def test_training_operator_gang_with_min_resources_preempts_lower_priority
 ) -> None:
     pool = uuid.uuid4().hex[:6]
     await make_nodes(count=2, gpus=8, labels={"pool": pool})
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         fillers = await _fill(kube, namespace, pool, 2)
         await wait_for(lambda: _running(kube, namespace, fillers), timeout=30)
         job = "pytorch-urgent"
@@ -100,7 +100,7 @@ async def test_volcano_group_with_min_resources_is_admitted_when_it_may_preempt(
     await apply_manifests(kube, [VOLCANO_CRD])
     pool = uuid.uuid4().hex[:6]
     await make_nodes(count=2, gpus=8, labels={"pool": pool})
-    async with running_scheduler(sandbox.kubeconfig, namespace, schedulerNames=["batchsched", "volcano"]):
+    async with running_scheduler(sandbox, namespace, schedulerNames=["batchsched", "volcano"]):
         fillers = await _fill(kube, namespace, pool, 2)
         await wait_for(lambda: _running(kube, namespace, fillers), timeout=30)
         job = "tf-urgent"
@@ -139,7 +139,7 @@ async def test_kuberay_gang_with_min_resources_reclaims_its_queues_nominal(
     await make_nodes(count=2, gpus=8, labels={"pool": tag})
     quota = {"resources": [{"name": GPU, "nominal": 8}]}
     async with queues(kube, (org, {}), (research, {"parent": org, **quota}), (prod, {"parent": org, **quota})), \
-            running_scheduler(sandbox.kubeconfig, namespace):
+            running_scheduler(sandbox, namespace):
         # research borrows prod's idle 8 GPUs: both nodes are its
         fillers = await _fill(kube, namespace, tag, 2, **{"batchsched.io/queue": research})
         await wait_for(lambda: _running(kube, namespace, fillers), timeout=30)

@@ -55,7 +55,7 @@ async def test_three_pods_with_a_hostname_spread_land_on_three_nodes(
     bodies = [pod_body(f"web-{i}", metadata={"labels": {"app": "web"}},
                        spec={"topologySpreadConstraints": spread}) for i in range(3)]
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         placed = await bound_all(kube, namespace, "web-", 3)
     assert sorted(placed.values()) == sorted(names)
     await assert_no_overcommit(kube)
@@ -73,7 +73,7 @@ async def test_a_gang_with_anti_affinity_to_itself_lands_one_per_node(
     bodies = [pod_body(f"ring-{i}", gpu=1, metadata={"labels": labels}, spec={"affinity": anti})
               for i in range(4)]
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         placed = await bound_all(kube, namespace, "ring-", 4)
     assert sorted(placed.values()) == sorted(names)
     await assert_no_overcommit(kube)
@@ -93,7 +93,7 @@ async def test_a_pod_with_affinity_to_another_lands_in_its_rack(
     await bound_all(kube, namespace, "db", 1)
     bodies = [pod_body(f"cache-{i}", spec={"affinity": follow}) for i in range(3)]
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         placed = await bound_all(kube, namespace, "cache-", 3)
     assert {nodes[n] for n in placed.values()} == {nodes[names[-1]]}
     await assert_no_overcommit(kube)

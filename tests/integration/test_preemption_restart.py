@@ -51,7 +51,7 @@ async def test_killed_between_evictions_and_binding_the_preemptor_still_gets_the
         _pod("low-0", pool, 4, "low-priority"),
         _pod("low-1", pool, 4, "low-priority", **{HOLD: "true"}),
     ])
-    first = start_process(sandbox.kubeconfig, cfg, log)
+    first = start_process(sandbox, cfg, log)
     try:
         async def running(name: str) -> bool:
             pod = await _get(kube, namespace, name)
@@ -77,7 +77,7 @@ async def test_killed_between_evictions_and_binding_the_preemptor_still_gets_the
         first.wait()
     # while no scheduler runs, smaller work arrives that would fit in the half-freed node
     await create_pods(kube, namespace, [_pod("small", pool, 1, "low-priority")])
-    second = start_process(sandbox.kubeconfig, cfg, log)
+    second = start_process(sandbox, cfg, log)
     try:
         await asyncio.sleep(8)  # several cycles of the restarted scheduler
         small = await _get(kube, namespace, "small")

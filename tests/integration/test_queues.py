@@ -107,7 +107,7 @@ async def test_reclaim_gives_a_team_its_nominal_back_from_a_borrower(
     org, team_a, team_b = f"org-{tag}", f"team-a-{tag}", f"team-b-{tag}"
     await make_nodes(count=4, gpus=8, labels={"pool": tag})
     async with queues(kube, (org, {}), (team_a, gpu_queue(org, 16)), (team_b, gpu_queue(org, 16))), \
-            running_scheduler(sandbox.kubeconfig, namespace, queues={"statusIntervalSeconds": 0.5}):
+            running_scheduler(sandbox, namespace, queues={"statusIntervalSeconds": 0.5}):
         # team-b borrows all of team-a's idle GPUs
         await create_pods(kube, namespace, [job(f"b-{i}", tag, queue=team_b) for i in range(4)])
         await wait_for(lambda: _count(bound_names(kube, namespace, "b-"), 4), timeout=30)
@@ -158,7 +158,7 @@ async def test_a_high_priority_job_preempts_a_whole_low_priority_gang(
     low = [job(f"low-{i}", tag, queue=research, priority_class="low-priority",
                labels={"scheduling.x-k8s.io/pod-group": "low"}) for i in range(4)]
     async with queues(kube, (research, gpu_queue(None, 32, withinQueue="LowerPriority"))), \
-            running_scheduler(sandbox.kubeconfig, namespace):
+            running_scheduler(sandbox, namespace):
         await create_pods(kube, namespace, low)
         await wait_for(lambda: _count(bound_names(kube, namespace, "low-"), 4), timeout=30)
         async with PodWatch(kube, namespace) as watch:
@@ -193,7 +193,7 @@ async def test_a_pod_disruption_budget_keeps_its_pod_and_the_preemptor_waits(
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep"},
         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "serving"}}},
     })
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         await create_pods(kube, namespace, [job("serving", tag, priority_class="low-priority",
                                                 labels={"app": "serving"})])
         await wait_for(lambda: _count(bound_names(kube, namespace, "serving"), 1), timeout=30)
@@ -225,7 +225,7 @@ async def test_an_unknown_queue_is_reported_and_nothing_binds(
     ghost = f"ghost-{tag}"
     await make_nodes(count=1, gpus=8, labels={"pool": tag})
     await create_pods(kube, namespace, [job("lost", tag, gpu=1, queue=ghost)])
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         [ev] = await wait_for(lambda: events_for(kube, namespace, "lost", "FailedScheduling"), timeout=30)
         assert ev["message"] == f"queue {ghost} does not exist (named by label batchsched.io/queue)"
         pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/lost")
@@ -265,7 +265,7 @@ async def test_queue_status_shows_quota_use_and_problems(
     await make_nodes(count=1, gpus=8, labels={"pool": tag})
     async with queues(kube, (org, {}), (team, gpu_queue(org, 4)), (f"other-{tag}", gpu_queue(org, 4)),
                       (orphan, gpu_queue(f"nowhere-{tag}", 4))), \
-            running_scheduler(sandbox.kubeconfig, namespace, queues={"statusIntervalSeconds": 0.5}):
+            running_scheduler(sandbox, namespace, queues={"statusIntervalSeconds": 0.5}):
         # 6 GPUs run (2 borrowed from the sibling), 4 more wait: the cohort has no more
         await create_pods(kube, namespace, [job("run", tag, gpu=6, queue=team)])
         await wait_for(lambda: _count(bound_names(kube, namespace, "run"), 1), timeout=30)

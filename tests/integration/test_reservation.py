@@ -56,7 +56,7 @@ async def test_a_large_gang_starts_within_a_bound_under_a_stream_of_small_pods(
 ) -> None:
     rng = random.Random(7)
     await make_nodes(count=3, gpus=8)
-    async with running_scheduler(sandbox.kubeconfig, namespace, reservation={"enabled": ENABLED}):  # type: ignore[attr-defined]
+    async with running_scheduler(sandbox, namespace, reservation={"enabled": ENABLED}):  # type: ignore[attr-defined]
         await create_pods(kube, namespace, [
             small(f"busy-{i:02d}", rng.randint(10, 20), deadline=i % 2 == 0) for i in range(24)
         ])

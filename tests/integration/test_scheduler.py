@@ -20,6 +20,7 @@ from tests.integration.helpers import (
     list_pods,
     pod_body,
     running_scheduler,
+    scheduler_kubeconfig,
     start_process,
     wait_for,
 )
@@ -36,7 +37,7 @@ async def test_500_pods_on_50_nodes_all_bound_without_overcommit(sandbox, kube: 
     await create_pods(kube, namespace, bodies)
     # pods for another scheduler stay where they are
     await create_pods(kube, namespace, [pod_body(f"other{i}", gpu=1, scheduler="default-scheduler") for i in range(3)])
-    async with running_scheduler(sandbox.kubeconfig, namespace) as sched:
+    async with running_scheduler(sandbox, namespace) as sched:
         async def all_bound() -> bool:
             pods = await list_pods(kube, namespace)
             return all(p["spec"].get("nodeName") for p in pods if p["metadata"]["name"].startswith("p"))
@@ -72,7 +73,7 @@ async def test_pod_that_never_fits_gets_one_event_then_binds_when_a_node_arrives
     await make_nodes(count=3, gpus=8)
     await make_nodes(count=1, gpus=8, taints=({"key": "gpu", "value": "broken", "effect": "NoSchedule"},))
     await create_pods(kube, namespace, [pod_body("big", gpu=16)])
-    async with running_scheduler(sandbox.kubeconfig, namespace) as sched:
+    async with running_scheduler(sandbox, namespace) as sched:
         [failed] = await wait_for(lambda: events_for(kube, namespace, "big", "FailedScheduling"), timeout=30)
         assert (failed["type"], failed["reason"]) == ("Warning", "FailedScheduling")
         assert (failed["involvedObject"]["kind"], failed["involvedObject"]["name"]) == ("Pod", "big")
@@ -135,7 +136,7 @@ async def test_constraints_a_user_pod_carries_are_honoured(sandbox, kube: KubeCl
         pod_body("gated", gpu=1, spec={"schedulingGates": [{"name": "example.com/wait"}]}),
     ]
     await create_pods(kube, namespace, bodies)
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         bound = await wait_for(lambda: _bound(kube, namespace, ["sel", "aff", "tol"]), timeout=30)
         assert bound["sel"] == h100[0]  # the other h100 node is cordoned
         assert bound["aff"] in a100
@@ -153,7 +154,7 @@ async def test_constraints_a_user_pod_carries_are_honoured(sandbox, kube: KubeCl
 async def test_metrics_and_health_endpoints(sandbox, kube: KubeClient, namespace: str, make_nodes) -> None:  # type: ignore[no-untyped-def]
     await make_nodes(count=1, gpus=8)
     await create_pods(kube, namespace, [pod_body("m", gpu=1)])
-    async with running_scheduler(sandbox.kubeconfig, namespace) as sched:
+    async with running_scheduler(sandbox, namespace) as sched:
         await wait_for(lambda: _bound(kube, namespace, ["m"]), timeout=30)
         async with aiohttp.ClientSession() as http:
             base = f"http://127.0.0.1:{sched.http_port}"
@@ -195,7 +196,7 @@ async def test_killed_mid_run_and_restarted_binds_nothing_twice(sandbox, kube: K
         "binder": {"concurrency": 4},
     }))
     log = tmp_path / "batchsched.log"
-    first = start_process(sandbox.kubeconfig, cfg, log)
+    first = start_process(sandbox, cfg, log)
     try:
         async def some_bound() -> bool:
             pods = await list_pods(kube, namespace)
@@ -208,7 +209,7 @@ async def test_killed_mid_run_and_restarted_binds_nothing_twice(sandbox, kube: K
     pods = await list_pods(kube, namespace)
     bound_at_kill = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
     assert 0 < len(bound_at_kill) < 300, "the kill should land mid-run"
-    second = start_process(sandbox.kubeconfig, cfg, log)
+    second = start_process(sandbox, cfg, log)
     try:
         async def all_bound() -> bool:
             pods = await list_pods(kube, namespace)
@@ -231,10 +232,10 @@ async def test_killed_mid_run_and_restarted_binds_nothing_twice(sandbox, kube: K
 
 async def test_second_replica_waits_for_the_lease_and_takes_over(sandbox, kube: KubeClient, namespace: str, make_nodes) -> None:  # type: ignore[no-untyped-def]
     await make_nodes(count=2, gpus=8)
-    async with running_scheduler(sandbox.kubeconfig, namespace) as first:
+    async with running_scheduler(sandbox, namespace) as first:
         from batchsched.app import Scheduler
 
-        client = await KubeClient.connect(sandbox.kubeconfig)
+        client = await KubeClient.connect(scheduler_kubeconfig(sandbox))
         second = Scheduler(client, config(namespace))
         task = asyncio.get_running_loop().create_task(second.run())
         try:

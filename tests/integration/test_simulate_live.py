@@ -100,7 +100,7 @@ async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
 
     # the live scheduler on the same cluster and configuration
     names = {n for n, _, _ in MIX}
-    async with running_scheduler(sandbox.kubeconfig, namespace, **SETTINGS) as sched:
+    async with running_scheduler(sandbox, namespace, **SETTINGS) as sched:
         async def settled() -> dict[str, tuple[str, str]] | None:
             got = placements(await list_pods(kube, namespace), names)
             return got if len(got) == len(simulated) else None

@@ -35,7 +35,7 @@ async def test_a_rack_gang_lands_in_one_rack_after_small_pods_were_scattered(
     pool = {SANDBOX_LABEL: prefix}  # keep every pod of this test on these nodes
     # single-GPU pods on nodes 0, 4, 5 and 12: only rack 2 keeps 4 whole nodes free
     scattered = [0, 4, 5, 12]
-    async with running_scheduler(sandbox.kubeconfig, namespace):
+    async with running_scheduler(sandbox, namespace):
         await create_pods(kube, namespace, [
             pod_body(f"small-{i}", gpu=1, spec={"nodeSelector": {"kubernetes.io/hostname": names[i]}})
             for i in scattered

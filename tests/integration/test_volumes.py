@@ -77,7 +77,7 @@ async def test_volumes_are_honoured_or_refused_visibly(
         await wait_for(bound_claim, timeout=30)
         dra = pod_body("dra", spec={"nodeSelector": {"pool": tag},
                                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"gpu-{tag}"}]})
-        async with running_scheduler(sandbox.kubeconfig, namespace):
+        async with running_scheduler(sandbox, namespace):
             await create_pods(kube, namespace, [
                 _with_claim("reader", tag, "dataset"), _with_claim("writer", tag, "scratch"),
                 _with_claim("early", tag, "later"), dra,

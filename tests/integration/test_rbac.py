@@ -1,0 +1,217 @@
+"""batchsched's ClusterRole (``manifests/rbac.yaml``) is what it needs, and nothing more.
+
+Every integration test runs the scheduler under its own ServiceAccount, bound to that role
+alone, and the sandbox's apiserver writes an audit log of that account's requests (see
+``tests/conftest.py``). This test runs one scheduler along every path that talks to the
+API (a gang bound, a Volcano group admitted, a GPU share annotated, a pod that fits
+nowhere told why, a preemption, a binding that lost a race, a Queue's status, a Lease),
+then reads the log: no request of the account was refused, and every (API group,
+resource, verb) the role grants was used, by this test or by the tests before it in the
+run. A grant nobody uses is removed from the role; a refused request is a rule missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchsched.core.plan import Binding
+from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import NotFoundError
+from batchsched.sandbox.nodes import SANDBOX_LABEL
+from tests.conftest import RBAC, SCHEDULER_USER
+from tests.integration.helpers import (
+    QUEUES,
+    VOLCANO,
+    VOLCANO_CRD,
+    XK8S,
+    create_group,
+    create_pods,
+    events_for,
+    get_group,
+    pod_body,
+    running_scheduler,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+Use = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+
+#: grants of rbac.yaml this test cannot make the scheduler use in the sandbox, with why
+NOT_EXERCISED: dict[Use, str] = {}
+
+
+def granted(path: Path = RBAC) -> set[Use]:
+    """Every (API group, resource, verb) the ClusterRole in ``path`` grants."""
+    role = next(d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ClusterRole")
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def audited(log: Path) -> Iterator[dict[str, Any]]:
+    """The audit events of the scheduler's ServiceAccount."""
+    with log.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            if event["user"]["username"] == SCHEDULER_USER:
+                yield event
+
+
+def use_of(event: dict[str, Any]) -> Use | None:
+    ref = event.get("objectRef")
+    if ref is None:  # a non-resource URL
+        return None
+    resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+    return ref.get("apiGroup", ""), resource, event["verb"]
+
+
+def refused(events: list[dict[str, Any]]) -> list[str]:
+    return sorted({
+        f"{e['verb']} {e['requestURI']}: {e['responseStatus'].get('message', '')}"
+        for e in events if e.get("responseStatus", {}).get("code") == 403
+    })
+
+
+async def pod(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    except NotFoundError:
+        return None
+
+
+async def node_of(kube: KubeClient, namespace: str, name: str) -> str | None:
+    got = await pod(kube, namespace, name)
+    return got["spec"].get("nodeName") if got else None
+
+
+async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing(
+    sandbox, kube: KubeClient, namespace: str, make_nodes, audit_log: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from batchsched.sandbox.cluster import apply_manifests
+
+    await apply_manifests(kube, [VOLCANO_CRD])
+    pool, spare = namespace, f"{namespace}-p"
+    await make_nodes(count=2, prefix=pool, gpus=4)
+    [victims_node] = await make_nodes(count=1, prefix=spare, gpus=2)
+    in_pool = {"nodeSelector": {SANDBOX_LABEL: pool}}
+    queue = f"q-{namespace}"
+    await kube.create(QUEUES, {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue",
+                               "metadata": {"name": queue}, "spec": {}})
+    try:
+        await create_group(kube, XK8S, namespace, "train", {"minMember": 2})
+        await create_group(kube, VOLCANO, namespace, "vc", {"minMember": 1})
+        await create_pods(kube, namespace, [
+            *(pod_body(f"train-{i}", gpu=2, spec=in_pool,
+                       metadata={"labels": {"scheduling.x-k8s.io/pod-group": "train"}}) for i in range(2)),
+            pod_body("vc-0", gpu=1, spec=in_pool,
+                     metadata={"annotations": {"scheduling.k8s.io/group-name": "vc"}}),
+            pod_body("share", spec=in_pool, metadata={"annotations": {"gpu-fraction": "0.5"}}),
+            pod_body("huge", gpu=64, spec=in_pool),
+            pod_body("low", gpu=2, spec={"nodeSelector": {SANDBOX_LABEL: spare},
+                                         "priorityClassName": "low-priority"}),
+        ])
+        async with running_scheduler(sandbox, namespace, queues={"statusIntervalSeconds": 0.5}) as sched:
+            # a gang bound whole, its PodGroup's status written
+            async def train_running() -> bool:
+                st = (await get_group(kube, XK8S, namespace, "train")).get("status") or {}
+                return st.get("phase") == "Running" and st.get("running") == 2
+
+            await wait_for(train_running, timeout=60)
+            assert await events_for(kube, namespace, "train-0", "Scheduled")
+            # Volcano's group: its status is patched on the object (no status subresource)
+            async def vc_running() -> bool:
+                st = (await get_group(kube, VOLCANO, namespace, "vc")).get("status") or {}
+                return st.get("phase") == "Running"
+
+            await wait_for(vc_running, timeout=60)
+            # a share of a card: the card is written on the pod before it is bound
+            await wait_for(lambda: node_of(kube, namespace, "share"), timeout=60)
+            share = await pod(kube, namespace, "share")
+            assert share is not None and "batchsched.io/gpu-cards" in share["metadata"]["annotations"]
+            # a pod that fits nowhere: its condition and an Event say why
+            [failed] = await wait_for(lambda: events_for(kube, namespace, "huge", "FailedScheduling"), timeout=60)
+            huge = await pod(kube, namespace, "huge")
+            assert huge is not None
+            [cond] = [c for c in huge["status"]["conditions"] if c["type"] == "PodScheduled"]
+            assert cond["status"] == "False" and cond["message"] == failed["message"]
+
+            # a preemption: the low-priority pod is marked, evicted, the preemptor nominated and bound
+            await wait_for(lambda: node_of(kube, namespace, "low"), timeout=60)
+            await create_pods(kube, namespace, [pod_body(
+                "urgent", gpu=2, spec={"nodeSelector": {SANDBOX_LABEL: spare}, "priorityClassName": "high-priority"},
+            )])
+            assert await wait_for(lambda: node_of(kube, namespace, "urgent"), timeout=60) == victims_node
+            low = await pod(kube, namespace, "low")
+            assert low is None or low["metadata"].get("deletionTimestamp")
+            assert await events_for(kube, namespace, "low", "Preempted")
+
+            # a binding that lost a race (another scheduler bound the pod first): the
+            # Binding API answers 409 and the scheduler reads the pod again
+            submit = sched.binder.submit
+            raced: list[asyncio.Task[None]] = []
+
+            def bound_first_elsewhere(b: Binding) -> None:
+                if b.name != "raced":
+                    submit(b)
+                    return
+
+                async def race() -> None:
+                    await kube.create(f"/api/v1/namespaces/{namespace}/pods/raced/binding", {
+                        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "raced"},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": b.node},
+                    })
+                    submit(b)
+
+                raced.append(asyncio.get_running_loop().create_task(race()))
+
+            sched.binder.submit = bound_first_elsewhere  # type: ignore[method-assign]
+            await create_pods(kube, namespace, [pod_body("raced", cpu="10m", spec=in_pool)])
+            await wait_for(lambda: asyncio.sleep(0, result=sched.metrics.binds.labels("conflict")._value.get() >= 1),
+                           timeout=60)
+            await asyncio.gather(*raced)
+            assert await node_of(kube, namespace, "raced")
+
+            # the Queue's status
+            async def queue_status() -> dict[str, Any] | None:
+                st: dict[str, Any] | None = (await kube.get(f"{QUEUES}/{queue}")).get("status")
+                return st if st and st.get("conditions") else None
+
+            await wait_for(queue_status, timeout=30)
+        # stopped: the Lease was released
+        lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")
+        assert not lease["spec"].get("holderIdentity")
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(f"{QUEUES}/{queue}")
+
+    grants = granted()
+    assert set(NOT_EXERCISED) <= grants, "a grant listed as not exercised is no longer in rbac.yaml"
+
+    def all_used() -> bool:
+        used = {u for u in (use_of(e) for e in audited(audit_log)) if u is not None}
+        return grants - used <= set(NOT_EXERCISED)
+
+    # the last requests (the Lease's release) reach the log within moments
+    with contextlib.suppress(AssertionError):
+        await wait_for(lambda: asyncio.sleep(0, result=all_used()), timeout=10)
+    events = list(audited(audit_log))
+    assert events, f"no request of {SCHEDULER_USER} in {audit_log}"
+    assert refused(events) == [], "requests refused to the scheduler: add the rule (with why) to rbac.yaml"
+    used = {u for u in (use_of(e) for e in events) if u is not None}
+    never = sorted(grants - used - set(NOT_EXERCISED))
+    assert never == [], "granted but never used: remove from rbac.yaml, or exercise it here"
+    print(f"\n{len(events)} audited requests of {SCHEDULER_USER}; {len(used)} kinds used, all of "
+          f"{len(grants)} grants")
