@@ -80,11 +80,15 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         if IN_CI:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+    denied: list[str] = []
     try:
         state.kubeconfigs[SCHEDULER_USER] = _scheduler_identity(state)
         yield state
+        denied = rbac_denials(Path(state.dir) / "logs" / "audit.log")
     finally:
         box.down()
+    if denied:  # whichever test made them: a rule is missing from rbac.yaml
+        pytest.fail("requests of batchsched refused by RBAC during the run:\n" + "\n".join(denied))
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +101,25 @@ def scheduler_kubeconfig(sandbox: Any) -> str:
 def audit_log(sandbox: Any) -> Path:
     """The apiserver's audit log of batchsched's requests (JSON lines, one per stage)."""
     return Path(sandbox.dir) / "logs" / "audit.log"
+
+
+def scheduler_requests(log: Path) -> Iterator[dict[str, Any]]:
+    """The audit events of batchsched's ServiceAccount, in the order they were logged."""
+    with log.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            if event["user"]["username"] == SCHEDULER_USER:
+                yield event
+
+
+def rbac_denials(log: Path) -> list[str]:
+    """The requests of batchsched that RBAC refused (a namespace being deleted refuses
+    writes with 403 as well: those are not counted)."""
+    return sorted({
+        f"{e['verb']} {e['requestURI']}"
+        for e in scheduler_requests(log)
+        if (e.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid"
+    })
 
 
 def _scheduler_identity(state: Any) -> str:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from batchsched.core.plan import Binding
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from batchsched.sandbox.nodes import SANDBOX_LABEL
-from tests.conftest import RBAC, SCHEDULER_USER
+from tests.conftest import RBAC, SCHEDULER_USER, rbac_denials, scheduler_requests
 from tests.integration.helpers import (
     QUEUES,
     VOLCANO,
@@ -45,6 +43,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 Use = tuple[str, str, str]  # (API group, resource[/subresource], verb)
 
+DECISION = "authorization.k8s.io/decision"
+
 #: grants of rbac.yaml this test cannot make the scheduler use in the sandbox, with why
 NOT_EXERCISED: dict[Use, str] = {}
 
@@ -61,28 +61,12 @@ def granted(path: Path = RBAC) -> set[Use]:
     }
 
 
-def audited(log: Path) -> Iterator[dict[str, Any]]:
-    """The audit events of the scheduler's ServiceAccount."""
-    with log.open() as lines:
-        for line in lines:
-            event = json.loads(line)
-            if event["user"]["username"] == SCHEDULER_USER:
-                yield event
-
-
 def use_of(event: dict[str, Any]) -> Use | None:
     ref = event.get("objectRef")
     if ref is None:  # a non-resource URL
         return None
     resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
     return ref.get("apiGroup", ""), resource, event["verb"]
-
-
-def refused(events: list[dict[str, Any]]) -> list[str]:
-    return sorted({
-        f"{e['verb']} {e['requestURI']}: {e['responseStatus'].get('message', '')}"
-        for e in events if e.get("responseStatus", {}).get("code") == 403
-    })
 
 
 async def pod(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
@@ -201,15 +185,17 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
     assert set(NOT_EXERCISED) <= grants, "a grant listed as not exercised is no longer in rbac.yaml"
 
     def all_used() -> bool:
-        used = {u for u in (use_of(e) for e in audited(audit_log)) if u is not None}
+        used = {u for u in (use_of(e) for e in scheduler_requests(audit_log)) if u is not None}
         return grants - used <= set(NOT_EXERCISED)
 
     # the last requests (the Lease's release) reach the log within moments
     with contextlib.suppress(AssertionError):
         await wait_for(lambda: asyncio.sleep(0, result=all_used()), timeout=10)
-    events = list(audited(audit_log))
+    events = list(scheduler_requests(audit_log))
     assert events, f"no request of {SCHEDULER_USER} in {audit_log}"
-    assert refused(events) == [], "requests refused to the scheduler: add the rule (with why) to rbac.yaml"
+    # each request carries RBAC's decision, which the check for refusals reads
+    assert all((e.get("annotations") or {}).get(DECISION) in ("allow", "forbid") for e in events)
+    assert rbac_denials(audit_log) == [], "requests refused to the scheduler: add the rule (with why) to rbac.yaml"
     used = {u for u in (use_of(e) for e in events) if u is not None}
     never = sorted(grants - used - set(NOT_EXERCISED))
     assert never == [], "granted but never used: remove from rbac.yaml, or exercise it here"
