@@ -12,6 +12,12 @@ data in and out of it:
   result intake;
 - **http, leader election, metrics, shutdown**.
 
+Every write made for the leader (Bindings, evictions, cleanups, pod conditions and Events,
+PodGroup and Queue status) goes through one :class:`~batchsched.kube.leader.Fence`, which
+the elector keeps open until its last renewal's deadline; without leader election it is
+always open. A replica that loses its lease stops without sending anything more: what
+was queued is dropped by the fence, nothing is drained and the Lease is not touched.
+
 The clock is read here and nowhere in the core: ``time.time()`` is passed to the session.
 """
 
@@ -42,7 +48,7 @@ from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.groupstatus import GroupStatusWriter
 from batchsched.kube.intake import Intake
-from batchsched.kube.leader import LeaderElector
+from batchsched.kube.leader import Fence, LeaderElector
 from batchsched.kube.queuestatus import QueueStatusWriter
 from batchsched.kube.snapshot import take_snapshot
 from batchsched.kube.status import StatusWriter
@@ -75,15 +81,24 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.identity = identity or config.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.session = Session(config.session_settings())
-        self.cleanups = CleanupWriter(client)
+        #: closed until this replica leads (open for good without leader election)
+        self.fence = Fence() if config.leader_election.enabled else Fence.always_open()
+        fence = self.fence
+        self.cleanups = CleanupWriter(client, fence=fence)
         self.binder = Binder(
             client, concurrency=config.binder.concurrency, retries=config.binder.retries,
-            on_result=self._bind_result, cleanups=self.cleanups,
+            on_result=self._bind_result, cleanups=self.cleanups, identity=self.identity, fence=fence,
         )
-        self.evictor = Evictor(client, concurrency=config.gang.eviction_concurrency, on_result=self._evict_result)
-        self.status = StatusWriter(client, instance=self.identity, concurrency=config.status.concurrency)
-        self.group_status = GroupStatusWriter(client)
-        self.queue_status = QueueStatusWriter(client)
+        self.evictor = Evictor(
+            client, concurrency=config.gang.eviction_concurrency, on_result=self._evict_result, fence=fence,
+        )
+        self.status = StatusWriter(
+            client, instance=self.identity, concurrency=config.status.concurrency, fence=fence,
+        )
+        self.group_status = GroupStatusWriter(client, fence=fence)
+        self.queue_status = QueueStatusWriter(client, fence=fence)
+        #: the lease was lost (not given up): stop without sending anything more
+        self.lease_lost = False
         self.ready = False
         self.leading = asyncio.Event()
         self.http_port: int | None = None
@@ -223,7 +238,7 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
             self._wake.clear()
-            if not self.leading.is_set() or self._stopping.is_set():
+            if not self.leading.is_set() or self._stopping.is_set() or not self.fence.is_open():
                 continue
             if interval:
                 await asyncio.sleep(interval)
@@ -257,7 +272,7 @@ class Scheduler:
                 self.elector = LeaderElector(
                     client=self.client, namespace=le.namespace, name=le.lease_name, identity=self.identity,
                     lease_duration=le.lease_duration_seconds, renew_deadline=le.renew_deadline_seconds,
-                    retry_period=le.retry_period_seconds,
+                    retry_period=le.retry_period_seconds, fence=self.fence,
                 )
 
                 def started() -> None:
@@ -267,7 +282,9 @@ class Scheduler:
                     self._wake.set()
 
                 def stopped() -> None:
-                    log.warning("%s lost the lease; stopping", self.identity)
+                    if not self._stopping.is_set():
+                        log.warning("%s lost the lease; stopping", self.identity)
+                        self.lease_lost = True
                     self.metrics.leader.set(0)
                     self.leading.clear()
                     self.stop()
@@ -290,23 +307,41 @@ class Scheduler:
         finally:
             self.ready = False
             self.leading.clear()
-            drained = await self.binder.drain(10.0)
-            if not drained:
-                log.warning("shutting down with %d bindings in flight", self.binder.in_flight)
-            if not await self.evictor.drain(5.0):
-                log.warning("shutting down with %d evictions in flight", self.evictor.in_flight)
-            await self.group_status.drain(5.0)
-            await self.queue_status.drain(5.0)
-            await self.status.drain(5.0)
-            if self.elector is not None:
-                with contextlib.suppress(Exception):
-                    await self.elector.release()
+            if self.lease_lost:
+                self._abandon()
+            else:
+                await self._drain()
+                if self.elector is not None:
+                    with contextlib.suppress(Exception):
+                        await self.elector.release()
             for t in tasks + self._tasks:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
             await runner.cleanup()
         if self._failure is not None:
             raise SchedulerFailed(str(self._failure)) from self._failure
+
+
+    async def _drain(self) -> None:
+        """A graceful stop: let what is queued and in flight finish (while the fence allows)."""
+        if not await self.binder.drain(10.0):
+            log.warning("shutting down with %d bindings in flight", self.binder.in_flight)
+        if not await self.evictor.drain(5.0):
+            log.warning("shutting down with %d evictions in flight", self.evictor.in_flight)
+        await self.group_status.drain(5.0)
+        await self.queue_status.drain(5.0)
+        await self.status.drain(5.0)
+
+    def _abandon(self) -> None:
+        """The lease was lost: the fence is closed, so nothing queued will be sent; what is
+        in flight was sent before the deadline. Nothing is waited for."""
+        log.warning(
+            "%s: not sending %d bindings, %d evictions and %d status writes still queued or in flight; "
+            "%d bindings and %d evictions were held back by the lease deadline",
+            self.identity, self.binder.in_flight, self.evictor.in_flight,
+            self.status.pending + self.group_status.pending + self.queue_status.pending,
+            self.binder.fenced, self.evictor.fenced,
+        )
 
 
 async def serve(kubeconfig: str | None, config: Config) -> None:

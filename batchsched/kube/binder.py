@@ -6,7 +6,14 @@ again under the same name. Outcomes go to ``on_result`` (called in the event loo
 * ``bound``: the apiserver accepted it (the watch will confirm ``spec.nodeName``);
 * ``conflict``: 409, already bound, being deleted, gated or a different UID: forget and resync;
 * ``gone``: 404, the pod no longer exists: forget;
-* ``failed``: still failing after the retries (5xx, timeouts) or refused: forget, retry later.
+* ``failed``: still failing after the retries (5xx, timeouts) or refused: forget, retry later;
+* ``fenced``: not sent, because this replica's lease deadline had passed before an attempt
+  (:class:`~batchsched.kube.leader.Fence`, checked before the patch, the Binding and each
+  retry of either): forget; the next leader reads the truth from its watches.
+
+Every Binding names the replica that sent it in the annotation :data:`BOUND_BY`, which
+the apiserver copies onto the pod with ``spec.nodeName``: who bound a pod can be read
+from the pod itself (and a pod bound by a replica past its deadline would show it).
 
 A Binding with annotations or labels (the GPU cards a pod was given, for the node agent)
 first writes them on the pod with one merge patch carrying the pod's UID
@@ -30,19 +37,27 @@ from batchsched.core.plan import Binding
 from batchsched.kube.api import KubeAPI
 from batchsched.kube.cleanup import CleanupWriter, metadata_patch, pod_path, uid_refused
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
+from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import bindings
 from batchsched.kube.tasks import TaskSet
+
+__all__ = ["BOUND_BY", "Binder"]
 
 log = logging.getLogger("batchsched.binder")
 
 Outcome = str
+
+#: the annotation each Binding carries (the apiserver copies it onto the pod): the
+#: identity of the replica that sent it
+BOUND_BY = "batchsched.io/bound-by"
 
 
 class Binder:
     """Bind pods under ``concurrency`` requests at a time; ``retry`` is the policy each
     Binding (and the patch before it) is retried under (:func:`~batchsched.kube.retry.bindings`).
     ``cleanups``, when given, is the writer whose cleanups of a pod are waited for before
-    that pod's annotations are written."""
+    that pod's annotations are written. ``identity`` is written in :data:`BOUND_BY`;
+    ``fence`` is checked before every attempt (always open when not given)."""
 
     def __init__(
         self,
@@ -52,9 +67,15 @@ class Binder:
         retries: int = 5,
         on_result: Callable[[Binding, Outcome, KubeError | None], None],
         cleanups: CleanupWriter | None = None,
+        identity: str = "",
+        fence: Fence | None = None,
     ) -> None:
         self.client = client
         self.cleanups = cleanups
+        self.identity = identity
+        self.fence = fence if fence is not None else Fence.always_open()
+        #: Bindings (or their patches) not sent because the fence had passed
+        self.fenced = 0
         self.retry = bindings(retries)
         self.on_result = on_result
         self._sem = asyncio.Semaphore(concurrency)
@@ -75,26 +96,37 @@ class Binder:
         """Wait for every binding in flight; False if some were still running at the timeout."""
         return await self._tasks.drain(timeout)
 
-    async def _bind(self, b: Binding) -> None:
-        body = {
+    def body(self, b: Binding) -> dict[str, object]:
+        """The Binding sent for ``b``."""
+        meta: dict[str, object] = {"name": b.name, "namespace": b.namespace, "uid": b.uid}
+        if self.identity:
+            meta["annotations"] = {BOUND_BY: self.identity}
+        return {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": b.name, "namespace": b.namespace, "uid": b.uid},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": b.node},
         }
+
+    async def _bind(self, b: Binding) -> None:
+        body = self.body(b)
         pod = pod_path(b.namespace, b.name)
         path = f"{pod}/binding"
+        what = f"binding {b.namespace}/{b.name} to {b.node}"
 
+        # the fence is checked once the budget lets the request go: a request may wait
+        # there, or in a retry's pause, past the deadline
         async def label() -> None:
             patch = metadata_patch(b.uid, b.annotations, b.labels)
             async with self._sem:
+                self.fence.check(what)
                 await self.client.patch(pod, patch, kind="merge")
 
         async def send() -> None:
             async with self._sem:
+                self.fence.check(what)
                 await self.client.request("POST", path, body=body, timeout=30)
 
-        what = f"binding {b.namespace}/{b.name} to {b.node}"
         try:
             if b.annotations or b.labels:
                 what = f"annotating {b.namespace}/{b.name} before binding it to {b.node}"
@@ -103,6 +135,10 @@ class Binder:
                 await self.retry.call(label, what=what)
                 what = f"binding {b.namespace}/{b.name} to {b.node}"
             await self.retry.call(send, what=what)
+        except Fenced as exc:
+            log.debug("%s", exc)
+            self.fenced += 1
+            self.on_result(b, "fenced", None)
         except ConflictError as exc:
             self.on_result(b, "conflict", exc)
         except NotFoundError as exc:

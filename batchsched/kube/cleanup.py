@@ -16,7 +16,9 @@ pod.
 Cleanups are best effort, like the status writers: each is retried under
 :func:`~batchsched.kube.retry.status_writes`, then logged and dropped; a pod that is gone
 (404) or replaced needs none. Nothing here raises into the event loop. The core asks
-again for a pod that still shows a stale assignment.
+again for a pod that still shows a stale assignment. A cleanup is written for the leader:
+it checks the replica's :class:`~batchsched.kube.leader.Fence` before each attempt and is
+dropped once the fence has passed.
 
 Order per pod: a cleanup that is still in flight when the binder is about to write the same
 pod's new assignment is waited for first (:meth:`CleanupWriter.settled`), so it cannot
@@ -38,6 +40,7 @@ from batchsched.kube.errors import (
     NotFoundError,
     TemporaryError,
 )
+from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes
 from batchsched.kube.tasks import TaskSet
 
@@ -83,14 +86,15 @@ class CleanupWriter:
     """Delete stale annotation and label keys from pods, ``concurrency`` requests at a time.
 
     ``written`` counts cleanups that landed, ``dropped`` those given up (the pod is gone or
-    was replaced, retries were exhausted, or the server refused). ``retry`` is the policy
+    was replaced, retries were exhausted, the server refused, or the fence had passed). ``retry`` is the policy
     each one is retried under.
     """
 
-    def __init__(self, client: KubeAPI, *, concurrency: int = 4) -> None:
+    def __init__(self, client: KubeAPI, *, concurrency: int = 4, fence: Fence | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.client = client
+        self.fence = fence if fence is not None else Fence.always_open()
         self.retry = status_writes()
         self.written = 0
         self.dropped = 0
@@ -137,12 +141,15 @@ class CleanupWriter:
 
         async def send() -> None:
             async with self._sem:
+                self.fence.check(what)
                 await self.client.patch(path, body, kind="merge")
 
         landed = False
         try:
             await self.retry.call(send, what=what)
             landed = True
+        except Fenced as exc:
+            log.debug("%s", exc)
         except (NotFoundError, ConflictError) as exc:
             log.debug("dropping %s: %s", what, exc)
         except TemporaryError as exc:

@@ -15,7 +15,10 @@ Outcomes go to ``on_result`` (called in the event loop), in the binder's style:
   (:class:`~batchsched.kube.errors.DisruptionBudgetError`): the preemption did not happen;
   it is reported at once, not retried here;
 * ``failed``: refused (403...), or still failing after the retries (5xx, timeouts, and 429,
-  which is also how a PodDisruptionBudget says "not now" to a gang's eviction).
+  which is also how a PodDisruptionBudget says "not now" to a gang's eviction);
+* ``fenced``: not sent, because this replica's lease deadline had passed before an attempt
+  (:class:`~batchsched.kube.leader.Fence`, checked before the condition, the eviction and
+  each retry of either).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from batchsched.kube.errors import (
     NotFoundError,
     TemporaryError,
 )
+from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import evictions
 from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
 from batchsched.kube.tasks import TaskSet
@@ -51,7 +55,8 @@ def _budget_refusal(exc: KubeError) -> bool:
 
 class Evictor:
     """Evict pods under ``concurrency`` requests at a time; ``retry`` is the policy each
-    request is retried under (:func:`~batchsched.kube.retry.evictions`)."""
+    request is retried under (:func:`~batchsched.kube.retry.evictions`); ``fence`` is
+    checked before every attempt (always open when not given)."""
 
     def __init__(
         self,
@@ -61,10 +66,14 @@ class Evictor:
         retries: int = 5,
         on_result: Callable[[Eviction, Outcome, KubeError | None], None],
         clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.client = client
+        self.fence = fence if fence is not None else Fence.always_open()
+        #: evictions not sent (or left half done) because the fence had passed
+        self.fenced = 0
         self.retry = evictions(retries)
         self.on_result = on_result
         self._clock = clock
@@ -87,7 +96,8 @@ class Evictor:
         return await self._tasks.drain(timeout)
 
     async def _mark(self, e: Eviction) -> bool:
-        """Set the victim's ``DisruptionTarget`` condition; False when the pod is gone."""
+        """Set the victim's ``DisruptionTarget`` condition; False when the pod is gone.
+        Raises :class:`~batchsched.kube.leader.Fenced`."""
         patch = {
             "metadata": {"uid": e.uid},
             "status": {"conditions": [{
@@ -99,13 +109,15 @@ class Evictor:
             }]},
         }
         path = f"/api/v1/namespaces/{e.namespace}/pods/{e.name}/status"
+        what = f"marking {e.namespace}/{e.name}"
 
         async def send() -> None:
             async with self._sem:
+                self.fence.check(what)
                 await self.client.patch(path, patch, kind="strategic")
 
         try:
-            await self.retry.call(send, what=f"marking {e.namespace}/{e.name}")
+            await self.retry.call(send, what=what)
         except (NotFoundError, ConflictError) as exc:
             self.on_result(e, "gone", exc)
             return False
@@ -115,6 +127,14 @@ class Evictor:
         return True
 
     async def _evict(self, e: Eviction) -> None:
+        try:
+            await self._send(e)
+        except Fenced as exc:
+            log.debug("%s", exc)
+            self.fenced += 1
+            self.on_result(e, "fenced", None)
+
+    async def _send(self, e: Eviction) -> None:
         if e.preemptor and not await self._mark(e):
             return
         body = {
@@ -124,15 +144,17 @@ class Evictor:
             "deleteOptions": {"preconditions": {"uid": e.uid}},
         }
         path = f"/api/v1/namespaces/{e.namespace}/pods/{e.name}/eviction"
+        what = f"eviction of {e.namespace}/{e.name}"
 
         async def send() -> None:
             async with self._sem:
+                self.fence.check(what)
                 await self.client.request("POST", path, body=body, timeout=30)
 
         # a gang's eviction waits for the budget like any 429; a preemption does not
         stop = _budget_refusal if e.preemptor else None
         try:
-            await self.retry.call(send, what=f"eviction of {e.namespace}/{e.name}", stop=stop)
+            await self.retry.call(send, what=what, stop=stop)
         except (NotFoundError, ConflictError) as exc:
             self.on_result(e, "gone", exc)
         except TemporaryError as exc:

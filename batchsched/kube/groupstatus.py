@@ -15,7 +15,9 @@ and remember that for the API. Every patch carries the group's UID (``metadata.u
 it cannot reach a group recreated under the same name. A group that is gone (404, 409)
 drops its write; temporary errors are retried under
 :func:`~batchsched.kube.retry.status_writes`; nothing here raises into the scheduler. The
-queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`.
+queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`. Each attempt first checks
+the replica's :class:`~batchsched.kube.leader.Fence`; a write whose fence has passed is
+dropped unsent.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from batchsched.core.gangs import VOLCANO, GroupKey, GroupStatus, PodGroup, cond
 from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.coalesce import CoalescingWriter, Transitions
 from batchsched.kube.errors import NotFoundError
+from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes, try_write
 from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
 
@@ -55,11 +58,13 @@ class GroupStatusWriter:
         *,
         concurrency: int = 4,
         clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.client = client
         self.concurrency = concurrency
+        self.fence = fence if fence is not None else Fence.always_open()
         self.retry = status_writes()
         self._writes: CoalescingWriter[GroupKey, _Write] = CoalescingWriter(
             write=self._write, concurrency=concurrency, name="group-status"
@@ -127,8 +132,10 @@ class GroupStatusWriter:
         group = write.group
         body = self.body(group, write.status)
         path = _plural_path(group)
+        what = f"status of PodGroup {group.display}"
 
         async def patch() -> None:
+            self.fence.check(what)
             if group.api in self._no_subresource:
                 await self.client.patch(path, body)
                 return
@@ -136,10 +143,14 @@ class GroupStatusWriter:
                 await self.client.patch(path + "/status", body)
             except NotFoundError:
                 # no status subresource (Volcano's CRD), or the group is gone
+                self.fence.check(what)
                 await self.client.patch(path, body)
                 self._no_subresource.add(group.api)
 
-        return await try_write(self.retry, patch, what=f"status of PodGroup {group.display}")
+        try:
+            return await try_write(self.retry, patch, what=what)
+        except Fenced:
+            return False
 
 
 def _clipped(status: GroupStatus) -> GroupStatus:

@@ -16,6 +16,16 @@ are those of kube-scheduler's elector, written for asyncio:
   the replicas' clocks agree to within the difference.
 - **Release.** On a graceful shutdown :meth:`LeaderElector.release` empties the holder, so
   a standby takes over at its next look instead of waiting for the lease to lapse.
+- **Fence.** Noticing a lost lease takes a running renew loop, and a replica can be paused
+  (SIGSTOP, a long collection, a slow step) or cut off past its deadline with writes
+  queued. So the elector also keeps a :class:`Fence`: open until ``renewTime +
+  renew_deadline`` of its last successful write of the Lease, by the clock that wrote
+  ``renewTime``, closed at once when leadership ends. Every write made for the leader
+  checks it right before each attempt and is dropped, never sent, once it has passed
+  (:class:`Fenced`). A standby takes over only after ``renewTime + leaseDurationSeconds``,
+  later than the fence, so two replicas never write for the leader at the same time as
+  long as their clocks agree to within the difference. What the fence cannot stop is a
+  request sent before the deadline that the network delivers after it.
 
 Errors are the kinds of :mod:`batchsched.kube.errors`: temporary errors and conflicts are
 simply retried; permanent ones (a missing RBAC rule, a missing namespace) are logged and
@@ -36,7 +46,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.errors import (
@@ -49,11 +59,12 @@ from batchsched.kube.errors import (
 )
 from batchsched.kube.retry import Backoff, RetryPolicy
 
-__all__ = ["LeaderElector"]
+__all__ = ["Fence", "Fenced", "LeaderElector"]
 
 log = logging.getLogger("batchsched.leader")
 
 Callback = Callable[[], Awaitable[None] | None]
+T = TypeVar("T")
 
 _MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 # How long to wait before looking again after a permanent error (403, 404 namespace, 422).
@@ -80,6 +91,62 @@ def parse_time(value: object) -> float | None:
     return parsed.timestamp()
 
 
+class Fenced(Exception):
+    """A write made for the leader was not sent: this replica's fence had passed.
+
+    Not a :class:`~batchsched.kube.errors.KubeError`: nothing was asked of the apiserver,
+    so no retry policy retries it. Writers report it as an outcome of its own
+    (``fenced``) or drop the write; the next leader reads the truth from its watches.
+    """
+
+
+class Fence:
+    """Until when this replica may write for the leader (see the module docstring).
+
+    A new fence is closed; :meth:`always_open` is the fence of a replica that runs without
+    leader election. The elector moves it: :meth:`extend` after each successful write of
+    the Lease, :meth:`close` when leadership ends. ``clock`` must be the clock the Lease's
+    ``renewTime`` is written with (the elector's).
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, until: float = 0.0) -> None:
+        self._clock = clock
+        self._until = until
+
+    @classmethod
+    def always_open(cls) -> Fence:
+        return cls(until=math.inf)
+
+    @property
+    def deadline(self) -> float:
+        """The clock time at which the fence closes (``inf`` when it never does)."""
+        return self._until
+
+    def is_open(self) -> bool:
+        return self._clock() < self._until
+
+    def check(self, what: str) -> None:
+        """Raise :class:`Fenced` once the deadline has passed; ``what`` names the write."""
+        if not self.is_open():
+            raise Fenced(f"{what}: not sent, this replica's lease deadline has passed")
+
+    def guard(self, write: Callable[[], Awaitable[T]], *, what: str) -> Callable[[], Awaitable[T]]:
+        """``write`` behind the fence: each call (each attempt of a retry) checks it first."""
+
+        async def attempt() -> T:
+            self.check(what)
+            return await write()
+
+        return attempt
+
+    def extend(self, until: float) -> None:
+        """Open the fence until ``until`` (a renewal succeeded)."""
+        self._until = until
+
+    def close(self) -> None:
+        self._until = -math.inf
+
+
 async def _call(callback: Callback) -> None:
     result = callback()
     if inspect.isawaitable(result):
@@ -92,6 +159,8 @@ class LeaderElector:
     ``on_started_leading`` runs as a task beside the renewals (it may be the scheduler's
     whole main loop) and is cancelled when leadership ends. An elector runs once: after
     :meth:`run` returns or :meth:`release` is called, make a new one to campaign again.
+    ``fence`` is the :class:`Fence` it keeps (a new one when not given; it must read the
+    same clock as ``clock``).
     """
 
     def __init__(
@@ -105,6 +174,7 @@ class LeaderElector:
         renew_deadline: float = 10,
         retry_period: float = 2,
         clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
         if not identity:
             raise ValueError("the identity of a leader candidate must not be empty")
@@ -121,6 +191,8 @@ class LeaderElector:
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self._clock = clock
+        self.fence = fence if fence is not None else Fence(clock=clock)
+        self.fence.close()
         self._collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._path = f"{self._collection}/{name}"
         # Whole seconds, rounded up: a shorter lease than asked for would let a standby
@@ -177,7 +249,7 @@ class LeaderElector:
                     failure = lead.exception()
                     break
         finally:
-            self._is_leader = False
+            self._lost()
             renew.cancel()
             lead.cancel()
             await asyncio.gather(renew, lead, return_exceptions=True)
@@ -200,7 +272,7 @@ class LeaderElector:
         """
         self._stopping = True
         self._stop.set()
-        self._is_leader = False
+        self._lost()
 
         async def give_up() -> bool:
             lease = self._lease or await self.client.get(self._path)
@@ -269,7 +341,7 @@ class LeaderElector:
                     self.identity,
                     self.renew_deadline,
                 )
-                self._is_leader = False
+                self._lost()
                 return
             try:
                 async with asyncio.timeout(remaining), self._lock:
@@ -285,7 +357,7 @@ class LeaderElector:
             else:
                 if not held:
                     log.error("%s: lease taken by %s", self.identity, self._seen_holder)
-                    self._is_leader = False
+                    self._lost()
                     return
                 delay = self.retry_period
                 continue
@@ -314,7 +386,7 @@ class LeaderElector:
         self._observe(holder)
         if holder and holder != self.identity and not self._expired(spec, now):
             self._lease = None
-            self._is_leader = False
+            self._lost()
             return False
         write_time = self._clock()
         if holder != self.identity:
@@ -349,8 +421,14 @@ class LeaderElector:
         return True
 
     def _took(self, write_time: float) -> None:
+        """The Lease now says we hold it, renewed at ``write_time``."""
         self._last_renew = write_time
         self._is_leader = True
+        self.fence.extend(write_time + self.renew_deadline)
+
+    def _lost(self) -> None:
+        self._is_leader = False
+        self.fence.close()
 
     def _expired(self, spec: JSON, now: float) -> bool:
         renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))

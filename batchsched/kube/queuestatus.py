@@ -13,7 +13,9 @@ Where: ``/apis/batchsched.io/v1alpha1/queues/{name}/status`` as a JSON merge pat
 resources that left a map since the last write are removed with explicit nulls. A queue
 that is gone (404) drops its write; temporary errors are retried under
 :func:`~batchsched.kube.retry.status_writes`; nothing here raises into the scheduler. The
-queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`.
+queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`. Each attempt first checks
+the replica's :class:`~batchsched.kube.leader.Fence`; a write whose fence has passed is
+dropped unsent.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.coalesce import CoalescingWriter, Transitions
+from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes, try_write
 from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
 
@@ -42,11 +45,13 @@ class QueueStatusWriter:
         *,
         concurrency: int = 2,
         clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.client = client
         self.concurrency = concurrency
+        self.fence = fence if fence is not None else Fence.always_open()
         self.retry = status_writes()
         self._writes: CoalescingWriter[str, JSON] = CoalescingWriter(
             write=self._write, concurrency=concurrency, name="queue-status"
@@ -108,9 +113,13 @@ class QueueStatusWriter:
     async def _write(self, name: str, status: JSON) -> bool:
         body = self.body(name, status)
         path = f"{QUEUES_PATH}/{name}/status"
-        landed = await try_write(
-            self.retry, lambda: self.client.patch(path, body), what=f"status of queue {name}"
-        )
+        what = f"status of queue {name}"
+        try:
+            landed = await try_write(
+                self.retry, self.fence.guard(lambda: self.client.patch(path, body), what=what), what=what
+            )
+        except Fenced:
+            return False
         if landed:
             self._written[name] = status
         return landed

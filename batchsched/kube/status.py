@@ -23,6 +23,10 @@ key of its own, so they are never coalesced.
 Failures: a pod (or namespace) that is gone - 404, 409 - drops the write; temporary errors
 are retried under :func:`~batchsched.kube.retry.status_writes`; anything else is logged and dropped. Nothing here
 raises into the scheduler.
+
+Every write here is made for the leader: each attempt first checks the replica's
+:class:`~batchsched.kube.leader.Fence`, and a write whose fence has passed is dropped
+unsent, like a write that failed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from datetime import UTC, datetime
 from batchsched.core.plan import ObjectRef
 from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.coalesce import CoalescingWriter
+from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes, try_write
 
 __all__ = ["ObjectRef", "StatusWriter"]
@@ -88,8 +93,9 @@ class StatusWriter:
     """Queue Events and pod conditions; :meth:`run` writes them with bounded concurrency.
 
     ``written`` counts successful writes, ``dropped`` writes given up (the object is gone,
-    retries were exhausted, the server refused, or the queue was full), ``pending`` writes
-    queued or in flight. ``retry`` is the policy each write is retried under.
+    retries were exhausted, the server refused, the queue was full, or the fence had
+    passed), ``pending`` writes queued or in flight. ``retry`` is the policy each write is
+    retried under; ``fence`` is checked before each attempt (always open when not given).
     """
 
     def __init__(
@@ -101,10 +107,12 @@ class StatusWriter:
         concurrency: int = 8,
         max_queue: int = 10_000,
         clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.client = client
+        self.fence = fence if fence is not None else Fence.always_open()
         self.component = component
         self.instance = instance[:_INSTANCE_LIMIT]
         self.concurrency = concurrency
@@ -212,20 +220,31 @@ class StatusWriter:
         return await self._writes.drain(timeout)
 
     async def _write(self, key: _Key, item: _EventWrite | _Condition | _Nominated) -> bool:
+        try:
+            return await self._send(item)
+        except Fenced as exc:
+            log.debug("%s", exc)
+            return False
+
+    async def _send(self, item: _EventWrite | _Condition | _Nominated) -> bool:
+        fence = self.fence
         if isinstance(item, _Nominated):
             pod = item.ref
             body: JSON = {"metadata": {"uid": pod.uid}, "status": {"nominatedNodeName": item.node or None}}
+            what = f"nominated node of pod {pod.namespace}/{pod.name}"
             return await try_write(
                 self.retry,
-                lambda: self.client.patch(
+                fence.guard(lambda: self.client.patch(
                     f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", body, kind="merge",
-                ),
-                what=f"nominated node of pod {pod.namespace}/{pod.name}",
+                ), what=what),
+                what=what,
             )
         if isinstance(item, _EventWrite):
             path = f"/api/v1/namespaces/{item.namespace}/events"
             what = f"event {item.body['reason']} about {item.body['involvedObject']['name']}"
-            return await try_write(self.retry, lambda: self.client.create(path, item.body), what=what)
+            return await try_write(
+                self.retry, fence.guard(lambda: self.client.create(path, item.body), what=what), what=what
+            )
         ref = item.ref
         patch: JSON = {"metadata": {"uid": ref.uid}, "status": {"conditions": [{
             "type": "PodScheduled",
@@ -236,9 +255,10 @@ class StatusWriter:
             "lastTransitionTime": rfc3339(item.since),
         }]}}
         path = f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}/status"
+        what = f"condition of pod {ref.namespace}/{ref.name}"
         return await try_write(
             self.retry,
-            lambda: self.client.patch(path, patch, kind="strategic"),
-            what=f"condition of pod {ref.namespace}/{ref.name}",
+            fence.guard(lambda: self.client.patch(path, patch, kind="strategic"), what=what),
+            what=what,
             gone=lambda: self.forget(ref.uid),
         )

@@ -281,6 +281,7 @@ def test_the_scheduler_sends_a_steps_cleanups_before_its_bindings() -> None:
         kube = FakeKube()
         sched = Scheduler(kube, load_config(None))  # type: ignore[arg-type]
         sched.binder.on_result = lambda b, o, err: None  # no session behind this step
+        sched.fence.extend(float("inf"))  # as a replica that leads
         other = dataclasses.replace(POD, name="old", uid="u7")
         sched._apply(Decisions(binds=[CARDED], cleanups=[(other, (CARDS,), (CARD_LABEL,)), (POD, (CARDS,), ())]))
         assert await sched.binder.drain(1.0)

@@ -1,0 +1,347 @@
+"""The fence: writes made for the leader are dropped, never sent, once the replica's lease
+deadline (its last renewal's ``renewTime`` + ``renew_deadline``) has passed, checked before
+every attempt, retries included. On a fake clock and the in-memory FakeKube; a retry's
+pause moves the clock, as a paused or partitioned replica sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from batchsched.core.gangs import XK8S, GroupStatus, PodGroup
+from batchsched.core.plan import Binding, Eviction
+from batchsched.kube.binder import BOUND_BY, Binder
+from batchsched.kube.cleanup import CleanupWriter
+from batchsched.kube.errors import ConflictError, TemporaryError
+from batchsched.kube.evictor import Evictor
+from batchsched.kube.fake import FakeKube
+from batchsched.kube.groupstatus import GroupStatusWriter
+from batchsched.kube.leader import Fence, LeaderElector, micro_time
+from batchsched.kube.queuestatus import QueueStatusWriter
+from batchsched.kube.status import ObjectRef, StatusWriter
+
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l"
+BIND_PATH = "/api/v1/namespaces/ns/pods/p/binding"
+POD_PATH = "/api/v1/namespaces/ns/pods/p"
+EVICT_PATH = "/api/v1/namespaces/ns/pods/p/eviction"
+POD = ObjectRef(kind="Pod", api_version="v1", namespace="ns", name="p", uid="u1")
+BINDING = Binding(uid="u1", namespace="ns", name="p", node="n1", unit="ns/p")
+VICTIM = Eviction(uid="u1", namespace="ns", name="p", node="n1", unit="ns/p", reason="r", preemptor="ns/urgent")
+
+
+class Clock:
+    """A clock that moves only when told (or when a retry pauses)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ClockSleep:
+    """A retry's pause: the clock moves by it, nothing waits."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.clock.now += seconds
+        await asyncio.sleep(0)
+
+
+def fence_until(deadline: float, now: float) -> tuple[Fence, Clock]:
+    clock = Clock(now)
+    fence = Fence(clock=clock)
+    fence.extend(deadline)
+    return fence, clock
+
+
+def paused(writer: object, clock: Clock) -> ClockSleep:
+    sleep = ClockSleep(clock)
+    writer.retry = dataclasses.replace(writer.retry, sleep=sleep, draw=lambda: 0.0)  # type: ignore[attr-defined]
+    return sleep
+
+
+async def writing(run: Callable[[], Awaitable[None]], drain: Callable[[float], Awaitable[bool]]) -> None:
+    task = asyncio.get_running_loop().create_task(run())
+    try:
+        assert await drain(1.0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# -- the fence itself -------------------------------------------------------------------
+
+
+def test_a_fence_is_closed_until_extended_open_until_its_deadline_and_closed_on_loss() -> None:
+    clock = Clock(100.0)
+    fence = Fence(clock=clock)
+    assert not fence.is_open()
+    fence.extend(110.0)
+    assert fence.is_open() and fence.deadline == 110.0
+    clock.now = 109.999
+    assert fence.is_open()
+    clock.now = 110.0
+    assert not fence.is_open()
+    fence.extend(120.0)
+    fence.close()
+    assert not fence.is_open()
+    always = Fence.always_open()
+    assert always.is_open()
+
+
+def test_the_elector_opens_the_fence_until_its_renewal_plus_the_renew_deadline() -> None:
+    """The fence closes at the deadline by the clock alone, while the elector (like a replica
+    paused or cut off) has not yet noticed that it no longer leads."""
+
+    async def main() -> None:
+        clock = Clock(1000.0)
+        kube = FakeKube()
+        elector = LeaderElector(client=kube, namespace="ns", name="l", identity="me",
+                                lease_duration=15, renew_deadline=10, retry_period=5, clock=clock)
+        assert not elector.fence.is_open()
+        task = asyncio.get_running_loop().create_task(elector.run(lambda: None, lambda: None))
+        try:
+            while not elector.is_leader:
+                await asyncio.sleep(0)
+            spec = kube.objects[LEASE]["spec"]
+            assert spec["renewTime"] == micro_time(1000.0)
+            assert elector.fence.deadline == 1010.0
+            clock.now = 1009.9
+            assert elector.fence.is_open()
+            clock.now = 1010.0
+            assert elector.is_leader and not elector.fence.is_open()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert not elector.fence.is_open()
+
+    asyncio.run(main())
+
+
+def test_a_lease_taken_by_another_closes_the_fence() -> None:
+    async def main() -> None:
+        clock = Clock(1000.0)
+        kube = FakeKube()
+        fence = Fence(clock=clock)
+        elector = LeaderElector(client=kube, namespace="ns", name="l", identity="me",
+                                lease_duration=0.3, renew_deadline=0.2, retry_period=0.01,
+                                clock=clock, fence=fence)
+        stopped = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(elector.run(lambda: None, stopped.set))
+        try:
+            while not elector.is_leader:
+                await asyncio.sleep(0)
+            assert fence.is_open()
+            # another replica wrote the Lease: our next renewal conflicts, the re-read shows it
+            kube.objects[LEASE] = {"metadata": {"name": "l"}, "spec": {
+                "holderIdentity": "other", "leaseDurationSeconds": 15, "renewTime": micro_time(1000.0)}}
+            kube.fail[f"PUT {LEASE}"] = [ConflictError(409, "Conflict", "changed")]
+            await asyncio.wait_for(stopped.wait(), 5)
+            assert not fence.is_open() and not elector.is_leader
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_release_closes_the_fence_before_anything_is_written() -> None:
+    async def main() -> None:
+        fence, _ = fence_until(2000.0, 1000.0)
+        kube = FakeKube()
+        kube.objects[LEASE] = {"metadata": {"name": "l"}, "spec": {"holderIdentity": "me"}}
+        elector = LeaderElector(client=kube, namespace="ns", name="l", identity="me", fence=fence)
+        fence.extend(2000.0)
+        await elector.release()
+        assert not fence.is_open()
+        assert kube.objects[LEASE]["spec"]["holderIdentity"] == ""
+
+    asyncio.run(main())
+
+
+# -- Bindings ---------------------------------------------------------------------------
+
+
+def test_a_binding_names_the_replica_that_sent_it() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        results: list[str] = []
+        binder = Binder(kube, identity="replica-a", on_result=lambda b, o, err: results.append(o))
+        binder.submit(BINDING)
+        assert await binder.drain(1.0)
+        [call] = kube.calls
+        assert call.path == BIND_PATH
+        assert call.body["metadata"] == {"name": "p", "namespace": "ns", "uid": "u1",
+                                         "annotations": {BOUND_BY: "replica-a"}}
+        assert results == ["bound"]
+
+    asyncio.run(main())
+
+
+def test_a_binding_past_the_deadline_is_not_sent() -> None:
+    async def main() -> None:
+        fence, _ = fence_until(10.0, 10.0)
+        kube = FakeKube()
+        results: list[str] = []
+        binder = Binder(kube, fence=fence, on_result=lambda b, o, err: results.append(o))
+        binder.submit(BINDING)
+        binder.submit(dataclasses.replace(BINDING, annotations=(("batchsched.io/gpu-cards", "0"),)))
+        assert await binder.drain(1.0)
+        assert kube.calls == []
+        assert results == ["fenced", "fenced"] and binder.fenced == 2
+
+    asyncio.run(main())
+
+
+def test_a_binding_retry_that_would_land_past_the_deadline_is_dropped() -> None:
+    async def main() -> None:
+        fence, clock = fence_until(10.0, 9.9)
+        kube = FakeKube()
+        kube.fail[BIND_PATH] = [TemporaryError(503, "", "")]
+        results: list[str] = []
+        binder = Binder(kube, fence=fence, on_result=lambda b, o, err: results.append(o))
+        sleep = paused(binder, clock)
+        binder.submit(BINDING)
+        assert await binder.drain(1.0)
+        assert sleep.delays == [0.2]  # the pause took the clock past the deadline
+        assert kube.paths() == [BIND_PATH]  # the first try only
+        assert results == ["fenced"]
+
+    asyncio.run(main())
+
+
+def test_the_annotation_patch_retried_past_the_deadline_sends_no_binding() -> None:
+    async def main() -> None:
+        fence, clock = fence_until(10.0, 9.9)
+        kube = FakeKube()
+        kube.fail[f"PATCH {POD_PATH}"] = [TemporaryError(503, "", "")]
+        results: list[str] = []
+        binder = Binder(kube, fence=fence, on_result=lambda b, o, err: results.append(o))
+        paused(binder, clock)
+        binder.submit(dataclasses.replace(BINDING, annotations=(("batchsched.io/gpu-cards", "0"),)))
+        assert await binder.drain(1.0)
+        assert kube.paths() == [POD_PATH]
+        assert results == ["fenced"]
+
+    asyncio.run(main())
+
+
+# -- evictions and cleanups -------------------------------------------------------------
+
+
+def test_an_eviction_past_the_deadline_is_not_sent_even_after_its_victim_was_marked() -> None:
+    async def main() -> None:
+        fence, clock = fence_until(10.0, 9.9)
+        kube = FakeKube()
+        kube.fail[EVICT_PATH] = [TemporaryError(503, "", "")]
+        results: list[str] = []
+        evictor = Evictor(kube, fence=fence, on_result=lambda e, o, err: results.append(o), clock=clock)
+        paused(evictor, clock)
+        evictor.submit(VICTIM)
+        assert await evictor.drain(1.0)
+        assert kube.paths() == [f"{POD_PATH}/status", EVICT_PATH]  # the mark, one try
+        assert results == ["fenced"] and evictor.fenced == 1
+        # with the fence already passed, nothing at all
+        kube.calls.clear()
+        evictor.submit(VICTIM)
+        evictor.submit(dataclasses.replace(VICTIM, preemptor=""))
+        assert await evictor.drain(1.0)
+        assert kube.calls == [] and results == ["fenced"] * 3
+
+    asyncio.run(main())
+
+
+def test_a_cleanup_past_the_deadline_is_dropped() -> None:
+    async def main() -> None:
+        fence, clock = fence_until(10.0, 9.9)
+        kube = FakeKube()
+        kube.fail[POD_PATH] = [TemporaryError(503, "", "")]
+        writer = CleanupWriter(kube, fence=fence)
+        paused(writer, clock)
+        writer.submit(POD, ("batchsched.io/gpu-cards",), ())
+        assert await writer.drain(1.0)
+        assert kube.paths() == [POD_PATH]
+        assert (writer.written, writer.dropped) == (0, 1)
+
+    asyncio.run(main())
+
+
+# -- status writes ----------------------------------------------------------------------
+
+
+def test_status_writes_past_the_deadline_are_dropped_quietly_and_tried_again_when_open(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        fence, clock = fence_until(10.0, 10.0)
+        kube = FakeKube()
+        writer = StatusWriter(kube, instance="a", fence=fence, clock=clock)
+        writer.pod_unschedulable(POD, "no room")
+        writer.pod_nominated(POD, "n1")
+        await writing(writer.run, writer.drain)
+        assert kube.calls == []
+        assert (writer.written, writer.dropped) == (0, 3)
+        # leading again: the same message is not taken for written
+        fence.extend(20.0)
+        writer.pod_unschedulable(POD, "no room")
+        await writing(writer.run, writer.drain)
+        assert sorted(kube.paths()) == ["/api/v1/namespaces/ns/events", f"{POD_PATH}/status"]
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_condition_retried_past_the_deadline_is_dropped() -> None:
+    async def main() -> None:
+        fence, clock = fence_until(10.0, 9.9)
+        kube = FakeKube()
+        kube.fail[f"PATCH {POD_PATH}/status"] = [TemporaryError(503, "", "")]
+        writer = StatusWriter(kube, instance="a", fence=fence, clock=clock, concurrency=1)
+        paused(writer, clock)
+        writer.pod_unschedulable(POD, "no room")
+        await writing(writer.run, writer.drain)
+        # the condition was tried once; its retry, and the Event queued behind it, found the
+        # deadline passed
+        assert kube.paths() == [f"{POD_PATH}/status"]
+        assert (writer.written, writer.dropped) == (0, 2)
+
+    asyncio.run(main())
+
+
+def test_group_and_queue_status_past_the_deadline_are_not_sent() -> None:
+    async def main() -> None:
+        fence, clock = fence_until(10.0, 9.9)
+        kube = FakeKube()
+        group = PodGroup(api=XK8S, namespace="ns", name="g", uid="g1")
+        groups = GroupStatusWriter(kube, fence=fence, clock=clock)
+        queues = QueueStatusWriter(kube, fence=fence, clock=clock)
+        clock.now = 10.0
+        groups.update(group, GroupStatus(phase="Pending", reason="Unschedulable", message="no room"))
+        queues.update("q", {"pending": 1})
+        await writing(groups.run, groups.drain)
+        await writing(queues.run, queues.drain)
+        assert kube.calls == []
+        assert (groups.dropped, queues.dropped) == (1, 1)
+        fence.extend(20.0)
+        groups.update(group, GroupStatus(phase="Pending", reason="Unschedulable", message="no room"))
+        queues.update("q", {"pending": 1})
+        await writing(groups.run, groups.drain)
+        await writing(queues.run, queues.drain)
+        assert kube.paths() == [
+            "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/g/status",
+            "/apis/batchsched.io/v1alpha1/queues/q/status",
+        ]
+
+    asyncio.run(main())
