@@ -8,7 +8,13 @@ by the controller manager. ``down()`` stops exactly the processes ``up`` started
 (checked against the binary each PID was started from), and removes the state.
 
 The state of a sandbox lives in ``<cache>/sandbox/<name>/``: ``state.json`` (PIDs, ports,
-kubeconfig paths), ``pki/`` (0700), ``etcd/``, ``logs/`` and the kubeconfigs (0600).
+kubeconfig paths, each process's arguments), ``pki/`` (0700), ``etcd/``, ``logs/`` and the
+kubeconfigs (0600).
+
+For fault tests, one component can be stopped (``stop_component``, SIGKILL by default) and
+started again with the same arguments and data (``start_component``, optionally with
+arguments added, e.g. a smaller watch cache), and etcd's history compacted to its current
+revision (``compact_etcd``), so a watch resumed from before gets a real 410 Gone.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ class ProcessInfo:
     pid: int
     binary: str
     log: str
+    #: the arguments it was started with (to start it again the same way)
+    args: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -138,6 +146,18 @@ def _stop(procs: Sequence[ProcessInfo], *, grace: float = 10.0) -> None:
     for p in procs:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(p.pid, 0)
+
+
+def _component(st: SandboxState, name: str) -> ProcessInfo:
+    for p in st.processes:
+        if p.name == name:
+            return p
+    raise SandboxError(f"sandbox {st.name!r} has no {name}")
+
+
+def _admin_token(st: SandboxState) -> str:
+    kc = yaml.safe_load(Path(st.kubeconfig).read_text())
+    return str(kc["users"][0]["user"]["token"])
 
 
 def _log_tail(path: str, lines: int = 8) -> str:
@@ -284,15 +304,84 @@ class Sandbox:
             raise
         return st
 
-    def _start(self, st: SandboxState, name: str, binary: Path, args: list[str]) -> None:
+    def _start(self, st: SandboxState, name: str, binary: Path, args: list[str], *, append: bool = False) -> ProcessInfo:
         log = self.dir / "logs" / f"{name}.log"
-        with open(log, "wb") as out:
+        with open(log, "ab" if append else "wb") as out:
             proc = subprocess.Popen(
                 [str(binary), *args], stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir,
             )
-        st.processes.append(ProcessInfo(name=name, pid=proc.pid, binary=str(binary), log=str(log)))
+        info = ProcessInfo(name=name, pid=proc.pid, binary=str(binary), log=str(log), args=list(args))
+        st.processes = [p for p in st.processes if p.name != name] + [info]
         st.save()
+        return info
+
+    # -- one component at a time (fault tests) ----------------------------------------------
+
+    def _running_state(self) -> SandboxState:
+        st = self.state()
+        if st is None:
+            raise SandboxError(f"sandbox {self.name!r} is not running")
+        return st
+
+    def stop_component(self, name: str, *, sig: int = signal.SIGKILL) -> None:
+        """Stop one component (``etcd``, ``kube-apiserver``...) with ``sig`` and wait for it
+        to exit; its arguments stay in the state for :meth:`start_component`."""
+        st = self._running_state()
+        info = _component(st, name)
+        if not pid_runs(info.pid, info.binary):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, sig)
+        deadline = time.monotonic() + 30
+        while pid_runs(info.pid, info.binary) and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(info.pid, os.WNOHANG)
+            time.sleep(0.05)
+        if pid_runs(info.pid, info.binary):
+            raise SandboxError(f"{name} (pid {info.pid}) did not exit")
+
+    def start_component(self, name: str, *, extra_args: Sequence[str] = (), timeout: float = 120.0) -> SandboxState:
+        """Start a stopped component again with the arguments it last ran with (plus
+        ``extra_args``, which replace an argument of the same ``--flag=``), the same data
+        and log; wait until it is healthy. Returns the updated state."""
+        st = self._running_state()
+        info = _component(st, name)
+        if pid_runs(info.pid, info.binary):
+            raise SandboxError(f"{name} is still running (pid {info.pid})")
+        if not info.args:
+            raise SandboxError(f"the state of sandbox {self.name!r} does not record how {name} was started")
+        flags = {a.split("=", 1)[0] for a in extra_args}
+        args = [a for a in info.args if a.split("=", 1)[0] not in flags] + list(extra_args)
+        self._start(st, name, Path(info.binary), args, append=True)
+        if name == "etcd":
+            self._wait_http(st, f"http://127.0.0.1:{st.etcd_port}/health", "etcd", timeout=timeout)
+        elif name == "kube-apiserver":
+            token = _admin_token(st)
+            self._wait_ready(st, token, timeout=timeout)
+        return st
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (as the apiserver does every
+        five minutes); returns that revision. A watch from an older resourceVersion then
+        gets 410 Gone from etcd."""
+        import base64
+        import urllib.request
+
+        st = self._running_state()
+        base = f"http://127.0.0.1:{st.etcd_port}/v3/kv"
+
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            req = urllib.request.Request(f"{base}/{path}", data=orjson.dumps(body), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                out: dict[str, Any] = orjson.loads(resp.read())
+                return out
+
+        head = post("range", {"key": base64.b64encode(b"/registry/").decode(), "limit": 1})
+        revision = int(head["header"]["revision"])
+        post("compaction", {"revision": revision, "physical": True})
+        return revision
 
     def _check_alive(self, st: SandboxState) -> None:
         for p in st.processes:

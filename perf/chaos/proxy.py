@@ -223,6 +223,14 @@ class Proxy:
             raise _Cut
         if self._partitioned:
             raise _Cut
+        try:
+            return await self._forward(request)
+        except (aiohttp.ClientError, ConnectionError, OSError):
+            # the apiserver is away or the replica hung up: to the replica, the network
+            # dropped the connection
+            raise _Cut from None
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         async with self._session.request(request.method, self.upstream + request.path_qs, headers=headers,
