@@ -7,6 +7,7 @@
     python -m perf restart [--nodes N --gangs G --pods P]   kill mid-run, restart: ready, first bind
     python -m perf idle [--nodes N] [--variant gangs|pods]  CPU while work that cannot fit waits
     python -m perf sandbox [--nodes 1000,5000]            N nodes to Ready; control plane CPU idle
+    python -m perf soak [--nodes N --minutes M --rate R --seed S]   a long steady run: growth, stuck units
     python -m perf cycle [--quick]
     python -m perf report
     python -m perf smoke                              everything at tiny sizes, one run each
@@ -113,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--idle", type=float, default=60.0, help="seconds idle after all are Ready (default 60)")
     b.add_argument("--sample", type=float, default=10.0, help="seconds between progress lines (default 10)")
     b.add_argument("--timeout", type=float, help="seconds allowed to reach all Ready (default: as the live runs)")
+    k = sub.add_parser("soak", help="batchsched for a long time at a steady arrival rate: growth and stuck units")
+    k.add_argument("--nodes", type=_positive, default=1000, help="8-GPU nodes (default 1000)")
+    k.add_argument("--minutes", type=float, default=30.0, help="minutes of arrivals, then a drain (default 30)")
+    k.add_argument("--rate", type=float, help="jobs per second (default: the rate that keeps about 85%% of the GPUs busy)")
+    k.add_argument("--seed", type=int, default=0, help="seed of the arrivals and the job mix (default 0)")
     sub.add_parser("report", help="rewrite the report from the results folder")
     sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
     return p
@@ -234,6 +240,16 @@ def main(argv: list[str] | None = None) -> int:
             write_json(out / "sandbox" / f"{n}.json", result)
             results.append(result)
         print("\n".join(table(results)))
+    elif args.command == "soak":
+        from perf.soak import SoakSize, run_soak, table
+
+        data = run_soak(size=SoakSize(nodes=args.nodes, minutes=args.minutes, rate=args.rate, seed=args.seed),
+                        out=out, log=log)
+        print("\n".join(table(data)))
+        for c in data["checks"]:
+            print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {c['value']} (bound {c['bound']}) {c['detail']}")
+        log(f"soak: {out / 'soak' / (data['tag'] + '.md')}")
+        return 0 if data["ok"] else 1
     elif args.command == "ceiling":
         cmd_ceiling(out, args.nodes, args.binds, args.concurrency)
     elif args.command == "cycle":
