@@ -201,3 +201,11 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
     assert never == [], "granted but never used: remove from rbac.yaml, or exercise it here"
     print(f"\n{len(events)} audited requests of {SCHEDULER_USER}; {len(used)} kinds used, all of "
           f"{len(grants)} grants")
+
+
+def test_every_rule_of_the_role_says_why_it_is_needed() -> None:
+    lines = RBAC.read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("- apiGroups:")]
+    assert len(starts) == len(next(d for d in yaml.safe_load_all(RBAC.read_text()) if d)["rules"])
+    unexplained = [lines[i] for i in starts if not lines[i - 1].startswith("# ")]
+    assert unexplained == []
