@@ -104,7 +104,10 @@ def audit_log(sandbox: Any) -> Path:
 
 
 def scheduler_requests(log: Path) -> Iterator[dict[str, Any]]:
-    """The audit events of batchsched's ServiceAccount, in the order they were logged."""
+    """The audit events of batchsched's ServiceAccount, in the order they were logged (the
+    apiserver creates the log at its first entry)."""
+    if not log.exists():
+        return
     with log.open() as lines:
         for line in lines:
             event = json.loads(line)
