@@ -200,6 +200,16 @@ async def kube(sandbox: object) -> AsyncIterator[KubeClient]:
 
 
 @pytest.fixture
+async def scheduler_kube(scheduler_kubeconfig: str) -> AsyncIterator[KubeClient]:
+    """A client as batchsched, for tests that drive its parts (elector, writers) directly."""
+    client = await KubeClient.connect(scheduler_kubeconfig)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
 async def namespace(kube: KubeClient) -> AsyncIterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
 async def test_an_eviction_a_budget_refuses_is_reported_blocked_at_once(
-    sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+    sandbox, kube: KubeClient, scheduler_kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:
     [node] = await make_nodes(count=1, gpus=8)
     await kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
@@ -40,7 +40,7 @@ async def test_an_eviction_a_budget_refuses_is_reported_blocked_at_once(
 
     await wait_for(budget_observed, timeout=60)
     results: list[tuple[str, KubeError | None]] = []
-    evictor = Evictor(kube, retries=5, on_result=lambda e, outcome, exc: results.append((outcome, exc)))
+    evictor = Evictor(scheduler_kube, retries=5, on_result=lambda e, outcome, exc: results.append((outcome, exc)))
     started = time.monotonic()
     evictor.submit(Eviction(pod["metadata"]["uid"], namespace, "kept", node, f"{namespace}/kept",
                             "Preempted by urgent", preemptor=f"{namespace}/urgent"))

@@ -100,8 +100,10 @@ async def lease_spec(kube: KubeClient, namespace: str) -> dict[str, object]:
     return spec
 
 
-async def test_release_hands_the_lease_over_at_once(kube: KubeClient, namespace: str) -> None:
-    async with election(kube, namespace) as e:
+async def test_release_hands_the_lease_over_at_once(
+    kube: KubeClient, scheduler_kube: KubeClient, namespace: str,
+) -> None:
+    async with election(scheduler_kube, namespace) as e:
         leader, standby = await one_leader(e)
         spec = await lease_spec(kube, namespace)
         assert spec["holderIdentity"] == leader.elector.identity
@@ -125,8 +127,10 @@ async def test_release_hands_the_lease_over_at_once(kube: KubeClient, namespace:
         assert e.both_seen == []
 
 
-async def test_a_crashed_leader_is_replaced_when_its_lease_lapses(kube: KubeClient, namespace: str) -> None:
-    async with election(kube, namespace) as e:
+async def test_a_crashed_leader_is_replaced_when_its_lease_lapses(
+    kube: KubeClient, scheduler_kube: KubeClient, namespace: str,
+) -> None:
+    async with election(scheduler_kube, namespace) as e:
         leader, standby = await one_leader(e)
         leader.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -144,10 +148,10 @@ async def test_a_crashed_leader_is_replaced_when_its_lease_lapses(kube: KubeClie
         assert e.both_seen == []
 
 
-async def test_a_leader_that_cannot_renew_steps_down(kube: KubeClient, namespace: str) -> None:
+async def test_a_leader_that_cannot_renew_steps_down(scheduler_kube: KubeClient, namespace: str) -> None:
     """Renewals that keep failing end leadership within renew_deadline, before the lease lapses."""
     elector = LeaderElector(
-        client=kube, namespace=namespace, name="solo", identity="solo",
+        client=scheduler_kube, namespace=namespace, name="solo", identity="solo",
         lease_duration=3, renew_deadline=1.5, retry_period=0.3,
     )
     events: list[tuple[str, float]] = []
@@ -158,19 +162,19 @@ async def test_a_leader_that_cannot_renew_steps_down(kube: KubeClient, namespace
     try:
         await wait_for(lambda: elector.is_leader, timeout=10)
         # every write from now on is refused: renewals fail
-        original = kube.replace
+        original = scheduler_kube.replace
 
         async def refuse(path: str, body: dict[str, object]) -> dict[str, object]:
             from batchsched.kube.errors import TemporaryError
 
             raise TemporaryError(503, "ServiceUnavailable", "injected")
 
-        kube.replace = refuse  # type: ignore[method-assign]
+        scheduler_kube.replace = refuse  # type: ignore[method-assign]
         try:
             broken = time.monotonic()
             await asyncio.wait_for(task, timeout=5)
         finally:
-            kube.replace = original  # type: ignore[method-assign]
+            scheduler_kube.replace = original  # type: ignore[method-assign]
         assert not elector.is_leader
         assert [name for name, _ in events] == ["started", "stopped"]
         assert events[1][1] - broken < 3  # stepped down before the lease could lapse
@@ -215,10 +219,12 @@ async def pod_scheduled_condition(kube: KubeClient, ref: ObjectRef) -> dict[str,
     return dict(cond)
 
 
-async def test_unschedulable_writes_once_per_message(kube: KubeClient, namespace: str) -> None:
+async def test_unschedulable_writes_once_per_message(
+    kube: KubeClient, scheduler_kube: KubeClient, namespace: str,
+) -> None:
     ref = await make_pod(kube, namespace, "waiting")
     assert ref.kind == "Pod" and ref.api_version == "v1" and ref.uid
-    writer = StatusWriter(kube, instance="test-0", concurrency=4)
+    writer = StatusWriter(scheduler_kube, instance="test-0", concurrency=4)
     async with running(writer) as task:
         for _ in range(5):
             writer.pod_unschedulable(ref, "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
@@ -262,9 +268,11 @@ async def test_unschedulable_writes_once_per_message(kube: KubeClient, namespace
         assert writer.written == 2 * 3 + 1 and writer.dropped == 0
 
 
-async def test_latest_condition_wins_under_a_burst(kube: KubeClient, namespace: str) -> None:
+async def test_latest_condition_wins_under_a_burst(
+    kube: KubeClient, scheduler_kube: KubeClient, namespace: str,
+) -> None:
     ref = await make_pod(kube, namespace, "bursty")
-    writer = StatusWriter(kube, instance="test-0", concurrency=8)
+    writer = StatusWriter(scheduler_kube, instance="test-0", concurrency=8)
     for i in range(20):  # queued before any worker runs: patches coalesce, events do not
         writer.pod_unschedulable(ref, f"attempt {i}")
     assert writer.pending == 21
@@ -276,8 +284,10 @@ async def test_latest_condition_wins_under_a_burst(kube: KubeClient, namespace: 
     assert (await pod_scheduled_condition(kube, ref))["message"] == "attempt 19"
 
 
-async def test_writes_for_missing_pods_are_dropped(kube: KubeClient, namespace: str) -> None:
-    writer = StatusWriter(kube, instance="test-0")
+async def test_writes_for_missing_pods_are_dropped(
+    kube: KubeClient, scheduler_kube: KubeClient, namespace: str,
+) -> None:
+    writer = StatusWriter(scheduler_kube, instance="test-0")
     async with running(writer) as task:
         ghost = ObjectRef("Pod", "v1", namespace, "ghost", "00000000-0000-0000-0000-000000000001")
         writer.pod_unschedulable(ghost, "no nodes")
