@@ -74,6 +74,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             f"--audit-log-path={box.dir / 'logs' / 'audit.log'}",
             "--audit-log-format=json",
             "--audit-log-mode=blocking",
+            "--audit-log-maxsize=100000",  # MB: never rotated during a run, read whole at its end
         ])
     except Exception as exc:  # any failure to start is reported the same way
         message = f"the local control plane could not start: {exc}"
