@@ -114,18 +114,18 @@ class Binder:
         path = f"{pod}/binding"
         what = f"binding {b.namespace}/{b.name} to {b.node}"
 
-        # the fence is checked once the budget lets the request go: a request may wait
-        # there, or in a retry's pause, past the deadline
+        # the fence is checked once the budget lets the request go (a request may wait
+        # there, or in a retry's pause, past the deadline), and again as it is written
         async def label() -> None:
             patch = metadata_patch(b.uid, b.annotations, b.labels)
             async with self._sem:
-                self.fence.check(what)
-                await self.client.patch(pod, patch, kind="merge")
+                await self.fence.send(lambda: self.client.patch(pod, patch, kind="merge"), what=what)
 
         async def send() -> None:
             async with self._sem:
-                self.fence.check(what)
-                await self.client.request("POST", path, body=body, timeout=30)
+                await self.fence.send(
+                    lambda: self.client.request("POST", path, body=body, timeout=30), what=what
+                )
 
         try:
             if b.annotations or b.labels:

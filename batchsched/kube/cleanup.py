@@ -141,8 +141,7 @@ class CleanupWriter:
 
         async def send() -> None:
             async with self._sem:
-                self.fence.check(what)
-                await self.client.patch(path, body, kind="merge")
+                await self.fence.send(lambda: self.client.patch(path, body, kind="merge"), what=what)
 
         landed = False
         try:

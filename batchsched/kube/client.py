@@ -8,23 +8,62 @@ requests themselves are plain aiohttp with JSON bodies handled by orjson.
 
 Objects travel as plain ``dict``; :mod:`batchsched.kube.parse` turns them into the core's
 dataclasses. Every failure is raised as one of :mod:`batchsched.kube.errors`.
+
+A caller may set :data:`before_send` for the requests of its task: a check run at the last
+moment, when the request (headers and body, which aiohttp writes together) is written to
+its connection, and raised from the request, which is then never sent. A replica's fence on
+the writes it makes for the leader is such a check (:class:`batchsched.kube.leader.Fence`):
+between a caller's own look and the write, a request waits for its connection (a TLS
+handshake) and then, on Python before 3.12, for the task that writes it, behind whatever
+else the event loop runs (a long scheduling step); the whole process may be paused
+meanwhile. Only requests with a body are checked (every write the fence guards has one).
 """
 
 from __future__ import annotations
 
 import gc
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.abc import AbstractStreamWriter
 
 from batchsched.kube.api import JSON
 from batchsched.kube.errors import KubeError, TemporaryError, from_status
 
-__all__ = ["JSON", "Credentials", "KubeClient", "load_credentials"]
+__all__ = ["JSON", "Credentials", "KubeClient", "before_send", "load_credentials"]
+
+#: run just before each request of the current task is written (see the module docstring)
+before_send: ContextVar[Callable[[], None] | None] = ContextVar("before_send", default=None)
+
+
+class _Checked(aiohttp.BytesPayload):
+    """A request body that runs a check right before it (and the headers buffered with it)
+    is written; what the check raised is kept in ``refused``."""
+
+    def __init__(self, value: bytes, *, check: Callable[[], None], content_type: str) -> None:
+        super().__init__(value, content_type=content_type)
+        self._check = check
+        self.refused: Exception | None = None
+
+    def _look(self) -> None:
+        try:
+            self._check()
+        except Exception as exc:
+            self.refused = exc
+            raise
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        self._look()
+        await super().write(writer)
+
+    async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+        self._look()
+        await super().write_with_length(writer, content_length)
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,8 +194,12 @@ class KubeClient:
         timeout: float = 60.0,
     ) -> Any:
         """One request; returns the parsed JSON body, raises a :class:`KubeError` on failure."""
-        data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": content_type} if data is not None else None
+        raw_body = None if body is None else orjson.dumps(body)
+        headers = {"Content-Type": content_type} if raw_body is not None else None
+        check = before_send.get()
+        data: bytes | _Checked | None = raw_body
+        if raw_body is not None and check is not None:
+            data = _Checked(raw_body, check=check, content_type=content_type)
         try:
             async with self._session.request(
                 method,
@@ -172,6 +215,8 @@ class KubeClient:
         except KubeError:
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if isinstance(data, _Checked) and data.refused is not None:
+                raise data.refused from None  # not sent: the check said no
             raise TemporaryError(0, type(exc).__name__, str(exc) or repr(exc)) from exc
         if not raw:
             return None

@@ -113,8 +113,7 @@ class Evictor:
 
         async def send() -> None:
             async with self._sem:
-                self.fence.check(what)
-                await self.client.patch(path, patch, kind="strategic")
+                await self.fence.send(lambda: self.client.patch(path, patch, kind="strategic"), what=what)
 
         try:
             await self.retry.call(send, what=what)
@@ -148,8 +147,9 @@ class Evictor:
 
         async def send() -> None:
             async with self._sem:
-                self.fence.check(what)
-                await self.client.request("POST", path, body=body, timeout=30)
+                await self.fence.send(
+                    lambda: self.client.request("POST", path, body=body, timeout=30), what=what
+                )
 
         # a gang's eviction waits for the budget like any 429; a preemption does not
         stop = _budget_refusal if e.preemptor else None

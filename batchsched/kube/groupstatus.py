@@ -134,17 +134,17 @@ class GroupStatusWriter:
         path = _plural_path(group)
         what = f"status of PodGroup {group.display}"
 
+        fence = self.fence
+
         async def patch() -> None:
-            self.fence.check(what)
             if group.api in self._no_subresource:
-                await self.client.patch(path, body)
+                await fence.send(lambda: self.client.patch(path, body), what=what)
                 return
             try:
-                await self.client.patch(path + "/status", body)
+                await fence.send(lambda: self.client.patch(path + "/status", body), what=what)
             except NotFoundError:
                 # no status subresource (Volcano's CRD), or the group is gone
-                self.fence.check(what)
-                await self.client.patch(path, body)
+                await fence.send(lambda: self.client.patch(path, body), what=what)
                 self._no_subresource.add(group.api)
 
         try:

@@ -49,6 +49,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from batchsched.kube.api import JSON, KubeAPI
+from batchsched.kube.client import before_send
 from batchsched.kube.errors import (
     ConflictError,
     ForbiddenError,
@@ -130,12 +131,22 @@ class Fence:
         if not self.is_open():
             raise Fenced(f"{what}: not sent, this replica's lease deadline has passed")
 
+    async def send(self, write: Callable[[], Awaitable[T]], *, what: str) -> T:
+        """``write()`` (one request) behind the fence: checked now, and again at the last
+        moment, as the request is written to its connection
+        (:data:`~batchsched.kube.client.before_send`)."""
+        self.check(what)
+        token = before_send.set(lambda: self.check(what))
+        try:
+            return await write()
+        finally:
+            before_send.reset(token)
+
     def guard(self, write: Callable[[], Awaitable[T]], *, what: str) -> Callable[[], Awaitable[T]]:
-        """``write`` behind the fence: each call (each attempt of a retry) checks it first."""
+        """``write`` behind the fence: each call (each attempt of a retry) is checked."""
 
         async def attempt() -> T:
-            self.check(what)
-            return await write()
+            return await self.send(write, what=what)
 
         return attempt
 
