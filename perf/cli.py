@@ -8,6 +8,7 @@
     python -m perf idle [--nodes N] [--variant gangs|pods]  CPU while work that cannot fit waits
     python -m perf sandbox [--nodes 1000,5000]            N nodes to Ready; control plane CPU idle
     python -m perf soak [--nodes N --minutes M --rate R --seed S]   a long steady run: growth, stuck units
+    python -m perf chaos [--nodes N] [--faults a,b] [--out DIR]   faults under a gang workload, checked
     python -m perf cycle [--quick]
     python -m perf report
     python -m perf smoke                              everything at tiny sizes, one run each
@@ -119,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--minutes", type=float, default=30.0, help="minutes of arrivals, then a drain (default 30)")
     k.add_argument("--rate", type=float, help="jobs per second (default: the rate that keeps about 85%% of the GPUs busy)")
     k.add_argument("--seed", type=int, default=0, help="seed of the arrivals and the job mix (default 0)")
+    x = sub.add_parser("chaos", help="faults on a schedule under a gang workload: partial, twice, lost, quota, recovery")
+    x.add_argument("--nodes", type=_positive, default=200, help="8-GPU nodes (default 200)")
+    x.add_argument("--faults", type=_names, help="comma-separated fault names (default: all; see perf/chaos/)")
+    x.add_argument("--out", dest="chaos_out", type=Path, help="folder of chaos.json and chaos.md (default: <--out>/chaos)")
+    x.add_argument("--recover-timeout", type=float, default=180.0, help="seconds each fault may take to recover")
     sub.add_parser("report", help="rewrite the report from the results folder")
     sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
     return p
@@ -250,6 +256,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {c['value']} (bound {c['bound']}) {c['detail']}")
         log(f"soak: {out / 'soak' / (data['tag'] + '.md')}")
         return 0 if data["ok"] else 1
+    elif args.command == "chaos":
+        from perf.chaos.run import ChaosConfig
+        from perf.chaos.run import run as chaos_run
+
+        result = chaos_run(ChaosConfig(nodes=args.nodes, faults=args.faults, out=args.chaos_out or out / "chaos",
+                                       recover_timeout=args.recover_timeout))
+        print(result["table"])
+        clean = all(not any(r["counts"].values()) and r["recovered_s"] is not None for r in result["rows"])
+        return 0 if clean else 1
     elif args.command == "ceiling":
         cmd_ceiling(out, args.nodes, args.binds, args.concurrency)
     elif args.command == "cycle":

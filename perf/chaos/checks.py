@@ -362,12 +362,12 @@ class Checker:
     def _overcommit(self, m: Mirror, now: float) -> None:
         whole: dict[str, int] = defaultdict(int)
         shared: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        pods: dict[str, int] = defaultdict(int)
+        pods: dict[str, list[PodRecord]] = defaultdict(list)
         for p in m.pods.values():
             if not p.holds or p.node is None:
                 continue
             node = p.node
-            pods[node] += 1
+            pods[node].append(p)
             share = share_of(p.obj)
             whole[node] += int(cards_asked(p.obj) - share)
             if share:
@@ -381,10 +381,12 @@ class Checker:
             max_pods = int(alloc.get("pods", 110))
             over_card = [c for c, s in shared[node].items() if s > 1 + 1e-9]
             cards = whole[node] + len(shared[node])
-            if cards > gpus or over_card or pods[node] > max_pods:
+            if cards > gpus or over_card or len(pods[node]) > max_pods:
+                held = ", ".join(f"{p.name}:{cards_asked(p.obj):g}" + (f"@{','.join(sorted(share_cards(p.obj)))}" if share_of(p.obj) else "")
+                                 + f"+{p.binds[-1][0] - rec.created:.0f}s" for p in pods[node])
                 self._found("overcommitted", node, now,
                             f"{node}: {whole[node]} whole + {len(shared[node])} shared cards of {gpus}"
-                            + (f", card {over_card[0]} over 100%" if over_card else ""))
+                            + (f", card {over_card[0]} over 100%" if over_card else "") + f" [{held}]")
 
 
 # -- settled ----------------------------------------------------------------------------------

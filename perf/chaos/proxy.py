@@ -19,7 +19,8 @@ Modes, switched from any thread:
   cut, not delivered.
 
 :attr:`Proxy.requests` holds ``(time.time(), method, path with query)`` of every request a
-replica sent, forwarded or not.
+replica sent, forwarded or not; :attr:`Proxy.answers` the status of each one the apiserver
+answered.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Proxy:
         self.source_kubeconfig = kubeconfig
         self.kubeconfig = str(workdir / "kubeconfig-proxy")
         self.requests: list[tuple[float, str, str]] = []
+        #: (time, method, path, status) of every request the apiserver answered
+        self.answers: list[tuple[float, str, str, int]] = []
         #: requests answered (forwarded), cut, and held during partitions
         self.forwarded = 0
         self.cut = 0
@@ -235,6 +238,7 @@ class Proxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         async with self._session.request(request.method, self.upstream + request.path_qs, headers=headers,
                                           data=body or None, allow_redirects=False) as upstream:
+            self.answers.append((time.time(), request.method, request.path_qs, upstream.status))
             resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():
                 if k.lower() not in _HOP:

@@ -65,7 +65,7 @@ from perf.chaos.checks import (
 from perf.chaos.recorder import Recorder
 
 if TYPE_CHECKING:
-    from batchsched.sandbox.cluster import SandboxState
+    from batchsched.sandbox.cluster import Sandbox, SandboxState
     from perf.chaos.checks import Verdict
     from perf.chaos.proxy import Proxy
 
@@ -82,6 +82,8 @@ class Injected:
     at: float
     detail: str = ""
     healed_at: float | None = None
+    #: what the fault observed that a test may assert on (e.g. a relist seen)
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +365,18 @@ class World:
         self.jobs: dict[str, Job] = {}
         self._count = Counters()
         self._supervisor: asyncio.Task[None] | None = None
+        self._controller: asyncio.Task[None] | None = None
+        #: undone by the runner once the cluster recovered from the fault that added them
+        self.after_recovery: list[Callable[[], Awaitable[None]]] = []
+        #: member pods the job controller created again
+        self.replaced = 0
+
+    def control_plane(self) -> Sandbox:
+        """The sandbox as a :class:`~batchsched.sandbox.cluster.Sandbox`, to stop and start
+        one of its components."""
+        from batchsched.sandbox.cluster import Sandbox
+
+        return Sandbox(self.sandbox.name, root=Path(self.sandbox.dir).parent)
 
     @property
     def team_queues(self) -> list[str]:
@@ -455,6 +469,90 @@ class World:
             if time.monotonic() > deadline:
                 raise WorldError(f"{len(missing)} of {len(job.pods)} pods of {job.name} not bound after {timeout:.0f} s")
             await asyncio.sleep(0.2)
+
+    def free_cards(self) -> dict[str, int]:
+        """Whole GPU cards free now on each open node of the pool (by the recorder)."""
+        from perf.chaos.checks import free_cards
+
+        with self.recorder.locked() as mirror:
+            return free_cards(mirror)
+
+    def queue_room(self) -> dict[str, float]:
+        """Cards each team queue may still take within its nominal quota (by the recorder)."""
+        from perf.chaos.checks import cards_asked
+
+        used: dict[str, float] = {}
+        with self.recorder.locked() as m:
+            for p in m.pods.values():
+                if p.holds and p.queue:
+                    used[p.queue] = used.get(p.queue, 0.0) + cards_asked(p.obj)
+        room = {}
+        for q in self.team_queues:
+            nominal = sum(float(r.get("nominal", 0)) for r in self.queues[q].get("resources") or [])
+            room[q] = nominal - used.get(q, 0.0)
+        return room
+
+    async def make_room(self, cards: int, *, queue: str | None = None, timeout: float = 120.0) -> int:
+        """Retire the oldest bound jobs until ``cards`` whole cards are free in the pool and
+        within the nominal quota of ``queue`` (of each team queue, split evenly, when None);
+        returns the cards free. Waits for the retired pods to be gone."""
+        deadline = time.monotonic() + timeout
+        while True:
+            free = sum(self.free_cards().values())
+            room = self.queue_room()
+            wanted = {queue: cards} if queue else {q: cards / len(room) for q in room}
+            short = [q for q, need in wanted.items() if room.get(q, 0.0) < need]
+            if free >= cards and not short:
+                return free
+            if time.monotonic() > deadline:
+                return free
+            bound = self.recorder.bound_now()
+            candidates = [j for j in self.jobs.values() if any(p in bound for p in j.pods)]
+            preferred = [j for j in candidates if j.queue in short] or candidates
+            if not preferred:
+                await asyncio.sleep(0.5)
+                continue
+            await self.retire(preferred[0])
+            await asyncio.sleep(0.3)
+
+    # -- the job controller -------------------------------------------------------------
+
+    async def replace_lost(self) -> int:
+        """Play the job controller once: a member pod of a live job that is gone (deleted,
+        evicted, finished) gets a new pod. Returns how many were created."""
+        made = 0
+        with self.recorder.locked() as m:
+            latest = {}
+            for rec in m.pods.values():
+                latest.setdefault(rec.name, rec)
+                if rec.gone is None:
+                    latest[rec.name] = rec
+            gone = [(job, pod) for job in self.jobs.values() if job.name not in m.retired
+                    for pod in job.pods if pod in latest and latest[pod].gone is not None]
+        for job, pod in gone:
+            await self.replace_member(job, pod)
+            made += 1
+        self.replaced += made
+        return made
+
+    def start_job_controller(self, interval: float = 1.0) -> None:
+        if self._controller is not None:
+            return
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                with contextlib.suppress(KubeError):
+                    await self.replace_lost()
+
+        self._controller = asyncio.get_running_loop().create_task(loop())
+
+    async def stop_job_controller(self) -> None:
+        if self._controller is not None:
+            self._controller.cancel()
+            with contextlib.suppress(BaseException):
+                await self._controller
+            self._controller = None
 
     # -- judging --------------------------------------------------------------------------
 
@@ -577,6 +675,7 @@ async def open_world(sandbox: SandboxState, *, workdir: Path, nodes: int = 8, gp
         yield world
     finally:
         if world is not None:
+            await world.stop_job_controller()
             await world.stop_supervisor()
         if schedulers is not None:
             await asyncio.get_running_loop().run_in_executor(None, schedulers.stop_all)
