@@ -148,6 +148,9 @@ class Pod:
     resource_version: str = ""
     invalid: str = ""
     nominated_node: str = ""
+    #: the (reason, message) of its ``PodScheduled=False`` condition, as the pod shows it
+    #: (None when it has none): a restarted scheduler does not tell a pod what it already says
+    shows: tuple[str, str] | None = None
     #: ``status.startTime`` (Unix seconds), 0 while the pod has not started
     started: float = 0.0
     #: ``spec.activeDeadlineSeconds``, 0 when not set
@@ -359,6 +362,14 @@ def _term(t: Mapping[str, Any]) -> Term:
     )
 
 
+def _unscheduled(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The reason and message of a ``PodScheduled=False`` condition, if the pod has one."""
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("reason") or ""), str(c.get("message") or "")
+    return None
+
+
 def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) -> Pod:
     """A pod as the scheduler sees it. ``schedulers``: the names it schedules for; a pod of
     another scheduler that is not bound takes no capacity and is never placed by us, so
@@ -433,6 +444,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         card_asks=asks,
         cards=assignment(asks, annotations) if asks else None,
         nominated_node=str(status.get("nominatedNodeName") or ""),
+        shows=_unscheduled(status),
         started=parse_time(status.get("startTime")),
         spread=_spread(spec.get("topologySpreadConstraints")),
         affinity_terms=_affinity_terms(

@@ -846,7 +846,10 @@ class Session:
         ``shared_at``: the pod shares another unit's outcome; a new message for the same
         reason is told at most every :data:`SHARED_REFRESH_SECONDS`."""
         before = self._told.get(pod.uid)
+        if before is None and pod.shows is not None:
+            before = (*pod.shows, 0.0)  # what it says since before we started (or relisted)
         if before is not None and before[:2] == (reason, message):
+            self._told[pod.uid] = before
             return
         if shared_at is not None and before is not None and before[0] == reason and (
                 shared_at - before[2] < SHARED_REFRESH_SECONDS):
