@@ -280,6 +280,8 @@ class Backlog:
     #: pods that end without a PodScheduled=False condition saying why
     untold: list[str]
     injected: Injected
+    #: PodGroups whose status was written again after the restart unchanged
+    groups_rewritten: list[str] = field(default_factory=list)
 
     @property
     def pods(self) -> list[str]:
@@ -318,6 +320,7 @@ async def kill_mid_status_write(world: World, *, singles: int = 120, gangs: int 
     world.schedulers.kill(name, signal.SIGKILL)
     await asyncio.sleep(0.5)  # what was in flight lands
     shown = {n: (_condition(r), _resource_version(r)) for n, r in told().items()}
+    groups_shown = _group_statuses(world, [job.name for job in jobs if job.gang])
     healed = await _restart(world, name)
 
     async def quiet_and_told() -> bool:
@@ -337,12 +340,34 @@ async def kill_mid_status_write(world: World, *, singles: int = 120, gangs: int 
     )
     untold = sorted(n for n in pods if n not in recs or _condition(recs[n]) is None)
     events = await _failed_scheduling(world, pods)
+    groups_now = _group_statuses(world, list(groups_shown))
+    groups_rewritten = sorted(
+        g for g, (status, rv) in groups_shown.items()
+        if g in groups_now and groups_now[g][0] == status and groups_now[g][1] != rv
+    )
     return Backlog(jobs=jobs, leader=name, told_at_kill=len(seen), events=events, rewritten=rewritten,
-                   untold=untold, injected=Injected(
+                   untold=untold, groups_rewritten=groups_rewritten, injected=Injected(
                        at=at, healed_at=healed,
                        detail=(f"{name} killed with {len(seen)} of {len(pods)} backlog pods told why; "
-                               f"{len(rewritten)} rewritten unchanged after the restart, {len(untold)} untold"),
+                               f"{len(rewritten)} pod conditions and {len(groups_rewritten)} PodGroup statuses "
+                               f"rewritten unchanged after the restart, {len(untold)} untold"),
                    ))
+
+
+def _group_statuses(world: World, names: Collection[str]) -> dict[str, tuple[Any, str]]:
+    """PodGroup name -> (its status but the conditions' times, its resourceVersion), for the
+    groups that have a status (a status written again unchanged gets new times, if any)."""
+    wanted = set(names)
+
+    def timeless(status: dict[str, Any]) -> dict[str, Any]:
+        conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
+        return {**status, "conditions": conditions}
+
+    with world.recorder.locked() as m:
+        return {
+            name: (timeless(group["status"]), str(group["metadata"].get("resourceVersion", "")))
+            for name, group in m.groups.items() if name in wanted and group.get("status")
+        }
 
 
 async def _failed_scheduling(world: World, pods: Collection[str]) -> dict[str, list[str]]:

@@ -82,6 +82,7 @@ async def mid_status_write(world: World) -> None:
     print(f"mid-status-write: {written} FailedScheduling Events for {len(hit.pods)} pods, "
           f"{len(repeated)} pods told the same twice, {len(hit.rewritten)} conditions rewritten unchanged")
     assert hit.rewritten == [], f"{len(hit.rewritten)} conditions written again unchanged after the restart"
+    assert hit.groups_rewritten == [], f"PodGroup statuses written again unchanged: {hit.groups_rewritten}"
     assert repeated == {}, f"{len(repeated)} pods got the same FailedScheduling Event twice"
     clean(await world.verdict())
 

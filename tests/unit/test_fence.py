@@ -413,3 +413,28 @@ def test_a_request_that_waits_past_the_deadline_before_it_is_written_is_never_se
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+# -- the replica ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("leader_election", [True, False])
+def test_every_writer_of_a_replica_shares_its_fence_open_for_good_without_leader_election(
+    leader_election: bool,
+) -> None:
+    from batchsched.app import Scheduler
+    from batchsched.config import parse_config
+
+    async def main() -> None:
+        sched = Scheduler(FakeKube(), parse_config({"leaderElection": {"enabled": leader_election}}),  # type: ignore[arg-type]
+                          identity="replica-a")
+        fence = sched.fence
+        writers = (sched.binder, sched.evictor, sched.cleanups, sched.status, sched.group_status, sched.queue_status)
+        assert all(w.fence is fence for w in writers)
+        assert sched.binder.identity == "replica-a"
+        # a replica that runs leader election writes nothing until it leads
+        assert fence.is_open() is not leader_election
+        if not leader_election:
+            assert fence.deadline == float("inf")
+
+    asyncio.run(main())
