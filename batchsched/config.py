@@ -8,6 +8,7 @@ Every key is known: an unknown key, a value of the wrong type or out of range is
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -250,7 +251,7 @@ def _scoring(section: ScoringSection) -> ScoringConfig:
     try:
         resources = tuple((str(r["name"]), int(r["weight"])) for r in section.resources)
         shape = tuple((int(p["utilization"]), int(p["score"])) for p in section.shape)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"config: scoring: each resource needs name and weight, each shape point utilization and score ({exc})") from None
     cfg = ScoringConfig(strategy=section.type, resources=resources, shape=shape)
     try:
@@ -288,6 +289,9 @@ def _check(value: Any, typ: Any, where: str) -> Any:
     if typ is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"config: {where}: expected a number, got {value!r}")
+        # YAML reads .nan and .inf, and whole numbers past any float: none is a setting
+        if (isinstance(value, int) and abs(value) > 2**53) or (isinstance(value, float) and not math.isfinite(value)):
+            raise ConfigError(f"config: {where}: expected a finite number, got {value!r}")
         return float(value)
     if typ is str:
         if not isinstance(value, str):
@@ -354,7 +358,7 @@ def _validate(cfg: Config) -> None:
     positive(cfg.reservation.per_queue, "reservation.perQueue")
     positive(cfg.reservation.max_hold_seconds, "reservation.maxHoldSeconds")
     host, _, port = cfg.metrics_address.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")
     cfg.scoring_config()
     cfg.topology_levels()

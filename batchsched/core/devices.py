@@ -305,7 +305,7 @@ def node_cards(allocatable: Mapping[str, int], labels: Mapping[str, str]) -> tup
     memory = allocatable.get(ELASTIC_MEMORY, 0) // cards
     if memory <= 0:
         text = labels.get(CARD_MEMORY_LABEL, "")
-        memory = int(text) if text.isdigit() and int(text) < MAX_CARD_MEMORY else 0
+        memory = int(text) if text.isascii() and text.isdigit() and int(text) < MAX_CARD_MEMORY else 0
     return cards, memory
 
 
@@ -327,7 +327,8 @@ def card_columns(cards: int, memory: int) -> dict[str, int]:
 
 def _indexes(text: str) -> tuple[int, ...] | None:
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() and int(p) < MAX_CARDS for p in parts):
+    # ASCII digits only: superscripts and fullwidth digits pass str.isdigit, not int()
+    if not parts or not all(p.isascii() and p.isdigit() and int(p) < MAX_CARDS for p in parts):
         return None
     return tuple(int(p) for p in parts)
 

@@ -83,7 +83,8 @@ def free_capacity(snap: Snapshot) -> dict[str, int]:
 
 @functools.lru_cache(maxsize=1 << 18)
 def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in _NATURAL.split(name))
+    # isdecimal, not isdigit: "³" is a digit that int() refuses (and \d does not match)
+    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
 
 
 def _member_order(pod: Pod) -> tuple[Any, ...]:

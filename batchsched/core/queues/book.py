@@ -90,7 +90,7 @@ _NATURAL = re.compile(r"(\d+)")
 
 
 def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in _NATURAL.split(name))
+    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
 
 
 @dataclass(slots=True, frozen=True)

@@ -42,7 +42,7 @@ _NATURAL = re.compile(r"(\d+)")
 
 def natural(name: str) -> tuple[Any, ...]:
     """``pod-10`` after ``pod-9``."""
-    return tuple(int(p) if p.isdigit() else p for p in _NATURAL.split(name))
+    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
 
 
 class RunningBook:
