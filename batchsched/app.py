@@ -330,7 +330,8 @@ class Scheduler:
             log.warning("shutting down with %d evictions in flight", self.evictor.in_flight)
         await self.group_status.drain(5.0)
         await self.queue_status.drain(5.0)
-        await self.status.drain(5.0)
+        if self.fence.is_open():  # a standby's reports wait for it to lead: none will be sent
+            await self.status.drain(5.0)
 
     def _abandon(self) -> None:
         """The lease was lost: the fence is closed, so nothing queued will be sent; what is

@@ -113,6 +113,9 @@ class Fence:
     def __init__(self, *, clock: Callable[[], float] = time.time, until: float = 0.0) -> None:
         self._clock = clock
         self._until = until
+        self._led = asyncio.Event()  # set once the fence has been opened
+        if until > 0:
+            self._led.set()
 
     @classmethod
     def always_open(cls) -> Fence:
@@ -153,6 +156,16 @@ class Fence:
     def extend(self, until: float) -> None:
         """Open the fence until ``until`` (a renewal succeeded)."""
         self._until = until
+        self._led.set()
+
+    async def led(self) -> None:
+        """Return once the fence has been open at least once (this replica has led).
+
+        What a standby learns before it leads (an object it cannot read, to be reported
+        with a Warning Event) waits for this rather than being dropped at a closed fence:
+        its session remembers having told it, so a dropped report would never be sent.
+        """
+        await self._led.wait()
 
     def close(self) -> None:
         self._until = -math.inf

@@ -211,7 +211,10 @@ class StatusWriter:
     # -- the writers --------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Write until cancelled, with ``concurrency`` workers."""
+        """Write until cancelled, with ``concurrency`` workers, from the time this replica
+        first leads (:meth:`~batchsched.kube.leader.Fence.led`): a standby keeps what it
+        was asked to write (coalesced per object) instead of dropping it at its fence."""
+        await self.fence.led()
         await self._writes.run()
 
     async def drain(self, timeout: float) -> bool:

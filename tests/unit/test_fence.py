@@ -303,6 +303,34 @@ def test_status_writes_past_the_deadline_are_dropped_quietly_and_tried_again_whe
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def test_a_standby_keeps_what_it_was_asked_to_write_and_writes_it_once_it_leads() -> None:
+    """An object a standby cannot read is reported once its replica leads, not lost at the
+    closed fence (its session remembers having told it and will not tell it again)."""
+
+    async def main() -> None:
+        clock = Clock(5.0)
+        fence = Fence(clock=clock)  # a standby: never led
+        kube = FakeKube()
+        writer = StatusWriter(kube, instance="a", fence=fence, clock=clock)
+        writer.event(POD, type="Warning", reason="Unreadable", message="cannot read it")
+        task = asyncio.get_running_loop().create_task(writer.run())
+        try:
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert kube.calls == []
+            assert writer.dropped == 0
+            fence.extend(20.0)  # it leads
+            assert await writer.drain(1.0)
+            assert kube.paths() == ["/api/v1/namespaces/ns/events"]
+            assert writer.written == 1
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+
+
 def test_a_condition_retried_past_the_deadline_is_dropped() -> None:
     async def main() -> None:
         fence, clock = fence_until(10.0, 9.9)
