@@ -67,6 +67,9 @@ __all__ = [
     "pods",
     "quantities",
     "queues",
+    "stored_podgroups",
+    "stored_pods",
+    "stored_queues",
 ]
 
 #: the namespace bad work lives in (valid work next to it lives elsewhere)
@@ -330,9 +333,11 @@ def pods(draw: st.DrawFn, *, namespace: str = BAD_NAMESPACE, uid: str | None = N
             {"restartPolicy": "Always"} if draw(st.booleans()) else {})} for i in range(draw(st.integers(1, 2)))]
     if draw(st.booleans()):
         spec["overhead"] = _resource_map(draw)
-    if draw(st.booleans()):
-        spec["resources"] = {"requests": _resource_map(draw)}
-    if draw(st.booleans()):
+    if draw(st.integers(0, 3)) == 0:
+        # pod-level resources: the apiserver takes cpu and memory only
+        spec["resources"] = {"requests": _resource_map(draw, names=("cpu", "memory", "nvidia.com/gpu"))}
+    if draw(st.integers(0, 3)) == 0:
+        # set by the priority admission from priorityClassName; given by hand, refused
         spec["priority"] = draw(st.integers(-(2**31), 2**31 - 1))
     if draw(st.booleans()):
         spec["nodeSelector"] = draw(st.dictionaries(_keys, _label_values, max_size=2))
@@ -347,7 +352,7 @@ def pods(draw: st.DrawFn, *, namespace: str = BAD_NAMESPACE, uid: str | None = N
     if draw(st.booleans()):
         spec["volumes"] = draw(_volumes)
     if draw(st.integers(0, 5)) == 0:
-        spec["resourceClaims"] = [{"name": draw(st.sampled_from(["gpu", ""]))}]
+        spec["resourceClaims"] = [{"name": draw(st.sampled_from(["gpu", ""])), "resourceClaimName": "gpu-claim"}]
     if draw(st.booleans()):
         spec["activeDeadlineSeconds"] = draw(st.integers(-5, 2**63 - 1))
     if draw(st.integers(0, 6)) == 0:
@@ -523,3 +528,138 @@ def mangled(draw: st.DrawFn, base: st.SearchStrategy[dict[str, Any]]) -> dict[st
         new = draw(st.sampled_from([str(old), [old], {}, None]))
     target[path[-1]] = new
     return obj
+
+
+# -- what an apiserver stores ------------------------------------------------------------------
+#
+# The strategies above draw much that the apiserver refuses (its validation runs first). The
+# ones below draw only what it stores, bad for batchsched in what it means, not its shape:
+# quantities past what batchsched counts, queues and gangs that do not exist or cannot hold
+# work, annotations it cannot honour, constraints no node meets.
+
+_dns_label = st.from_regex(r"\A[a-z]([-a-z0-9]{0,12}[a-z0-9])?\Z")
+_stored_quantity = st.one_of(
+    st.sampled_from(["0", "1", "2", "100m", "1500m", "1Gi", "1e3", "1e30", "1e18", "8Ei", "1125899906842624",
+                     "999999999999999999999", "0.5", "1P"]),
+    st.from_regex(r"\A[0-9]{1,20}(\.[0-9]{1,3})?(m|k|M|G|Ki|Mi|Gi|Ti|Pi|Ei)?\Z"),
+)
+_stored_whole = st.one_of(st.sampled_from(["0", "1", "2", "8", "9", "33", "1e30", "1125899906842624", "8E"]),
+                          st.from_regex(r"\A[1-9][0-9]{0,18}\Z"))
+_extended = ("nvidia.com/gpu", ELASTIC_CORE, ELASTIC_MEMORY, "example.com/widget")
+
+
+@st.composite
+def _stored_container(draw: st.DrawFn, name: str) -> dict[str, Any]:
+    requests = {k: draw(_stored_quantity) for k in draw(st.lists(st.sampled_from(["cpu", "memory"]), unique=True))}
+    extended = {k: draw(_stored_whole) for k in draw(st.lists(st.sampled_from(_extended), max_size=2, unique=True))}
+    resources: dict[str, Any] = {}
+    if requests or extended:
+        resources["requests"] = {**requests, **extended}
+    if extended:
+        resources["limits"] = dict(extended)  # an extended resource's limit is its request
+    return {"name": name, "image": "trainer:latest", "resources": resources}
+
+
+_stored_requirement = st.sampled_from([
+    {"key": "zone", "operator": "In", "values": ["a"]}, {"key": "zone", "operator": "NotIn", "values": ["a"]},
+    {"key": "zone", "operator": "In", "values": ["nowhere"]}, {"key": "gpu", "operator": "Exists"},
+    {"key": "gpu", "operator": "DoesNotExist"}, {"key": "rank", "operator": "Gt", "values": ["3"]},
+    {"key": "rank", "operator": "Lt", "values": ["99999999999999999999"]},
+    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["ghost-node"]},
+])
+
+
+@st.composite
+def stored_pods(draw: st.DrawFn, *, namespace: str = BAD_NAMESPACE) -> dict[str, Any]:
+    """A pod of batchsched the apiserver stores, asking for what batchsched cannot give or
+    cannot read: absurd quantities, GPU shares and annotations out of range, unknown queues
+    and gangs, node constraints no node meets, claims that do not exist."""
+    meta: dict[str, Any] = {"name": draw(_dns_label), "namespace": namespace}
+    labels = draw(_labels())
+    if labels:
+        meta["labels"] = labels
+    annotations = draw(_annotations())
+    if annotations:
+        meta["annotations"] = annotations
+    spec: dict[str, Any] = {
+        "schedulerName": "batchsched",
+        "containers": [draw(_stored_container("main" if i == 0 else f"c{i}")) for i in range(draw(st.integers(1, 3)))],
+    }
+    if draw(st.integers(0, 3)) == 0:
+        spec["initContainers"] = [{**draw(_stored_container("init0")),
+                                   **({"restartPolicy": "Always"} if draw(st.booleans()) else {})}]
+    if draw(st.integers(0, 3)) == 0:
+        spec["nodeSelector"] = {"zone": draw(st.sampled_from(["a", "nowhere"]))}
+    if draw(st.integers(0, 3)) == 0:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": draw(st.lists(_stored_requirement, min_size=1, max_size=2))}]}}}
+    if draw(st.integers(0, 4)) == 0:
+        spec["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if draw(st.integers(0, 4)) == 0:
+        spec["topologySpreadConstraints"] = [{
+            "maxSkew": draw(st.integers(1, 2**31 - 1)), "topologyKey": draw(st.sampled_from(["zone", "nowhere"])),
+            "whenUnsatisfiable": draw(st.sampled_from(["DoNotSchedule", "ScheduleAnyway"])),
+            "labelSelector": {"matchLabels": {"app": "x"}}}]
+    if draw(st.integers(0, 4)) == 0:
+        kind = draw(st.sampled_from(["podAffinity", "podAntiAffinity"]))
+        spec["affinity"] = {**spec.get("affinity", {}), kind: {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "nobody"}},
+            **({"namespaceSelector": {}} if draw(st.booleans()) else {})}]}}
+    if draw(st.integers(0, 5)) == 0:
+        spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "missing-claim"}}]
+    if draw(st.integers(0, 5)) == 0:
+        spec["activeDeadlineSeconds"] = draw(st.integers(1, 2**62))
+    if draw(st.integers(0, 7)) == 0:
+        spec["schedulingGates"] = [{"name": "example.com/gate"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+@st.composite
+def stored_podgroups(draw: st.DrawFn, *, namespace: str = BAD_NAMESPACE) -> tuple[str, dict[str, Any]]:
+    """``(api, PodGroup)`` the apiserver stores (its schema holds types and int32 ranges), odd
+    in what it asks: no quorum, negative quorum, quantities past what batchsched counts."""
+    api = draw(st.sampled_from([XK8S, VOLCANO]))
+    name = draw(st.one_of(st.sampled_from(GROUP_NAMES), _dns_label))
+    spec: dict[str, Any] = {}
+    if draw(st.integers(0, 4)):
+        spec["minMember"] = draw(st.one_of(st.integers(-3, 12), st.just(2**31 - 1)))
+    if draw(st.booleans()):
+        spec["minResources"] = {k: draw(st.one_of(_stored_quantity, st.sampled_from(["-1", "-100m"])))
+                                for k in draw(st.lists(st.sampled_from(RESOURCES[:4]), max_size=2, unique=True))}
+    if draw(st.booleans()):
+        spec["scheduleTimeoutSeconds"] = draw(st.integers(-5, 2**31 - 1))
+    if api == VOLCANO:
+        if draw(st.booleans()):
+            spec["queue"] = draw(st.sampled_from([*QUEUE_NAMES, "nowhere"]))
+        if draw(st.booleans()):
+            spec["minTaskMember"] = {draw(st.sampled_from(["worker", "master"])): draw(st.integers(-3, 9))}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if draw(st.integers(0, 3)) == 0:
+        meta["annotations"] = {draw(st.sampled_from([TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION])):
+                               draw(_annotation_values[TOPOLOGY_ANNOTATION])}
+    if draw(st.integers(0, 3)) == 0:
+        meta["labels"] = {QUEUE_LABEL: draw(st.sampled_from([*QUEUE_NAMES, "nowhere"]))}
+    return api, {"apiVersion": API_VERSIONS[api], "kind": "PodGroup", "metadata": meta, "spec": spec}
+
+
+@st.composite
+def stored_queues(draw: st.DrawFn) -> dict[str, Any]:
+    """A Queue the apiserver stores: parents that do not exist or form a cycle, cohorts
+    named by work, nominals past what batchsched counts, lending above nominal."""
+    name = draw(st.sampled_from(QUEUE_NAMES))
+    spec: dict[str, Any] = {}
+    if draw(st.booleans()):
+        spec["parent"] = draw(st.sampled_from([q for q in (*QUEUE_NAMES, "nowhere") if q != name]))
+    if draw(st.booleans()):
+        spec["weight"] = draw(st.sampled_from([0.001, 1, 2.5, 1e300]))
+    entries = []
+    for res in draw(st.lists(st.sampled_from(RESOURCES[:3]), max_size=2, unique=True)):
+        entry: dict[str, Any] = {"name": res, "nominal": draw(_stored_quantity)}
+        if draw(st.booleans()):
+            entry["lendingLimit"] = draw(_stored_quantity)
+        if draw(st.booleans()):
+            entry["borrowingLimit"] = draw(_stored_quantity)
+        entries.append(entry)
+    if entries:
+        spec["resources"] = entries
+    return {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue", "metadata": {"name": name}, "spec": spec}
