@@ -47,6 +47,10 @@ class QuantityError(ValueError):
     """A quantity string that Kubernetes would not accept."""
 
 
+class QuantityRangeError(QuantityError):
+    """A quantity Kubernetes accepts, beyond what batchsched counts (:data:`MAX_UNITS`)."""
+
+
 def parse_quantity(value: str | int | float) -> Decimal:
     """The exact value of a quantity such as ``"500m"``, ``"16Gi"`` or ``"1e3"``."""
     if isinstance(value, bool):
@@ -80,7 +84,7 @@ def _to_units(resource: str, value: str | int | float) -> int:
     if resource in MILLI_RESOURCES:
         q = q * 1000
     if not q.is_finite() or abs(q) >= MAX_UNITS:
-        raise QuantityError(
+        raise QuantityRangeError(
             f"quantity {value!r} of {resource} is beyond what batchsched counts "
             f"(at most {format_units(resource, MAX_UNITS - 1)})"
         )

@@ -358,3 +358,11 @@ def test_a_gang_of_pods_whose_names_hold_digits_int_refuses_is_ordered_and_place
     w = _World(objs, [(XK8S, make_group("g", VALID).min_member(2).obj())], [], as_events=False)
     w.run(2)
     assert len(w.bound) == 2
+
+
+def test_a_podgroup_asking_for_more_than_batchsched_counts_is_told_so_not_that_it_is_no_quantity() -> None:
+    # "8Pi" of memory is a quantity the apiserver stores; the group was told it "is not a quantity"
+    group = make_group("huge").min_member(1).min_resources(memory="8Pi").build()
+    assert group.invalid == (
+        "spec.minResources.memory: quantity '8Pi' of memory is beyond what batchsched counts (at most 1024Ti)")
+    assert make_group("odd").min_resources(cpu="lots").build().invalid == "spec.minResources.cpu: 'lots' is not a quantity"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NewType
 
 from batchsched.core.model import Pod, parse_time
-from batchsched.core.quantity import QuantityError, to_units
+from batchsched.core.quantity import QuantityError, QuantityRangeError, to_units
 
 __all__ = [
     "ANNOTATION_GROUP",
@@ -176,6 +176,9 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
         for name, value in raw.items():
             try:
                 units = to_units(str(name), value)
+            except QuantityRangeError as exc:
+                problems.append(f"spec.minResources.{name}: {exc}")
+                continue
             except QuantityError:
                 problems.append(f"spec.minResources.{name}: {value!r} is not a quantity")
                 continue
