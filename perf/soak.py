@@ -114,6 +114,9 @@ class SoakSize:
     fd_bound: int = 10
     #: seconds the drain may last after the last arrival (default: twice the longest run time + 60)
     drain: float | None = None
+    #: seconds sampled after the drain with nothing to do: longer than the API client's keep-alive
+    #: (aiohttp: 15 s), so connections that are only pooled have closed and what is left is held
+    quiet: float = 35.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.minutes <= 0 or self.sample <= 0:
@@ -284,6 +287,8 @@ class PodSeen:
     #: card index -> thousandths, for a share (from the assignment annotation)
     cards: dict[int, int] = field(default_factory=dict)
     disrupted: bool = False
+    #: being deleted (by an eviction, or by the harness once finished)
+    terminating: bool = False
 
 
 @dataclass(slots=True)
@@ -344,6 +349,7 @@ class Tracker:
             self.binds.append(now)
             self._job_bound(job, now)
         pod.phase = status.get("phase") or ""
+        pod.terminating = bool(obj["metadata"].get("deletionTimestamp"))
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 pod.message = cond.get("message") or cond.get("reason") or ""
@@ -552,7 +558,8 @@ class Run:
     #: the longest fit wait of each job, and the scheduler's message at the time
     fit_waits: dict[str, tuple[float, str]] = field(default_factory=dict)
     create_errors: list[str] = field(default_factory=list)
-    overcommits: int = 0
+    #: the first over-committed nodes seen: the node, its free capacity, the pods the harness saw on it
+    overcommits: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def _arrive(run: Run, client: KubeClient, tracker: Tracker, stream: JobStream, until: float) -> None:
@@ -605,8 +612,16 @@ async def _delete(client: KubeClient, tracker: Tracker, namespace: str) -> None:
 def _sample(run: Run, tracker: Tracker, running: Running, phase: str, t0: float, last: dict[str, Any]) -> Sample:
     now = time.monotonic()
     free = free_capacity(run.nodes, run.node, tracker)
-    over = sum(1 for f in free.values() if f.whole < 0 or f.cpu < 0 or f.memory < 0 or f.pods < 0)
-    run.overcommits += over
+    over_nodes = [n for n, f in free.items() if f.whole < 0 or f.cpu < 0 or f.memory < 0 or f.pods < 0]
+    for n in over_nodes[: max(0, 20 - len(run.overcommits))]:
+        run.overcommits.append({
+            "t": round(now - t0, 2), "node": n, "free": asdict(free[n]),
+            "pods": [{"pod": name, "ask": asdict(tracker.jobs[p.job].job.ask), "kind": tracker.jobs[p.job].job.kind,
+                      "phase": p.phase, "terminating": p.terminating, "disrupted": p.disrupted, "cards": p.cards,
+                      "bound_s_ago": round(now - (p.bound_at or now), 2)}
+                     for name, p in tracker.pods.items() if p.node == n],
+        })
+    over = len(over_nodes)
     capacity = len(run.nodes) * run.node.gpus
     allocated = sum(
         tracker.jobs[p.job].job.ask.gpus + tracker.jobs[p.job].job.ask.share / MILLI
@@ -694,7 +709,7 @@ async def _soak(run: Run) -> dict[str, Any]:
         ready = await wait_ready(running)
         if ready is None:
             raise RunError(f"batchsched exited before it was ready: {running.log_tail()}")
-        run.log(f"soak {run.tag}: batchsched ready in {ready:.1f} s; {run.rate:.2f} jobs/s for {size.minutes:g} min")
+        run.log(f"soak {run.size.tag}: batchsched ready in {ready:.1f} s; {run.rate:.2f} jobs/s for {size.minutes:g} min")
         t0 = time.monotonic()
         arrivals_end = t0 + size.minutes * 60
         arrivals = asyncio.create_task(_arrive(run, client, tracker, stream, arrivals_end))
@@ -706,30 +721,35 @@ async def _soak(run: Run) -> dict[str, Any]:
         next_log = t0
         crashed = ""
         drain_end: float | None = None
+        quiet_end: float | None = None
+        t_drained = arrivals_end
         while True:
             await asyncio.sleep(max(0.0, t0 + size.sample * (len(run.samples) + 1) - time.monotonic()))
             now = time.monotonic()
             if not running.alive():
                 crashed = f"batchsched exited with code {running.proc.returncode}: {running.log_tail()}"
                 break
-            phase = "arrivals" if not arrivals.done() else "drain"
+            phase = "arrivals" if not arrivals.done() else "drain" if quiet_end is None else "quiet"
             s = _sample(run, tracker, running, phase, t0, last)
             run.samples.append(s)
             if now >= next_log:
                 next_log = now + 60
-                run.log(f"soak {run.tag}: {s.t:.0f} s {phase}: RSS {s.rss_mib} MiB, CPU {s.cpu_percent}%, "
+                run.log(f"soak {run.size.tag}: {s.t:.0f} s {phase}: RSS {s.rss_mib} MiB, CPU {s.cpu_percent}%, "
                         f"fds {s.fds}, tcp {s.tcp}, {s.running_pods} running, {s.pending_pods} pending, "
                         f"GPUs {s.gpus_allocated_percent}%, {s.binds_per_s} binds/s, fit wait {s.fit_wait_s} s")
-            if arrivals.done():
+            if quiet_end is not None:
+                if now >= quiet_end:
+                    break
+            elif arrivals.done():
                 arrivals.result()
                 drain_end = drain_end or now + size.drain_seconds
                 if not tracker.live() or now >= drain_end:
-                    break
-        t_end = time.monotonic()
+                    t_drained, quiet_end = now, now + size.quiet
         out["metrics"] = scrape(running.metrics_url) if running.metrics_url else {}
         out["crashed"] = crashed
-        out["arrival_s"] = round(min(arrivals_end, t_end) - t0, 1)
-        out["drain_s"] = round(max(0.0, t_end - arrivals_end), 1)
+        out["arrival_s"] = round(min(arrivals_end, t_drained) - t0, 1)
+        out["drain_s"] = round(max(0.0, t_drained - arrivals_end), 1)
+        out["quiet_s"] = size.quiet
         out["ready_s"] = round(ready, 2)
         out["peak_rss_mib"] = (procstat.peak_rss(running.pid) or 0) / MIB
     finally:
@@ -837,16 +857,28 @@ def verdict(size: SoakSize, samples: list[Sample], result: dict[str, Any], warm:
     if at_warm is None or not after:
         check("samples after the warm-up", 0, ">= 1", False)
         return checks
-    for key, unit in (("rss_mib", "MiB"), ("fds", ""), ("tcp", "")):
-        base = getattr(at_warm, key)
+    base = at_warm.rss_mib
+    rss = _values(after, "rss_mib")
+    if base is None or not rss:
+        check("RSS after the warm-up", None, "sampled", False, "the process could not be read")
+    else:
+        bound = round(max(size.rss_bound_bytes / MIB, size.rss_bound_fraction * base), 1)
+        growth = round(max(rss) - base, 1)
+        check("RSS growth after the warm-up (MiB)", growth, bound, growth <= bound,
+              f"{base} MiB at {at_warm.t:.0f} s, max {max(rss)}, at the end {rss[-1]}")
+    # fds and sockets: held ones are counted once the quiet end has let pooled connections close
+    quiet = [s for s in samples if s.phase == "quiet"]
+    for key, name in (("fds", "open fds"), ("tcp", "TCP sockets")):
+        base_n = getattr(at_warm, key)
         values = _values(after, key)
-        if base is None or not values:
-            check(f"{key} after the warm-up", None, "sampled", False, "the process could not be read")
+        end = _values(quiet, key)
+        if base_n is None or not values or not end:
+            check(f"{name} at the quiet end", None, "sampled", False, "the process could not be read or no quiet end")
             continue
-        bound = max(size.rss_bound_bytes / MIB, size.rss_bound_fraction * base) if key == "rss_mib" else size.fd_bound
-        growth = round(max(values) - base, 1)
-        check(f"{key} growth after the warm-up", growth, round(bound, 1), growth <= bound,
-              f"{base} {unit} at {at_warm.t:.0f} s, max {max(values)} {unit}, at the end {values[-1]} {unit}")
+        growth_n = end[-1] - base_n
+        check(f"{name} at the quiet end, above the warm-up", growth_n, size.fd_bound, growth_n <= size.fd_bound,
+              f"{base_n} at {at_warm.t:.0f} s, {end[-1]} after {size.quiet:g} s quiet; during the run at most "
+              f"{max(values)} (+{max(values) - base_n}: pooled connections, see the report)")
     worst = max(after, key=lambda s: s.fit_wait_s)
     check("longest wait of a unit that fits (s)", worst.fit_wait_s, size.fit_bound, worst.fit_wait_s <= size.fit_bound,
           f"{worst.fit_wait_job} at {worst.t:.0f} s" if worst.fit_wait_job else "")
@@ -901,6 +933,7 @@ async def soak_on(
         "summary": summary(run.samples, warm),
         "longest_fit_waits": [{"job": j, "wait_s": round(w, 1), "message": m} for j, (w, m) in longest],
         "checks": checks, "ok": all(c["ok"] for c in checks),
+        "overcommitted": run.overcommits,
         "samples": [asdict(s) for s in run.samples],
     }
 
