@@ -148,6 +148,17 @@ def _stop(procs: Sequence[ProcessInfo], *, grace: float = 10.0) -> None:
             os.waitpid(p.pid, 0)
 
 
+def _ports(st: SandboxState, name: str) -> list[int]:
+    """The loopback ports a component listens on, as its arguments say."""
+    info = _component(st, name)
+    ports = []
+    for arg in info.args:
+        flag, _, value = arg.partition("=")
+        if flag in ("--secure-port", "--listen-client-urls", "--listen-peer-urls"):
+            ports.append(int(value.rsplit(":", 1)[-1]))
+    return ports
+
+
 def _component(st: SandboxState, name: str) -> ProcessInfo:
     for p in st.processes:
         if p.name == name:
@@ -340,11 +351,17 @@ class Sandbox:
             time.sleep(0.05)
         if pid_runs(info.pid, info.binary):
             raise SandboxError(f"{name} (pid {info.pid}) did not exit")
+        # a killed process gives up its memory (and its /proc exe link) before its sockets:
+        # wait until its ports can be listened on again
+        while not all(port_free(p) for p in _ports(st, name)) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
-    def start_component(self, name: str, *, extra_args: Sequence[str] = (), timeout: float = 120.0) -> SandboxState:
+    def start_component(self, name: str, *, extra_args: Sequence[str] = (), without: Sequence[str] = (),
+                        timeout: float = 120.0) -> SandboxState:
         """Start a stopped component again with the arguments it last ran with (plus
-        ``extra_args``, which replace an argument of the same ``--flag=``), the same data
-        and log; wait until it is healthy. Returns the updated state."""
+        ``extra_args``, which replace an argument of the same ``--flag=``; less the
+        arguments in ``without``), the same data and log; wait until it is healthy.
+        Returns the updated state."""
         st = self._running_state()
         info = _component(st, name)
         if pid_runs(info.pid, info.binary):
@@ -352,7 +369,7 @@ class Sandbox:
         if not info.args:
             raise SandboxError(f"the state of sandbox {self.name!r} does not record how {name} was started")
         flags = {a.split("=", 1)[0] for a in extra_args}
-        args = [a for a in info.args if a.split("=", 1)[0] not in flags] + list(extra_args)
+        args = [a for a in info.args if a.split("=", 1)[0] not in flags and a not in without] + list(extra_args)
         self._start(st, name, Path(info.binary), args, append=True)
         if name == "etcd":
             self._wait_http(st, f"http://127.0.0.1:{st.etcd_port}/health", "etcd", timeout=timeout)
@@ -380,7 +397,7 @@ class Sandbox:
 
         head = post("range", {"key": base64.b64encode(b"/registry/").decode(), "limit": 1})
         revision = int(head["header"]["revision"])
-        post("compaction", {"revision": revision, "physical": True})
+        post("compaction", {"revision": revision})
         return revision
 
     def _check_alive(self, st: SandboxState) -> None:

@@ -21,6 +21,12 @@ Modes, switched from any thread:
 :attr:`Proxy.requests` holds ``(time.time(), method, path with query)`` of every request a
 replica sent, forwarded or not; :attr:`Proxy.answers` the status of each one the apiserver
 answered.
+
+Between faults it plays the load balancer in front of an apiserver: once the apiserver could
+not be reached, requests wait until its ``/readyz`` answers 200 again before they are sent
+on. An apiserver that has just started serves before it is ready, with its RBAC caches
+still empty; a client sent there is refused (403) for its first moments, which no load
+balancer that checks readiness lets happen.
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "transfer-encoding", "upgrade", "host", "content-length"}
 
 
+def _is_watch(request: web.Request) -> bool:
+    return request.query.get("watch") in ("1", "true")
+
+
 class _Cut(Exception):
     """This request's connection is to be cut."""
 
@@ -60,6 +70,8 @@ class Proxy:
         self.cert = str(pki / "apiserver.crt")
         self.key = str(pki / "apiserver.key")
         self.source_kubeconfig = kubeconfig
+        #: the readiness probe's credentials: the sandbox's admin (outside the audit of batchsched's requests)
+        self._probe_kubeconfig = sandbox.kubeconfig
         self.kubeconfig = str(workdir / "kubeconfig-proxy")
         self.requests: list[tuple[float, str, str]] = []
         #: (time, method, path, status) of every request the apiserver answered
@@ -72,6 +84,7 @@ class Proxy:
         self._latency = 0.0
         self._drop = 0.0
         self._partitioned = False
+        self._watches_held = False
         self._rng = random.Random(seed)
         self._open: set[asyncio.Task[Any]] = set()
         #: the open streaming responses (watches), cut at random while slow
@@ -82,6 +95,9 @@ class Proxy:
         self._started = threading.Event()
         self._stopping: asyncio.Event | None = None
         self._error: BaseException | None = None
+        #: the apiserver could not be reached: wait for its /readyz before sending on
+        self._upstream_down = False
+        self._ready_wait: asyncio.Task[None] | None = None
 
     # -- modes (any thread) -------------------------------------------------------------
 
@@ -89,9 +105,11 @@ class Proxy:
         """Delay every request by about ``latency`` s; cut connections at ``drop_rate``."""
         self._call(self._set_slow, latency, drop_rate)
 
-    def partition(self) -> None:
-        """Cut every connection and hold new requests (nothing reaches the apiserver)."""
-        self._call(self._set_partition)
+    def partition(self, *, watches_only: bool = False) -> None:
+        """Cut every connection and hold new requests (nothing reaches the apiserver).
+        With ``watches_only``, only the watches are cut and held: other requests (the
+        lease's renewals among them) still pass."""
+        self._call(self._set_partition, watches_only)
 
     def heal(self) -> None:
         """Back to pass-through; requests held during a partition are cut, not delivered."""
@@ -118,14 +136,15 @@ class Proxy:
     def _set_slow(self, latency: float, drop: float) -> None:
         self._latency, self._drop = latency, drop
 
-    def _set_partition(self) -> None:
-        self._partitioned = True
+    def _set_partition(self, watches_only: bool) -> None:
+        self._partitioned = not watches_only
+        self._watches_held = watches_only
         self._heal_event = asyncio.Event()
-        for task in list(self._open):
+        for task in list(self._streams if watches_only else self._open):
             task.cancel()
 
     def _set_heal(self) -> None:
-        self._partitioned = False
+        self._partitioned = self._watches_held = False
         self._latency = self._drop = 0.0
         if self._heal_event is not None:
             self._heal_event.set()
@@ -215,7 +234,7 @@ class Proxy:
             self._open.discard(task)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
-        if self._partitioned:
+        if self._partitioned or (self._watches_held and _is_watch(request)):
             self.held += 1
             assert self._heal_event is not None
             await self._heal_event.wait()
@@ -226,12 +245,35 @@ class Proxy:
             raise _Cut
         if self._partitioned:
             raise _Cut
+        if self._upstream_down:
+            await self._until_ready(request)
         try:
             return await self._forward(request)
+        except aiohttp.ClientConnectionResetError:
+            raise _Cut from None  # the replica hung up
         except (aiohttp.ClientError, ConnectionError, OSError):
-            # the apiserver is away or the replica hung up: to the replica, the network
-            # dropped the connection
+            # the apiserver is away, or went away mid-answer: the network drops the
+            # connection, and sends nothing on until the apiserver is ready again
+            self._upstream_down = True
             raise _Cut from None
+
+    async def _until_ready(self, request: web.Request) -> None:
+        """Wait (all requests share one probe) until the apiserver's /readyz answers 200."""
+        if self._ready_wait is None or self._ready_wait.done():
+            kc = yaml.safe_load(Path(self._probe_kubeconfig).read_text())
+            auth = f"Bearer {kc['users'][0]['user']['token']}"
+            self._ready_wait = asyncio.create_task(self._probe(auth))
+        await asyncio.shield(self._ready_wait)
+
+    async def _probe(self, auth: str) -> None:
+        while self._upstream_down:
+            with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                async with self._session.get(self.upstream + "/readyz", headers={"Authorization": auth},
+                                             timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        self._upstream_down = False
+                        return
+            await asyncio.sleep(0.2)
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -243,7 +285,7 @@ class Proxy:
             for k, v in upstream.headers.items():
                 if k.lower() not in _HOP:
                     resp.headers[k] = v
-            streaming = "watch=1" in request.query_string or "watch=true" in request.query_string
+            streaming = _is_watch(request)
             if not streaming and upstream.content_length is not None:
                 resp.content_length = upstream.content_length
             await resp.prepare(request)

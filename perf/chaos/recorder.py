@@ -297,6 +297,14 @@ class Recorder:
         with self.lock:
             return {p.name: p.node for p in self.m.pods.values() if p.live and p.node}
 
+    def member_of(self, pod: str) -> str:
+        """The job member a pod plays (its own name when the recorder has not seen it)."""
+        with self.lock:
+            for rec in self.m.pods.values():
+                if rec.name == pod:
+                    return rec.member
+        return pod
+
     def pods_now(self) -> list[PodRecord]:
         with self.lock:
             return [p for p in self.m.pods.values() if p.gone is None]

@@ -368,8 +368,9 @@ class World:
         self._controller: asyncio.Task[None] | None = None
         #: undone by the runner once the cluster recovered from the fault that added them
         self.after_recovery: list[Callable[[], Awaitable[None]]] = []
-        #: member pods the job controller created again
+        #: member pods the job controller created again, and the errors it met
         self.replaced = 0
+        self.controller_errors: list[str] = []
 
     def control_plane(self) -> Sandbox:
         """The sandbox as a :class:`~batchsched.sandbox.cluster.Sandbox`, to stop and start
@@ -439,8 +440,8 @@ class World:
     async def replace_member(self, job: Job, pod: str) -> str:
         """Create a new pod for the member ``pod`` played (as a job controller does when a
         member's pod is gone); the new pod's name, now in ``job.pods``."""
-        member = pod.split("~")[0]
-        new = f"{member}~r{next(self._count.replacements)}"
+        member = self.recorder.member_of(pod)
+        new = f"{member}-r{next(self._count.replacements)}"
         await self._create_pod(job, new, member)
         job.pods[job.pods.index(pod)] = new
         return new
@@ -542,8 +543,10 @@ class World:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(interval)
-                with contextlib.suppress(KubeError):
+                try:
                     await self.replace_lost()
+                except KubeError as exc:  # the apiserver may be away: try again
+                    self.controller_errors.append(str(exc))
 
         self._controller = asyncio.get_running_loop().create_task(loop())
 
@@ -610,6 +613,20 @@ async def retrying(call: Callable[[], Awaitable[Any]], *, attempts: int = 60, de
     return None
 
 
+async def _default_account(kube: KubeClient, namespace: str, timeout: float = 60.0) -> None:
+    """Wait for the namespace's ``default`` ServiceAccount: until the controller manager
+    made it, the apiserver refuses every pod created there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await kube.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+            return
+        except NotFoundError:
+            if time.monotonic() > deadline:
+                raise WorldError(f"namespace {namespace} got no default ServiceAccount in {timeout:.0f} s") from None
+            await asyncio.sleep(0.1)
+
+
 def team_queues(namespace: str, total_gpus: int) -> dict[str, dict[str, Any]]:
     """A cohort root and two teams: each guaranteed half the GPUs, allowed to borrow a
     quarter more; team b lends at most half of its own."""
@@ -653,6 +670,7 @@ async def open_world(sandbox: SandboxState, *, workdir: Path, nodes: int = 8, gp
     world: World | None = None
     try:
         await kube.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {WORLD_LABEL: namespace}}})
+        await _default_account(kube, namespace)
         node_names = await create_nodes(kube, [NodeShape(count=nodes, prefix=namespace, gpus=gpus_per_node,
                                                          labels={WORLD_LABEL: namespace})])
         await wait_nodes_ready(kube, node_names, timeout=max(120.0, nodes * 0.2))
