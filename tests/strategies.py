@@ -633,7 +633,7 @@ def stored_podgroups(draw: st.DrawFn, *, namespace: str = BAD_NAMESPACE) -> tupl
             spec["queue"] = draw(st.sampled_from([*QUEUE_NAMES, "nowhere"]))
         if draw(st.booleans()):
             spec["minTaskMember"] = {draw(st.sampled_from(["worker", "master"])): draw(st.integers(-3, 9))}
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-pg-{api}-{name}"}
     if draw(st.integers(0, 3)) == 0:
         meta["annotations"] = {draw(st.sampled_from([TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION])):
                                draw(_annotation_values[TOPOLOGY_ANNOTATION])}

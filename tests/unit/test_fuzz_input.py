@@ -40,6 +40,9 @@ from tests.strategies import (
     podgroups,
     pods,
     queues,
+    stored_podgroups,
+    stored_pods,
+    stored_queues,
 )
 
 T0 = 1_800_000_000.0
@@ -229,6 +232,23 @@ class _World:
                 self._modified(ref.uid)
             now += every
 
+    def write_conditions(self) -> None:
+        """The status writer's part: each pod shows the last condition it was told."""
+        for d in self.steps:
+            for c in d.unschedulable:
+                status = self.objs[c.ref.uid]["status"]
+                status["conditions"] = [x for x in status.get("conditions") or [] if x.get("type") != "PodScheduled"]
+                status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": c.reason,
+                                             "message": c.message})
+                self.parsed[c.ref.uid] = parse_pod(self.objs[c.ref.uid], OURS)
+
+    def relist(self, queue_objs: list[dict[str, Any]]) -> None:
+        s = self.session
+        for api in (XK8S, VOLCANO):
+            s.on_groups_listed(api, [g for g in self.groups if g.api == api])
+        s.on_pods_listed(list(self.parsed.values()))
+        s.on_queues_listed(list({str(q["metadata"]["name"]): q for q in queue_objs}.values()))
+
     def _modified(self, uid: str) -> None:
         self.parsed[uid] = parse_pod(self.objs[uid], OURS)
         self.session.on_pod("MODIFIED", self.parsed[uid])
@@ -274,7 +294,7 @@ def _check_world(w: _World, queue_objs: list[dict[str, Any]]) -> None:
         if p.invalid:
             assert uid not in w.bound
     # Events are not repeated
-    events = Counter((e.ref.uid, e.reason, e.message) for d in w.steps for e in d.events)
+    events = Counter((e.ref, e.reason, e.message) for d in w.steps for e in d.events)
     assert [k for k, n in events.items() if n > 1] == []
     # an invalid PodGroup is told so; statuses settle (no A, B, A while nothing changes)
     invalid_told = {e.ref.uid for d in w.steps for e in d.events if e.reason == "InvalidPodGroup"}
@@ -305,16 +325,18 @@ def _histories(items: list[tuple[str, Any]]) -> dict[str, list[Any]]:
 
 
 def _bad_pods(draw: st.DrawFn) -> list[dict[str, Any]]:
-    objs = draw(st.lists(st.one_of(pods(), pods(), pods(), mangled(pods())), max_size=6))
+    objs = draw(st.lists(st.one_of(pods(), pods(), stored_pods(), mangled(pods())), max_size=8))
     for i, o in enumerate(objs):  # one uid each (names may repeat: the first is kept)
         o["metadata"]["uid"] = f"uid-fuzz-{i}"
+        o["metadata"].setdefault("creationTimestamp", "2027-01-15T07:00:00Z")
+        o.setdefault("status", {"phase": "Pending"})
     return objs
 
 
 @st.composite
 def _bad_world(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]], list[dict[str, Any]], bool]:
-    return (_bad_pods(draw), draw(st.lists(podgroups(), max_size=3)), draw(st.lists(queues(), max_size=4)),
-            draw(st.booleans()))
+    return (_bad_pods(draw), draw(st.lists(st.one_of(podgroups(), stored_podgroups()), max_size=3)),
+            draw(st.lists(st.one_of(queues(), stored_queues()), max_size=4)), draw(st.booleans()))
 
 
 def test_the_valid_work_alone_is_placed() -> None:
@@ -339,6 +361,18 @@ def test_a_session_fed_bad_input_next_to_valid_work(world: Any) -> None:
     w.run(3, every=1.0)
     for d in w.steps[quiet:]:
         assert d.binds == [] and d.events == [] and d.unschedulable == []
+    # nor does a relist of everything (a watch that expired), the pods showing what they were told
+    w.write_conditions()
+    w.relist(bad_queues)
+    quiet = len(w.steps)
+    w.run(3, every=1.0)
+    for d in w.steps[quiet:]:
+        assert d.binds == [] and d.events == [] and [c.ref.name for c in d.unschedulable] == []
+    # nor the retries of the minutes after (the unschedulable retry, the sweeps)
+    w.run(6, every=37.0)
+    _check_world(w, bad_queues)
+    told = Counter((c.ref.uid, c.reason, c.message) for d in w.steps for c in d.unschedulable)
+    assert [k for k, n in told.items() if n > 1] == []
 
 
 @settings(FUZZ, max_examples=100)
@@ -366,3 +400,17 @@ def test_a_podgroup_asking_for_more_than_batchsched_counts_is_told_so_not_that_i
     assert group.invalid == (
         "spec.minResources.memory: quantity '8Pi' of memory is beyond what batchsched counts (at most 1024Ti)")
     assert make_group("odd").min_resources(cpu="lots").build().invalid == "spec.minResources.cpu: 'lots' is not a quantity"
+
+
+def test_a_gang_below_quorum_whose_bound_member_is_terminating_is_not_timed_out_again_and_again() -> None:
+    # found with a drawn pod bound and being deleted: every back-off announced
+    # "evicting the 1 bound member(s)" (GangTimeout) and "1 of 2 ... placed" (GangIncomplete)
+    # again, while there was nothing to evict
+    stuck = make_pod("stuck", "fuzz").req(cpu="1").group("g").node("n0").deleting("2027-01-15T08:00:00Z").obj()
+    waiting = make_pod("waiting", "fuzz").req(cpu="1", gpu=64).group("g").obj()
+    w = _World([stuck, waiting], [(XK8S, make_group("g", "fuzz").min_member(2).timeout(30).obj())], [],
+               as_events=False)
+    w.run(30, every=20.0)
+    reasons = [e.reason for d in w.steps for e in d.events]
+    assert "GangTimeout" not in reasons and "GangIncomplete" not in reasons, reasons
+    assert [e for d in w.steps for e in d.evictions] == []

@@ -456,7 +456,9 @@ class GroupBook:
             whole = t.placed >= group.min_member and all(
                 t.placed_by_task.get(task, 0) >= need for task, need in group.min_task_member.items()
             )
-            if whole or not t.holding:
+            # members all terminating already: nothing a timeout could evict, so no timer (it
+            # would announce an eviction it cannot make, again after every back-off)
+            if whole or not t.holding or all(p.deleting for p in t.holding):
                 if timer is not None:
                     timer.partial_since = None
                     if whole and not timer.was_whole:
