@@ -827,14 +827,15 @@ def _values(samples: list[Sample], key: str) -> list[float]:
 
 
 def summary(samples: list[Sample], warm: float) -> dict[str, Any]:
-    """min/median/max of each series after the warm-up; RSS slope (MiB per 10 min) over the arrivals."""
-    after = [s for s in samples if s.t >= warm] or samples
+    """min/median/max of each series over the steady state (the arrivals after the warm-up);
+    the RSS slope (MiB per 10 min) over the same samples."""
+    after = [s for s in samples if s.t >= warm and s.phase == "arrivals"] or samples
     table = {}
     for key in SERIES:
         v = _values(after, key)
         if v:
             table[key] = {"min": round(min(v), 2), "median": round(statistics.median(v), 2), "max": round(max(v), 2)}
-    steady = [(s.t, s.rss_mib) for s in after if s.phase == "arrivals" and s.rss_mib is not None]
+    steady = [(s.t, s.rss_mib) for s in after if s.rss_mib is not None]
     slope = None
     if len(steady) >= 3:
         mt = statistics.fmean(t for t, _ in steady)
@@ -961,7 +962,7 @@ def run_soak(*, size: SoakSize, out: Path, log: Callable[[str], None]) -> dict[s
 
 
 def table(data: dict[str, Any]) -> list[str]:
-    """The time series, summarized: min / median / max after the warm-up."""
+    """The time series, summarized: min / median / max over the steady state."""
     rows = [f"{'metric':<28} {'min':>10} {'median':>10} {'max':>10}"]
     for key, v in data["summary"]["series"].items():
         rows.append(f"{key:<28} {v['min']:>10} {v['median']:>10} {v['max']:>10}")
@@ -982,7 +983,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"**Verdict: {'PASS' if data['ok'] else 'FAIL'}.** {data['rate_jobs_per_s']} jobs/s (Poisson, seed "
         f"{size['seed']}), {acc['jobs']} jobs / {acc['pods']} pods over {data['arrival_s']} s of arrivals, then "
-        f"{data['drain_s']} s of drain; {data['gpus']} GPUs; a sample every {data['sample_s']:g} s; warm-up "
+        f"{data['drain_s']} s of drain and {data.get('quiet_s', 0):g} s quiet; {data['gpus']} GPUs; a sample every {data['sample_s']:g} s; warm-up "
         f"{data['warmup_s']:.0f} s; batchsched ready in {data['ready_s']} s, peak RSS {data['peak_rss_mib']:.0f} MiB.",
         "",
         "| check | value | bound | holds | detail |",
@@ -990,7 +991,8 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for c in data["checks"]:
         lines.append(f"| {c['check']} | {c['value']} | {c['bound']} | {'yes' if c['ok'] else '**no**'} | {c['detail']} |")
-    lines += ["", "After the warm-up:", "", "| metric | min | median | max |", "|---|---|---|---|"]
+    lines += ["", "The steady state (arrivals, after the warm-up):", "", "| metric | min | median | max |",
+              "|---|---|---|---|"]
     for key, v in data["summary"]["series"].items():
         lines.append(f"| {key} | {v['min']} | {v['median']} | {v['max']} |")
     lines += ["", f"RSS slope over the arrivals: {data['summary']['rss_slope_mib_per_10min']} MiB per 10 minutes.",
