@@ -10,7 +10,8 @@ keeps what it found in a :class:`Verdict`:
 - **partial gangs**: a PodGroup with some, but fewer than ``minMember``, of its unfinished
   members bound, for longer than ``partial_grace`` (binding a gang takes a moment; a gang
   that lost members to a fault is partial until batchsched places the replacements or
-  evicts it whole after its ``scheduleTimeoutSeconds``, which the grace must cover). The
+  evicts it whole after its ``scheduleTimeoutSeconds``, which the grace must cover; time
+  the control plane was down, when nothing could be bound or evicted, is not counted). The
   longest time each gang was partial is reported.
 - **bound twice**: a pod uid seen bound to two nodes; or two pods of one job member (a
   replacement and the pod it replaced) bound and unfinished at the same moment.
@@ -18,7 +19,8 @@ keeps what it found in a :class:`Verdict`:
   seen more than ``bind_slack`` after the node was deleted, cordoned or tainted (a Binding
   already sent may land just after the change; nothing decided after it may).
 - **lost**: a pod that exists, is unbound and not being deleted, and has neither a
-  ``PodScheduled=False`` condition nor an Event saying why, for longer than ``lost_after``.
+  ``PodScheduled=False`` condition nor an Event saying why, for longer than ``lost_after``
+  (time the control plane was down, when nobody could tell it anything, not counted).
 - **quota exceeded**: a team queue whose bound pods ask more ``batchsched.io/gpu`` than its
   nominal plus borrowing limit, or a cohort whose bound pods ask more than its teams'
   nominal together.
@@ -117,6 +119,8 @@ class Mirror:
     retired: dict[str, float] = field(default_factory=dict)
     #: last time a pod was seen bound or its binding gone
     last_change: float = 0.0
+    #: (from, until) when the control plane was down (nobody could tell a pod anything)
+    outages: list[tuple[float, float | None]] = field(default_factory=list)
     gpus_per_node: int = 8
 
 
@@ -295,7 +299,7 @@ class Checker:
             if 0 < got < want:
                 seen.add(name)
                 since = self._partial_since.setdefault(name, now)
-                lasted = now - since
+                lasted = now - since - _overlap(m.outages, since, now)
                 self.verdict.partial_seconds[name] = max(self.verdict.partial_seconds.get(name, 0.0), lasted)
                 if lasted > self.limits.partial_grace:
                     self._found("partial_gangs", name, now, f"{name}: {got} of {want} bound for {lasted:.0f} s", since)
@@ -340,8 +344,9 @@ class Checker:
                 continue
             told = p.told is not None or p.uid in m.told_by_event or p.name in m.told_by_event
             since = p.waiting_since if p.waiting_since is not None else p.created
-            if not told and now - since > self.limits.lost_after:
-                self._found("lost", p.uid, now, f"{p.name}: unbound and told nothing for {now - since:.0f} s", since)
+            waited = now - since - _overlap(m.outages, since, now)
+            if not told and waited > self.limits.lost_after:
+                self._found("lost", p.uid, now, f"{p.name}: unbound and told nothing for {waited:.0f} s", since)
 
     def _quota(self, m: Mirror, now: float) -> None:
         limit, total, parent = queue_limits(m.queues)
@@ -387,6 +392,11 @@ class Checker:
                 self._found("overcommitted", node, now,
                             f"{node}: {whole[node]} whole + {len(shared[node])} shared cards of {gpus}"
                             + (f", card {over_card[0]} over 100%" if over_card else "") + f" [{held}]")
+
+
+def _overlap(spans: Iterable[tuple[float, float | None]], start: float, end: float) -> float:
+    """Seconds of ``spans`` (an open one runs until ``end``) inside ``[start, end]``."""
+    return sum(max(0.0, min(end, e if e is not None else end) - max(start, s)) for s, e in spans)
 
 
 # -- settled ----------------------------------------------------------------------------------

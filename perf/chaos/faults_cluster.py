@@ -81,12 +81,14 @@ async def _kill_mid_gang(world: World, component: str) -> Injected:
     seen = await _first_binding(world, job, since)
     at = time.time()
     box.stop_component(component)  # SIGKILL, at once: no await between the bind and the kill
-    sent = sum(1 for _, method, path in world.schedulers.proxy.requests[since:]
-               if method == "POST" and path.endswith("/binding") and path.rsplit("/", 2)[-2] in set(job.pods))
+    world.recorder.outage(at, None)
+    sent = len({path.rsplit("/", 2)[-2] for _, method, path in world.schedulers.proxy.requests[since:]
+                if method == "POST" and path.endswith("/binding") and path.rsplit("/", 2)[-2] in set(job.pods)})
     bound = _bound(world, job)
     await asyncio.sleep(DOWN_SECONDS)
     await _run_blocking(box.start_component, component)
     healed = time.time()
+    world.recorder.outage(at, healed)
     when = (f"with {sent} Bindings of {size} sent, {bound} seen bound" if seen
             else "before any Binding was sent")
     return Injected(at=at, healed_at=healed,
@@ -167,8 +169,11 @@ async def watch_expired(world: World, *, partition_for: float = 3.0) -> Injected
     prepared = ""
     if api is not None and WATCH_CACHE_OFF not in api.args:
         # the apiserver must serve pod watches from etcd: start it so once (not the fault)
+        down = time.time()
         box.stop_component("kube-apiserver")
+        world.recorder.outage(down, None)
         await _run_blocking(lambda: box.start_component("kube-apiserver", extra_args=[WATCH_CACHE_OFF]))
+        world.recorder.outage(down, time.time())
         prepared = "apiserver restarted with the pod watch cache off first; "
         await world.recovered(120)
     await world.make_room(8)
@@ -212,11 +217,12 @@ def _pending_cards(world: World) -> float:
         return sum(cards_asked(p.obj) for p in m.pods.values() if p.live and not p.binds)
 
 
-async def rogue_binder(world: World, *, latency: float = 0.5) -> Injected:
+async def rogue_binder(world: World, *, latency: float = 1.0) -> Injected:
     """Another scheduler binds some of our pending pods (and one gang member) while
     batchsched binds them: one of the two gets 409, nothing lands twice, nothing is
-    over-committed. batchsched's requests are delayed ``latency`` s by the proxy so that
-    both really race: its decision is made, its Binding is on the way, ours lands first.
+    over-committed. batchsched's requests are delayed ``latency`` s by the proxy, and the
+    harness binds a pod as soon as batchsched's Binding of it reaches the proxy: its
+    decision is made, its Binding is on the way, ours lands first.
 
     Two schedulers that do not see each other's decisions can always fill one node twice
     (kube-scheduler's answer is the kubelet refusing the pod); that would be this harness's
@@ -245,7 +251,21 @@ async def rogue_binder(world: World, *, latency: float = 0.5) -> Injected:
         except KubeError:
             return False
 
-    won = sum(await asyncio.gather(*(bind(i, p) for i, p in enumerate(targets)))) if roomy else 0
+    # bind each target the moment batchsched's own Binding of it reaches the proxy (where
+    # it waits out the latency): batchsched has decided, and loses the race
+    won = 0
+    pending = set(targets) if roomy else set()
+    seen = len(proxy.requests)
+    deadline = time.monotonic() + 30
+    while pending and time.monotonic() < deadline:
+        new = proxy.requests[seen:]
+        seen += len(new)
+        for _, method, path in new:
+            pod = path.rsplit("/", 2)[-2] if path.endswith("/binding") else ""
+            if method == "POST" and pod in pending:
+                pending.discard(pod)
+                won += await bind(len(targets) - len(pending) - 1, pod)
+        await asyncio.sleep(0.01)
     await asyncio.sleep(max(3.0, latency * 4))
     proxy.heal()
     ours = set(targets)

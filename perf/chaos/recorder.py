@@ -288,6 +288,15 @@ class Recorder:
         """The mirror itself: read it under :meth:`locked` when the read must be consistent."""
         return self.m
 
+    def outage(self, start: float, end: float | None) -> None:
+        """The control plane was down from ``start`` to ``end`` (None: still down)."""
+        with self.lock:
+            spans = self.m.outages
+            if spans and spans[-1][0] == start:
+                spans[-1] = (start, end)
+            else:
+                spans.append((start, end))
+
     def retire(self, job: str) -> None:
         with self.lock:
             self.m.retired.setdefault(job, time.time())
