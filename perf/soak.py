@@ -469,6 +469,11 @@ def free_capacity(nodes: Iterable[str], node: NodeSpec, tracker: Tracker) -> dic
     return free
 
 
+def _str_keys(cards: dict[int, int]) -> dict[str, int]:
+    """Card index -> thousandths, as JSON can hold it (a card not yet named is negative)."""
+    return {str(k): v for k, v in cards.items()}
+
+
 def _mib(quantity: str) -> int:
     units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
     for suffix, factor in units.items():
@@ -615,9 +620,9 @@ def _sample(run: Run, tracker: Tracker, running: Running, phase: str, t0: float,
     over_nodes = [n for n, f in free.items() if f.whole < 0 or f.cpu < 0 or f.memory < 0 or f.pods < 0]
     for n in over_nodes[: max(0, 20 - len(run.overcommits))]:
         run.overcommits.append({
-            "t": round(now - t0, 2), "node": n, "free": asdict(free[n]),
+            "t": round(now - t0, 2), "node": n, "free": {**asdict(free[n]), "shared": _str_keys(free[n].shared)},
             "pods": [{"pod": name, "ask": asdict(tracker.jobs[p.job].job.ask), "kind": tracker.jobs[p.job].job.kind,
-                      "phase": p.phase, "terminating": p.terminating, "disrupted": p.disrupted, "cards": p.cards,
+                      "phase": p.phase, "terminating": p.terminating, "disrupted": p.disrupted, "cards": _str_keys(p.cards),
                       "bound_s_ago": round(now - (p.bound_at or now), 2)}
                      for name, p in tracker.pods.items() if p.node == n],
         })
