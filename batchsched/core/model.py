@@ -370,6 +370,12 @@ def _unscheduled(status: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _strings(raw: Any) -> dict[str, str]:
+    """Labels as strings, as the apiserver holds them (a value of another type, which it
+    never holds, would otherwise reach every map keyed by labels)."""
+    return {str(k): str(v) for k, v in (raw or {}).items()}
+
+
 def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) -> Pod:
     """A pod as the scheduler sees it. ``schedulers``: the names it schedules for; a pod of
     another scheduler that is not bound takes no capacity and is never placed by us, so
@@ -383,7 +389,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
             uid=PodUID(str(meta.get("uid", ""))), namespace=str(meta.get("namespace", "")),
             name=str(meta.get("name", "")), scheduler_name=str(name),
             phase=str(status.get("phase") or "Pending"), created=parse_time(meta.get("creationTimestamp")),
-            deleting=bool(meta.get("deletionTimestamp")), labels=dict(meta.get("labels") or {}),
+            deleting=bool(meta.get("deletionTimestamp")), labels=_strings(meta.get("labels")),
             annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
             resource_version=str(meta.get("resourceVersion", "")),
         )
@@ -437,7 +443,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         required_terms=required_terms,
         preferred_terms=preferred,
         tolerations=tolerations,
-        labels=dict(meta.get("labels") or {}),
+        labels=_strings(meta.get("labels")),
         annotations=annotations,
         resource_version=str(meta.get("resourceVersion", "")),
         invalid=invalid,
@@ -481,7 +487,7 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
     return Node(
         name=NodeName(str(meta.get("name", ""))),
         uid=str(meta.get("uid", "")),
-        labels=dict(meta.get("labels") or {}),
+        labels=_strings(meta.get("labels")),
         taints=taints,
         allocatable=allocatable,
         unschedulable=bool(spec.get("unschedulable")),

@@ -211,10 +211,16 @@ class _World:
             s.on_pods_listed(list(self.parsed.values()))
         self.steps: list[Decisions] = []
         self.bound: set[str] = set()
+        self.evicted: set[str] = set()
+        self.now = T0
 
     def run(self, steps: int, *, every: float = 2.0) -> None:
-        now = T0
+        now = self.now
         for _ in range(steps):
+            for uid in [u for u in self.evicted if u in self.objs]:
+                self.session.on_pod("DELETED", self.parsed.pop(uid))
+                del self.objs[uid]
+                self.bound.discard(uid)
             d = self.session.step(now)
             self.steps.append(d)
             for b in d.binds:
@@ -223,6 +229,12 @@ class _World:
                 self.bound.add(b.uid)
                 self.session.on_bind_result(b, "bound", now=now)
                 self._modified(b.uid)
+            for e in d.evictions:  # the Eviction API: the pod terminates, and is gone by the next step
+                if e.uid in self.objs and e.uid not in self.evicted:
+                    self.objs[e.uid]["metadata"]["deletionTimestamp"] = "2027-01-15T08:00:00Z"
+                    self.evicted.add(e.uid)
+                    self.session.on_evict_result(e, "evicted")
+                    self._modified(e.uid)
             for ref, notes, labels in d.cleanups:
                 meta = self.objs[ref.uid]["metadata"]
                 for k in notes:
@@ -231,13 +243,19 @@ class _World:
                     meta.get("labels", {}).pop(k, None)
                 self._modified(ref.uid)
             now += every
+        self.now = now
 
     def write_conditions(self) -> None:
         """The status writer's part: each pod shows the last condition it was told."""
         for d in self.steps:
             for c in d.unschedulable:
-                status = self.objs[c.ref.uid]["status"]
-                status["conditions"] = [x for x in status.get("conditions") or [] if x.get("type") != "PodScheduled"]
+                obj = self.objs[c.ref.uid]
+                if not isinstance(obj.get("status"), dict):
+                    obj["status"] = {}
+                status = obj["status"]
+                old = status.get("conditions")
+                status["conditions"] = [x for x in old if isinstance(x, dict) and x.get("type") != "PodScheduled"] \
+                    if isinstance(old, list) else []
                 status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": c.reason,
                                              "message": c.message})
                 self.parsed[c.ref.uid] = parse_pod(self.objs[c.ref.uid], OURS)
@@ -400,6 +418,20 @@ def test_a_podgroup_asking_for_more_than_batchsched_counts_is_told_so_not_that_i
     assert group.invalid == (
         "spec.minResources.memory: quantity '8Pi' of memory is beyond what batchsched counts (at most 1024Ti)")
     assert make_group("odd").min_resources(cpu="lots").build().invalid == "spec.minResources.cpu: 'lots' is not a quantity"
+
+
+def test_a_pod_whose_labels_hold_other_types_than_strings_is_read_with_strings() -> None:
+    # a label value of another type (no apiserver holds one) reached the class index and
+    # the queue tree as it was: a list made the session raise TypeError (unhashable), which
+    # stops the replica, where an unreadable object is reported and skipped
+    obj = make_pod("odd", "fuzz").req(cpu="1").obj()
+    obj["metadata"]["labels"] = {"batchsched.io/queue": ["qa"], "rank": 3}
+    pod = parse_pod(obj, OURS)
+    assert pod.labels == {"batchsched.io/queue": "['qa']", "rank": "3"}
+    w = _World([obj], [], [], as_events=False)
+    w.run(2)
+    [told] = [c for d in w.steps for c in d.unschedulable]
+    assert "queue ['qa'] does not exist" in told.message
 
 
 def test_a_gang_below_quorum_whose_bound_member_is_terminating_is_not_timed_out_again_and_again() -> None:
