@@ -222,6 +222,7 @@ async def test_a_sample_of_bad_input_is_reported_and_the_valid_work_is_placed(
                 untold = [n for n in waiting if n in current and not _condition(current[n])]
                 raise AssertionError(f"pods waiting untold: {untold}") from None
 
+            print(f"  {len(waiting)} accepted pods of batchsched wait, each told why")
             # each accepted PodGroup batchsched cannot use has an InvalidPodGroup Event
             for api, made in accepted_groups:
                 group = parse_podgroup(api, made)

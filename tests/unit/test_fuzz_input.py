@@ -307,7 +307,8 @@ def _check_world(w: _World, queue_objs: list[dict[str, Any]]) -> None:
         assert all(a != b for a, b in itertools.pairwise(said)), f"{uid} told twice: {said}"
     for uid, p in w.parsed.items():
         waiting = p.scheduler_name in OURS and not w.node_of(uid) and not p.gated and not p.deleting
-        if waiting and not p.terminal:
+        # (a pod that shows a nomination waits for its victims, as it was told when it preempted)
+        if waiting and not p.terminal and not p.nominated_node:
             assert uid in told, f"{p.key} waits and was never told why ({p.invalid or 'valid'})"
         if p.invalid:
             assert uid not in w.bound
