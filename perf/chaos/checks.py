@@ -459,6 +459,8 @@ def settled(m: Mirror, *, now: float, quiet: float, jobs: Mapping[str, Any] | No
         if group is not None:
             want = int((group.get("spec") or {}).get("minMember") or 1)
             bound = sum(1 for p in m.pods.values() if p.group == pods[0].group and p.live and p.binds)
+            if bound + len(pods) < want:
+                continue  # fewer members than its quorum exist: it waits by design
             need = max(0, want - bound)
             if need == 0:
                 continue

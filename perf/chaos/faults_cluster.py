@@ -82,18 +82,26 @@ async def _kill_mid_gang(world: World, component: str) -> Injected:
     at = time.time()
     box.stop_component(component)  # SIGKILL, at once: no await between the bind and the kill
     world.recorder.outage(at, None)
-    sent = len({path.rsplit("/", 2)[-2] for _, method, path in world.schedulers.proxy.requests[since:]
-                if method == "POST" and path.endswith("/binding") and path.rsplit("/", 2)[-2] in set(job.pods)})
+    members = set(job.pods)
+
+    def bindings(rows: list[Any]) -> set[str]:
+        return {r[2].rsplit("/", 2)[-2] for r in rows if r[0] <= at and r[1] == "POST"
+                and r[2].endswith("/binding") and r[2].rsplit("/", 2)[-2] in members
+                and (len(r) < 4 or r[3] < 300)}
+
+    sent = len(bindings(world.schedulers.proxy.requests[since:]))
+    answered = len(bindings(world.schedulers.proxy.answers))
     bound = _bound(world, job)
     await asyncio.sleep(DOWN_SECONDS)
     await _run_blocking(box.start_component, component)
     healed = time.time()
     world.recorder.outage(at, healed)
-    when = (f"with {sent} Bindings of {size} sent, {bound} seen bound" if seen
+    when = (f"with {sent} of {size} Bindings sent, {answered} answered" if seen
             else "before any Binding was sent")
     return Injected(at=at, healed_at=healed,
                     detail=f"SIGKILL {when} (gang of {size}); back {healed - at:.1f} s later",
-                    facts={"gang": job.name, "size": size, "bound_at_kill": bound, "sent_at_kill": sent})
+                    facts={"gang": job.name, "size": size, "bound_at_kill": bound, "sent_at_kill": sent,
+                           "answered_at_kill": answered})
 
 
 async def apiserver_killed(world: World) -> Injected:
@@ -347,14 +355,16 @@ async def nodes_changed(world: World) -> Injected:
 
 
 async def objects_recreated(world: World) -> Injected:
-    """A waiting gang's PodGroup deleted and created again with a smaller minMember that
-    fits; a Queue whose quota held its pods back deleted and created again with room.
+    """A waiting gang's PodGroup (asking more members than exist) deleted and created again
+    with a minMember it meets; a Queue whose quota held its pods back deleted and created
+    again with room.
     batchsched must follow the new objects: both are placed."""
-    free = await world.make_room(8)
+    await world.make_room(16)
     ns = world.namespace
-    # a gang asking more than is free: it waits
-    size = min(free + 4, 64)
-    gang = await world.submit(members=size, gpu=1, queue=world.team_queues[0])
+    # a gang whose PodGroup asks more members than it has (as when an operator has not
+    # created them all yet): it waits
+    size = 8
+    gang = await world.submit(members=size, min_member=size + 2, gpu=1, queue=world.team_queues[0])
     # a queue with no quota: its pods wait
     qname = f"{ns}-c"
     tight = {"parent": ns, "resources": [{"name": "batchsched.io/gpu", "nominal": 0, "borrowingLimit": 0}]}
@@ -365,7 +375,7 @@ async def objects_recreated(world: World) -> Injected:
     at = time.time()
     await world.kube.delete(f"{XK8S}/namespaces/{ns}/podgroups/{gang.name}")
     await asyncio.sleep(0.5)
-    new_min = max(2, free // 2)
+    new_min = size // 2
     gang.min_member = new_min
     await retrying(lambda: world.kube.create(f"{XK8S}/namespaces/{ns}/podgroups", world.group_body(gang)))
     await world.kube.delete(f"{QUEUES}/{qname}")
@@ -383,7 +393,7 @@ async def objects_recreated(world: World) -> Injected:
         world.queues.pop(qname, None)
 
     world.after_recovery.append(undo)
-    return Injected(at=at, detail=f"PodGroup {gang.name} minMember {size}->{new_min} ({free} cards free); "
+    return Injected(at=at, detail=f"PodGroup {gang.name} of {size} pods: minMember {size + 2}->{new_min}; "
                                   f"Queue {qname} quota 0->2 with 2 pods waiting",
                     facts={"gang": gang.name, "min_member": new_min, "queue_jobs": [j.name for j in held]})
 

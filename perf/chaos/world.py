@@ -183,13 +183,16 @@ class Schedulers:
                 doc[key] = value
         return doc
 
-    def start(self, name: str = "a", *, via_proxy: bool = False, extra_config: dict[str, Any] | None = None,
+    def start(self, name: str = "a", *, via_proxy: bool | None = None, extra_config: dict[str, Any] | None = None,
               ready_timeout: float = 120.0) -> int:
-        """Start replica ``name`` (again) and wait for its /readyz; its pid."""
+        """Start replica ``name`` (again) and wait for its /readyz; its pid. ``via_proxy``
+        None: as it ran before (directly, for a new replica)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             old = self.replicas.get(name)
             port = old.port if old else free_port()
+            if via_proxy is None:
+                via_proxy = old is not None and old.kubeconfig == self.proxy.kubeconfig
             config = self.workdir / f"scheduler-{name}.yaml"
             config.write_text(yaml.safe_dump(self.config_document(name, port, extra_config), sort_keys=False))
             rep = Replica(name=name, identity=self.identity(name), config=config, log=self.log(name), port=port,
