@@ -24,6 +24,9 @@ from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
 from batchsched.core.settings import SessionSettings
 
+#: status writers (one task each) at most
+MAX_STATUS_WRITERS = 1024
+
 
 class ConfigError(ValueError):
     """The configuration is not valid; the message names the offending key."""
@@ -327,6 +330,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"config: binder.retries: must not be negative, got {cfg.binder.retries}")
     positive(cfg.binder.assumed_timeout_seconds, "binder.assumedTimeoutSeconds")
     positive(cfg.status.concurrency, "status.concurrency")
+    if cfg.status.concurrency > MAX_STATUS_WRITERS:
+        # one writer task each, started at once: a typo of a few zeros would exhaust memory
+        raise ConfigError(
+            f"config: status.concurrency: must be at most {MAX_STATUS_WRITERS}, got {cfg.status.concurrency}"
+        )
     le = cfg.leader_election
     positive(le.lease_duration_seconds, "leaderElection.leaseDurationSeconds")
     positive(le.retry_period_seconds, "leaderElection.retryPeriodSeconds")

@@ -126,6 +126,8 @@ def test_a_config_document_is_read_or_refused_with_a_config_error(doc: Any) -> N
      "config: leaderElection.leaseDurationSeconds: expected a finite number, got inf"),
     # a digit str.isdigit() knows and int() refuses raised ValueError
     ({"metricsAddress": "127.0.0.1:³"}, "config: metricsAddress: expected host:port, got '127.0.0.1:³'"),
+    # accepted: a billion status writer tasks started at once
+    ({"status": {"concurrency": 10**9}}, "config: status.concurrency: must be at most 1024, got 1000000000"),
     # int(inf) raised OverflowError
     ({"scoring": {"resources": [{"name": "nvidia.com/gpu", "weight": float("inf")}]}},
      "config: scoring: each resource needs name and weight"),
