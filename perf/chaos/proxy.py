@@ -23,8 +23,7 @@ replica sent, forwarded or not; :attr:`Proxy.answers` the status of each one the
 answered.
 
 Between faults it plays the load balancer in front of an apiserver: once the apiserver could
-not be reached, requests wait until its ``/readyz`` answers 200 again before they are sent
-on. An apiserver that has just started serves before it is ready, with its RBAC caches
+not be reached, connections are refused (cut) until its ``/readyz`` answers 200 again. An apiserver that has just started serves before it is ready, with its RBAC caches
 still empty; a client sent there is refused (403) for its first moments, which no load
 balancer that checks readiness lets happen.
 """
@@ -246,7 +245,8 @@ class Proxy:
         if self._partitioned:
             raise _Cut
         if self._upstream_down:
-            await self._until_ready(request)
+            self._start_probe()
+            raise _Cut  # no ready apiserver behind the balancer: the connection is refused
         try:
             return await self._forward(request)
         except aiohttp.ClientConnectionResetError:
@@ -257,13 +257,12 @@ class Proxy:
             self._upstream_down = True
             raise _Cut from None
 
-    async def _until_ready(self, request: web.Request) -> None:
-        """Wait (all requests share one probe) until the apiserver's /readyz answers 200."""
+    def _start_probe(self) -> None:
+        """Probe the apiserver's /readyz (one probe at a time) until it answers 200."""
         if self._ready_wait is None or self._ready_wait.done():
             kc = yaml.safe_load(Path(self._probe_kubeconfig).read_text())
             auth = f"Bearer {kc['users'][0]['user']['token']}"
             self._ready_wait = asyncio.create_task(self._probe(auth))
-        await asyncio.shield(self._ready_wait)
 
     async def _probe(self, auth: str) -> None:
         while self._upstream_down:
