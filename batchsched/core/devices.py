@@ -278,6 +278,9 @@ def ask_requests(asks: Sequence[CardAsk], policy: int) -> dict[str, int]:
         out[ASK_WHOLE] = whole
     if anywhere:
         out[ASK_ANY] = anywhere
+        # charged to the node's count of cards handed out unnamed as soon as the pod is
+        # placed, so the next pod placed there in the same cycle counts them as taken
+        out[CARDS_ANY] = anywhere
     for k, a in enumerate(shares):
         # a share of 0 milli with memory is still an ask: the kernels read the memory too
         if a.share:

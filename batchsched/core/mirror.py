@@ -85,7 +85,9 @@ def held(pod: Pod, cards: tuple[tuple[int, ...], ...] | None) -> dict[str, int]:
     return out
 
 
-_ASKS = frozenset(ASK_COLUMNS)
+#: request columns that say what a pod asks of cards, not what it holds: a bound pod's cards
+#: (unnamed ones included) are counted from its asks and their record instead
+_ASKS = frozenset((*ASK_COLUMNS, CARDS_ANY))
 
 
 class ClusterState:

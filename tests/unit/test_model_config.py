@@ -55,7 +55,8 @@ def test_pod_requests_sum_containers_and_take_init_max() -> None:
     )
     # and the card columns of its one whole nvidia.com/gpu card (batchsched.core.devices)
     assert pod.requests == {"cpu": 2000, "memory": 2 * 2**30, "nvidia.com/gpu": 1, "pods": 1,
-                            "batchsched.io/gpu": 1000, "batchsched.io/ask-any-cards": 1}
+                            "batchsched.io/gpu": 1000, "batchsched.io/ask-any-cards": 1,
+                            "batchsched.io/card-any": 1}
 
 
 def test_sidecars_add_to_the_sum_and_to_later_init_containers() -> None:

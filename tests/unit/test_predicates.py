@@ -622,7 +622,8 @@ def test_builders_round_trip() -> None:
     )
     assert pod.key == "ns/p"
     assert pod.requests == {"cpu": 2000, GPU: 1, "memory": 2**30, "pods": 1,
-                            "batchsched.io/gpu": 1000, "batchsched.io/ask-any-cards": 1}
+                            "batchsched.io/gpu": 1000, "batchsched.io/ask-any-cards": 1,
+                            "batchsched.io/card-any": 1}
     assert pod.node_selector == {"pool": "a"}
     assert pod.tolerations == (Toleration("gpu", "Equal", "broken", "NoSchedule"),)
     assert pod.required_terms is None
