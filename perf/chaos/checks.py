@@ -137,6 +137,11 @@ def cards_asked(pod: Mapping[str, Any]) -> float:
     return whole + share_of(pod)
 
 
+def bound_by(pod: Mapping[str, Any]) -> str:
+    """The replica that bound a pod, as its Binding recorded it."""
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get("batchsched.io/bound-by") or "")
+
+
 def share_of(pod: Mapping[str, Any]) -> float:
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(SHARE_ANNOTATION)
     if not text:
@@ -198,6 +203,8 @@ class Finding:
     first: float
     last: float
     example: str
+    #: when a sample first flagged it (``first`` is when the condition began)
+    found: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -228,10 +235,11 @@ class Verdict:
         return [f.example for f in list(self.findings[kind].values())[:n]]
 
     def since(self, t: float) -> Verdict:
-        """The findings first seen at or after ``t``."""
+        """The findings first flagged at or after ``t`` (one that lasts is counted once, by
+        the fault it appeared under)."""
         out = Verdict(samples=self.samples)
         for kind, items in self.findings.items():
-            out.findings[kind] = {k: f for k, f in items.items() if f.last >= t}
+            out.findings[kind] = {k: f for k, f in items.items() if f.found >= t}
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -269,7 +277,8 @@ class Checker:
         items = self.verdict.findings[kind]
         f = items.get(key)
         if f is None:
-            items[key] = Finding(kind=kind, key=key, first=first if first is not None else now, last=now, example=example)
+            items[key] = Finding(kind=kind, key=key, first=first if first is not None else now, last=now,
+                                 example=example, found=now)
         else:
             f.last = now
             f.example = example
@@ -388,7 +397,8 @@ class Checker:
             cards = whole[node] + len(shared[node])
             if cards > gpus or over_card or len(pods[node]) > max_pods:
                 held = ", ".join(f"{p.name}:{cards_asked(p.obj):g}" + (f"@{','.join(sorted(share_cards(p.obj)))}" if share_of(p.obj) else "")
-                                 + f"+{p.binds[-1][0] - rec.created:.0f}s" for p in pods[node])
+                                 + f"+{p.binds[-1][0] - rec.created:.1f}s" + (f" by {b}" if (b := bound_by(p.obj)) else "")
+                                 for p in sorted(pods[node], key=lambda p: p.binds[-1][0]))
                 self._found("overcommitted", node, now,
                             f"{node}: {whole[node]} whole + {len(shared[node])} shared cards of {gpus}"
                             + (f", card {over_card[0]} over 100%" if over_card else "") + f" [{held}]")
