@@ -130,10 +130,11 @@ async def burst(world: World, count: int) -> list[Job]:
     return jobs
 
 
-async def apiserver_slow(world: World, *, latency: float = 1.2, drop_rate: float = 0.1, seconds: float = 15.0) -> Injected:
+async def apiserver_slow(world: World, *, latency: float = 1.2, drop_rate: float = 0.1, seconds: float | None = None) -> Injected:
     """Requests of batchsched delayed 0.6-1.8 s and 10% of connections cut, during a burst."""
     proxy = world.schedulers.proxy
     count = max(8, min(64, len(world.nodes) * 2))
+    seconds = seconds if seconds is not None else (8.0 if len(world.nodes) < 16 else 15.0)
     await world.make_room(count * 2)
     before_cut, before = proxy.cut, len(proxy.requests)
     at = time.time()

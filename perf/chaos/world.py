@@ -616,7 +616,7 @@ async def retrying(call: Callable[[], Awaitable[Any]], *, attempts: int = 60, de
     return None
 
 
-async def _default_account(kube: KubeClient, namespace: str, timeout: float = 60.0) -> None:
+async def _default_account(kube: KubeClient, namespace: str, timeout: float = 120.0) -> None:
     """Wait for the namespace's ``default`` ServiceAccount: until the controller manager
     made it, the apiserver refuses every pod created there."""
     deadline = time.monotonic() + timeout
