@@ -167,6 +167,7 @@ class Scheduler:
                 if old is not None:
                     self.session.on_pod("DELETED", old)
             self.intake.pod("MODIFIED", obj)
+            self.intake.guard(lambda: self._apply(self.session.on_pod_read(uid, now=time.time())))
 
         self._tasks.append(asyncio.get_running_loop().create_task(fetch()))
 

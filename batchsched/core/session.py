@@ -186,6 +186,8 @@ class Session:
         #: pods that joined a sleeping class after it was told why: told at the next step
         self._joined: set[PodUID] = set()
         self._assumed_at: dict[PodUID, float] = {}
+        #: assumed pods whose Binding's outcome is in doubt, held until read again
+        self._in_doubt: set[PodUID] = set()
         #: stale card assignments whose removal was asked for, and when
         self._cleanup_at: dict[PodUID, float] = {}
         #: preemptor unit key -> the objects its Events go to
@@ -326,6 +328,7 @@ class Session:
                     self.wants_step = True
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
             self._assumed_at.pop(pod.uid, None)
+            self._in_doubt.discard(pod.uid)
             self._member_classes.pop(pod.uid, None)
             if was_pending is not None and (pod.key in self._holders or (group is not None and group.key in self._holders)):
                 self.waits.wake_all()  # what it held for itself is free to take
@@ -411,14 +414,47 @@ class Session:
     # -- result intake -------------------------------------------------------------------------
 
     def on_bind_result(self, b: Binding, outcome: str, *, now: float) -> Decisions:
-        """``outcome``: bound, conflict (resync the pod), gone (the pod is no more), failed."""
+        """``outcome``: bound; conflict (the pod changed under us: read it again); unknown
+        (no answer: the Binding may have landed); gone (the pod is no more); failed
+        (refused); fenced (not sent).
+
+        After a conflict or an unknown outcome the pod stays charged to the node it was
+        given until it has been read again (:meth:`on_pod_read`): a Binding whose answer
+        was lost with its connection (an apiserver killed mid-request) may have landed, and
+        a pod bound where we cannot see it must not have its room handed to another.
+        """
         out = Decisions()
         uid = PodUID(b.uid)
         if outcome == "bound":
             if self.settings.scheduled_events:
                 out.scheduled.append(PodScheduledNote(pod_ref(b), b.node, b.where))
             return out
+        if outcome in ("conflict", "unknown") and uid in self.state.assumed:
+            self._in_doubt.add(uid)
+            self._assumed_at[uid] = now
+            out.resyncs.append(pod_ref(b))
+            return out
+        self._not_bound(uid, now=now, back_off=outcome in ("failed", "unknown"))
+        if outcome == "conflict":
+            out.resyncs.append(pod_ref(b))
+        return out
+
+    def on_pod_read(self, uid: PodUID, *, now: float) -> Decisions:
+        """A pod whose binding was in doubt has been read again (and fed to :meth:`on_pod`):
+        still unbound, its binding did not happen."""
+        out = Decisions()
+        if uid not in self._in_doubt:
+            return out
+        self._in_doubt.discard(uid)
+        pod = self.state.pods.get(uid)
+        if uid in self.state.assumed and pod is not None and not pod.node_name:
+            self._not_bound(uid, now=now, back_off=True)
+        return out
+
+    def _not_bound(self, uid: PodUID, *, now: float, back_off: bool) -> None:
+        """A pod handed to the binder is not bound: pending again, its gang tried again."""
         self._assumed_at.pop(uid, None)
+        self._in_doubt.discard(uid)
         self.state.forget(uid)
         self.groups.touch(uid)
         self._sync(uid)
@@ -427,10 +463,8 @@ class Session:
             # the rest of the gang is retried as its remainder at once
             self._forget_gang(group.key)
             self.reports.dirty.add(group.key)
-        if outcome == "conflict":
-            out.resyncs.append(pod_ref(b))
-        elif outcome == "failed":
-            # the apiserver refused it (a namespace being deleted...): its class waits out a
+        if back_off:
+            # refused (a namespace being deleted...) or unanswered: its class waits out a
             # back-off instead of being bound again, and failing again, at once
             ckey = self.singles.class_of(uid)
             pod = self.state.pending.get(uid)
@@ -438,7 +472,6 @@ class Session:
                 self.waits.sleep(("class", ckey), now, pod.requests)
                 self.waits.wake(("class", ckey))
         self.wants_step = True
-        return out
 
     def on_evict_result(self, e: Eviction, outcome: str, *, error: str = "") -> Decisions:
         """``outcome``: evicted, gone (nothing left to evict), blocked (a disruption budget

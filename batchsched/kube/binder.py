@@ -6,7 +6,9 @@ again under the same name. Outcomes go to ``on_result`` (called in the event loo
 * ``bound``: the apiserver accepted it (the watch will confirm ``spec.nodeName``);
 * ``conflict``: 409, already bound, being deleted, gated or a different UID: forget and resync;
 * ``gone``: 404, the pod no longer exists: forget;
-* ``failed``: still failing after the retries (5xx, timeouts) or refused: forget, retry later;
+* ``unknown``: no answer after the retries (5xx, timeouts, connections cut): the Binding may
+  have landed, so the pod is read again before its room is given to another;
+* ``failed``: refused: forget, retry later;
 * ``fenced``: not sent, because this replica's lease deadline had passed before an attempt
   (:class:`~batchsched.kube.leader.Fence`, checked before the patch, the Binding and each
   retry of either): forget; the next leader reads the truth from its watches.
@@ -144,8 +146,8 @@ class Binder:
         except NotFoundError as exc:
             self.on_result(b, "gone", exc)
         except TemporaryError as exc:
-            log.warning("%s failed: %s", what, exc)
-            self.on_result(b, "failed", exc)
+            log.warning("%s failed, outcome unknown: %s", what, exc)
+            self.on_result(b, "unknown", exc)
         except KubeError as exc:
             if uid_refused(exc):
                 self.on_result(b, "conflict", exc)

@@ -116,7 +116,7 @@ REPLACED = InvalidError(422, "Invalid", 'Pod "p" is invalid: metadata.uid: Inval
         ([REPLACED], "conflict", []),
         ([KubeError(422, "Invalid", "")], "failed", []),
         ([InvalidError(422, "Invalid", "metadata.labels: Invalid value: \"x y\"")], "failed", []),
-        ([TemporaryError(503, "ServiceUnavailable", "")] * 3, "failed", [0.2, 0.4]),
+        ([TemporaryError(503, "ServiceUnavailable", "")] * 3, "unknown", [0.2, 0.4]),
         ([KubeError(403, "Forbidden", "")], "failed", []),
     ],
 )

@@ -153,7 +153,7 @@ BIND_PATH = "/api/v1/namespaces/ns/pods/p/binding"
     [
         ([], "bound", []),
         ([TemporaryError(500, "", "")] * 2, "bound", [0.2, 0.4]),
-        ([TemporaryError(500, "", "")] * 3, "failed", [0.2, 0.4]),
+        ([TemporaryError(500, "", "")] * 3, "unknown", [0.2, 0.4]),
         ([ConflictError(409, "Conflict", "")], "conflict", []),
         ([NotFoundError(404, "NotFound", "")], "gone", []),
         ([KubeError(422, "Invalid", "")], "failed", []),

@@ -15,7 +15,7 @@ import pytest
 
 from batchsched.core.decisions import Decisions
 from batchsched.core.mirror import StateError
-from batchsched.core.model import parse_node, parse_pod
+from batchsched.core.model import PodUID, parse_node, parse_pod
 from batchsched.core.plan import UnitStatus
 from batchsched.core.queues import QueueSettings
 from batchsched.core.session import Session, SessionSettings
@@ -234,7 +234,7 @@ def test_a_binding_the_watch_never_confirms_is_read_again() -> None:
     assert [r.uid for r in s.step(c.now + 31.0).resyncs] == [uid]
 
 
-def test_a_bind_conflict_forgets_the_pod_and_asks_for_a_resync() -> None:
+def test_a_bind_conflict_asks_for_a_resync_and_forgets_the_pod_once_read_unbound() -> None:
     s = Session()
     c = Cluster(s)
     c.node("n0", 8)
@@ -242,6 +242,9 @@ def test_a_bind_conflict_forgets_the_pod_and_asks_for_a_resync() -> None:
     d = s.step(c.now)
     out = s.on_bind_result(d.binds[0], "conflict", now=c.now)
     assert [r.uid for r in out.resyncs] == [uid]
+    assert uid in {str(u) for u in s.state.assumed}  # held until read: it may be bound
+    c._modified(uid)  # read again: not bound
+    s.on_pod_read(PodUID(uid), now=c.now)
     assert uid not in {str(u) for u in s.state.assumed}
     assert s.wants_step
 
