@@ -60,6 +60,9 @@ log = logging.getLogger("batchsched")
 #: at most every :data:`TRIM_EVERY_SECONDS`
 TRIM_AFTER_SECONDS = 0.5
 TRIM_EVERY_SECONDS = 30.0
+#: a collection listed this soon after the previous leader's lease lapsed is listed again
+#: when leading begins (writes in flight at that moment, clocks a little apart)
+CATCH_UP_MARGIN_SECONDS = 2.0
 
 class SchedulerFailed(RuntimeError):
     """The replica stopped on an unexpected error (it was reported and the lease released)."""
@@ -279,8 +282,7 @@ class Scheduler:
                 def started() -> None:
                     log.info("%s is the leader", self.identity)
                     self.metrics.leader.set(1)
-                    self.leading.set()
-                    self._wake.set()
+                    self._tasks.append(loop.create_task(self._catch_up(), name="catch-up"))
 
                 def stopped() -> None:
                     if not self._stopping.is_set():
@@ -322,6 +324,25 @@ class Scheduler:
         if self._failure is not None:
             raise SchedulerFailed(str(self._failure)) from self._failure
 
+
+    async def _catch_up(self) -> None:
+        """A new leader's first step waits until its mirror holds every write the previous
+        holder of the Lease made: each collection last listed before that holder's lease
+        could have lapsed is listed again. A standby's watches may lag (a loaded machine,
+        watches backing off after an apiserver outage), and a Binding the previous leader
+        made that the mirror has not seen would have its room handed out twice. A replica
+        that starts after its predecessor's lease lapsed (a restart after a crash) listed
+        everything after it, and starts at once."""
+        until = self.elector.predecessor_until if self.elector is not None else 0.0
+        stale = [r for r in self.reflectors if r.listed_at <= until + CATCH_UP_MARGIN_SECONDS]
+        if stale:
+            t0 = time.monotonic()
+            await asyncio.gather(*(r.relist() for r in stale))
+            log.info("%s listed %d collections again before leading (%.1f s)",
+                     self.identity, len(stale), time.monotonic() - t0)
+        if self.fence.is_open() and not self._stopping.is_set():
+            self.leading.set()
+            self._wake.set()
 
     async def _drain(self) -> None:
         """A graceful stop: let what is queued and in flight finish (while the fence allows)."""

@@ -228,6 +228,10 @@ class LeaderElector:
         self._lock = asyncio.Lock()  # one read-modify-write of the Lease at a time
         self._lease: JSON | None = None  # the Lease as last written by us, while we hold it
         self._last_renew = 0.0  # clock time written as renewTime by our last success
+        #: when the Lease we took over could last have been used by its previous holder
+        #: (its renewTime + leaseDurationSeconds; 0 when there was none): a write that
+        #: holder made is in the cluster by then
+        self.predecessor_until = 0.0
         self._seen_holder: str | None = None  # for logging changes of holder only
         #: the campaign: look every retry_period (jittered), stop waiting on release()
         self.poll = RetryPolicy(
@@ -414,6 +418,7 @@ class LeaderElector:
             return False
         write_time = self._clock()
         if holder != self.identity:
+            self.predecessor_until = self._lapses_at(spec)
             spec["acquireTime"] = micro_time(write_time)
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec["holderIdentity"] = self.identity
@@ -454,13 +459,17 @@ class LeaderElector:
         self._is_leader = False
         self.fence.close()
 
-    def _expired(self, spec: JSON, now: float) -> bool:
+    def _lapses_at(self, spec: JSON) -> float:
+        """When a Lease last renewed as ``spec`` says lapses (0 when it names no time)."""
         renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
         if renewed is None:
-            return True
+            return 0.0
         duration = spec.get("leaseDurationSeconds")
         seconds = float(duration) if isinstance(duration, int | float) else self.lease_duration
-        return renewed + seconds <= now
+        return renewed + seconds
+
+    def _expired(self, spec: JSON, now: float) -> bool:
+        return self._lapses_at(spec) <= now
 
     def _observe(self, holder: str) -> None:
         if holder != self._seen_holder:

@@ -9,12 +9,19 @@ A :class:`Reflector` keeps one collection mirrored: ``on_list`` receives every o
 (re)list, ``on_event`` each watch event after it. Bookmarks only move the resourceVersion.
 The first successful list sets :attr:`Reflector.synced`. Events are applied in the order
 the server sends them, by the caller's synchronous callbacks (one writer, no locks).
+
+:meth:`Reflector.relist` lists again on request (the watch in progress is stopped and
+started again from the new list) and returns once that list is applied; :attr:`listed_at`
+is when the last list began, so a caller can tell whether the mirror was read after some
+moment (a new leader's catch-up on writes its predecessor made).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from batchsched.kube.api import JSON, KubeAPI
@@ -57,32 +64,67 @@ class Reflector:
         self.relists = 0
         self.events = 0
         self._missing_logged = False
+        #: when the last successful list began (its view is at least that recent)
+        self.listed_at = 0.0
+        self._relist_asked = asyncio.Event()
+        self._fresh = asyncio.Event()
+
+    async def relist(self) -> None:
+        """List again now, and return once the new list has been applied."""
+        self._fresh.clear()
+        self._relist_asked.set()
+        await self._fresh.wait()
 
     async def _list(self) -> None:
+        began = time.time()
+        self._relist_asked.clear()
         items, rv = await self.client.list(self.path, page=self.page, **self.params)
         self.on_list(items)
         self.resource_version = rv
         self.relists += 1
+        self.listed_at = began
         self.synced.set()
+        self._fresh.set()
+
+    async def _watch(self) -> None:
+        async for etype, obj in self.client.watch(
+            self.path, self.resource_version, timeout_seconds=self.watch_timeout, **self.params
+        ):
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if rv:
+                self.resource_version = str(rv)
+            if etype == "BOOKMARK":
+                continue
+            self.events += 1
+            self.on_event(etype, obj)
+
+    async def _watch_until_asked(self) -> bool:
+        """Watch until the watch ends (False; its error raised) or a relist is asked for (True)."""
+        watch = asyncio.ensure_future(self._watch())
+        asked = asyncio.ensure_future(self._relist_asked.wait())
+        try:
+            await asyncio.wait({watch, asked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            asked.cancel()
+            if not watch.done():
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+        if watch.cancelled():
+            return True
+        watch.result()  # the watch's own error, if it ended on one
+        return False
 
     async def run(self) -> None:
         failures = 0  # in a row, since the last watch that ran to its end
         need_list = True
         while True:
             try:
-                if need_list:
+                if need_list or self._relist_asked.is_set():
                     await self._list()
                     need_list = False
-                async for etype, obj in self.client.watch(
-                    self.path, self.resource_version, timeout_seconds=self.watch_timeout, **self.params
-                ):
-                    rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if rv:
-                        self.resource_version = str(rv)
-                    if etype == "BOOKMARK":
-                        continue
-                    self.events += 1
-                    self.on_event(etype, obj)
+                if await self._watch_until_asked():
+                    continue  # a relist was asked for
                 failures = 0
             except asyncio.CancelledError:
                 raise
