@@ -86,6 +86,13 @@ class Reflector:
         self.synced.set()
         self._fresh.set()
 
+    def _nothing_to_list(self) -> None:
+        """A collection not served (or not allowed) holds nothing we can mirror: as fresh
+        as a list, for whoever waits on :meth:`relist`."""
+        self.listed_at = time.time()
+        self._relist_asked.clear()
+        self._fresh.set()
+
     async def _watch(self) -> None:
         async for etype, obj in self.client.watch(
             self.path, self.resource_version, timeout_seconds=self.watch_timeout, **self.params
@@ -139,9 +146,11 @@ class Reflector:
                              self.name, _NOT_SERVED_WAIT)
                     self._missing_logged = True
                 self.synced.set()
+                self._nothing_to_list()
                 await self.retry.sleep(_NOT_SERVED_WAIT)
             except ForbiddenError as exc:
                 log.warning("%s: %s; retrying in %.0f s", self.name, exc, _FORBIDDEN_WAIT)
+                self._nothing_to_list()
                 await self.retry.sleep(_FORBIDDEN_WAIT)
             except KubeError as exc:
                 delay = self.retry.delay(failures)

@@ -5,8 +5,10 @@ lease could have lapsed are listed again (the watch in progress restarted from t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
-from batchsched.kube.fake import FakeKube
+from batchsched.kube.errors import NotFoundError
+from batchsched.kube.fake import FakeKube, FakeSleep
 from batchsched.kube.leader import LeaderElector, micro_time
 from batchsched.kube.watch import Reflector
 from tests.unit.test_kube_writers import with_task
@@ -55,5 +57,22 @@ def test_taking_over_a_lease_tells_until_when_its_previous_holder_could_have_wri
         fresh = LeaderElector(client=FakeKube(), namespace="ns", name="l", identity="first", clock=lambda: now)
         assert await fresh._try_acquire_or_renew()  # no Lease yet: nobody wrote before it
         assert fresh.predecessor_until == 0.0
+
+    asyncio.run(main())
+
+
+def test_a_relist_of_a_collection_the_cluster_does_not_serve_returns() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        kube.fail["LIST /apis/scheduling.volcano.sh/v1beta1/podgroups"] = [NotFoundError(404, "NotFound", "")] * 10
+        reflector = Reflector(kube, "/apis/scheduling.volcano.sh/v1beta1/podgroups",
+                              on_list=lambda items: None, on_event=lambda kind, obj: None)
+        reflector.retry = dataclasses.replace(reflector.retry, sleep=FakeSleep())
+
+        async def body() -> None:
+            await asyncio.wait_for(reflector.synced.wait(), 1.0)
+            await asyncio.wait_for(reflector.relist(), 1.0)  # nothing to list: it does not wait for ever
+
+        await with_task(reflector.run(), body)
 
     asyncio.run(main())
