@@ -68,9 +68,13 @@ class Reflector:
         self.listed_at = 0.0
         self._relist_asked = asyncio.Event()
         self._fresh = asyncio.Event()
+        self._unavailable = False  # its last list was refused as not served or not allowed
 
     async def relist(self) -> None:
-        """List again now, and return once the new list has been applied."""
+        """List again now, and return once the new list has been applied (at once for a
+        collection the cluster does not serve or allow: there is nothing to read)."""
+        if self._unavailable:
+            return
         self._fresh.clear()
         self._relist_asked.set()
         await self._fresh.wait()
@@ -83,6 +87,7 @@ class Reflector:
         self.resource_version = rv
         self.relists += 1
         self.listed_at = began
+        self._unavailable = False
         self.synced.set()
         self._fresh.set()
 
@@ -90,6 +95,7 @@ class Reflector:
         """A collection not served (or not allowed) holds nothing we can mirror: as fresh
         as a list, for whoever waits on :meth:`relist`."""
         self.listed_at = time.time()
+        self._unavailable = True
         self._relist_asked.clear()
         self._fresh.set()
 
