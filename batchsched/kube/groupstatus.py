@@ -143,7 +143,10 @@ class GroupStatusWriter:
             try:
                 await fence.send(lambda: self.client.patch(path + "/status", body), what=what)
             except NotFoundError:
-                # no status subresource (Volcano's CRD), or the group is gone
+                if group.api != VOLCANO:
+                    raise  # scheduler-plugins' CRD has the subresource: the group is gone
+                # Volcano's CRD has no status subresource (or the group is gone, which the
+                # patch of the object then says)
                 await fence.send(lambda: self.client.patch(path, body), what=what)
                 self._no_subresource.add(group.api)
 
