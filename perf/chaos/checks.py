@@ -484,9 +484,24 @@ def settled(m: Mirror, *, now: float, quiet: float, jobs: Mapping[str, Any] | No
             c = parent.get(q)
             if c is not None and cohort_used[c] + need * ask > total.get(c, math.inf) + 1e-9:
                 continue
-        if _fits(free, int(ask), need):
+        allowed = _hostnames(pods[0].obj)
+        room = free if allowed is None else {n: f for n, f in free.items() if n in allowed}
+        if _fits(room, int(ask), need):
             reasons.append(f"{job} waits ({need} x {ask:g} GPU) though it fits")
     return reasons
+
+
+def _hostnames(pod: Mapping[str, Any]) -> set[str] | None:
+    """The nodes a pod's required node affinity names by hostname (None: any node)."""
+    terms = ((((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    names: set[str] = set()
+    for term in terms:
+        for expr in term.get("matchExpressions") or []:
+            if expr.get("key") != "kubernetes.io/hostname" or expr.get("operator") != "In":
+                return None
+            names.update(expr.get("values") or [])
+    return names if terms else None
 
 
 def _fits(free: Mapping[str, int], ask: int, count: int) -> bool:

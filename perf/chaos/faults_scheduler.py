@@ -233,12 +233,21 @@ async def kill_mid_preemption(world: World, *, gangs: int = 2, members: int = 2,
     them. The leader is killed between the first eviction and the preemptor's Binding and
     started again; ``settle`` seconds later the victims are let go."""
     name = await leader(world)
-    low = [await world.submit(members=members, gpu=gpu, priority="low-priority") for _ in range(gangs)]
+    # the gangs and their preemptor are held to as many empty nodes as the gangs fill, so
+    # the preemptor must preempt however large and free the rest of the pool is
+    # (where there are not that many empty nodes, the gangs fill the pool and it is the same)
+    per_node = max(1, world.gpus_per_node // gpu) if gpu else members
+    need = -(-gangs * members // per_node)
+    await world.make_room(need * world.gpus_per_node)
+    empty = tuple(sorted(n for n, free in world.free_cards().items() if free >= world.gpus_per_node))
+    held: tuple[str, ...] = empty[:need] if len(empty) >= need else ()
+    low = [await world.submit(members=members, gpu=gpu, priority="low-priority", nodes=held)
+           for _ in range(gangs)]
     low_pods = [p for job in low for p in job.pods]
     await _set_hold(world, low_pods, "true")
     for job in low:
         await world.wait_bound(job, timeout)
-    urgent = await world.submit(members=members, gpu=gpu, priority="high-priority")
+    urgent = await world.submit(members=members, gpu=gpu, priority="high-priority", nodes=held)
 
     def moment() -> list[str]:
         evicted = _deleting(world, low_pods)

@@ -107,6 +107,8 @@ class Job:
     queue: str | None
     priority: str | None
     pods: list[str]
+    #: when not empty, the only nodes its pods may go to (required node affinity)
+    nodes: tuple[str, ...] = ()
 
     @property
     def gang(self) -> bool:
@@ -410,6 +412,10 @@ class World:
         }
         if job.priority:
             spec["priorityClassName"] = job.priority
+        if job.nodes:
+            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": list(job.nodes)}]}]}}}
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": pod, "labels": labels, "annotations": annotations}, "spec": spec}
 
@@ -423,12 +429,14 @@ class World:
                          "scheduleTimeoutSeconds": int(self.gang_timeout)}}
 
     async def submit(self, *, members: int, min_member: int | None = None, gpu: int = 1, share: float | None = None,
-                     queue: str | None = None, priority: str | None = None, name: str | None = None) -> Job:
-        """One gang (``members > 1``: a PodGroup and its pods) or one single pod."""
+                     queue: str | None = None, priority: str | None = None, name: str | None = None,
+                     nodes: tuple[str, ...] = ()) -> Job:
+        """One gang (``members > 1``: a PodGroup and its pods) or one single pod; ``nodes``,
+        when given, are the only nodes its pods may go to."""
         name = name or f"j{next(self._count.jobs):04d}"
         pods = [f"{name}-{i}" for i in range(members)] if members > 1 else [name]
         job = Job(name=name, namespace=self.namespace, members=members, min_member=min_member or members,
-                  gpu=gpu, share=share, queue=queue, priority=priority, pods=pods)
+                  gpu=gpu, share=share, queue=queue, priority=priority, pods=pods, nodes=nodes)
         self.jobs[name] = job
         if job.gang:
             await retrying(lambda: self.kube.create(f"{XK8S}/namespaces/{self.namespace}/podgroups",
