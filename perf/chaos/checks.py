@@ -359,10 +359,7 @@ class Checker:
 
     def _quota(self, m: Mirror, now: float) -> None:
         limit, total, parent = queue_limits(m.queues)
-        used: dict[str, float] = defaultdict(float)
-        for p in m.pods.values():
-            if p.holds and p.queue:
-                used[p.queue] += cards_asked(p.obj)
+        used = cards_used(m)
         cohort_used: dict[str, float] = defaultdict(float)
         for q, u in used.items():
             if q in limit and u > limit[q] + 1e-9:
@@ -446,10 +443,7 @@ def settled(m: Mirror, *, now: float, quiet: float, jobs: Mapping[str, Any] | No
         reasons.extend(checker.verdict.examples(kind, 3))
     free = free_cards(m)
     limit, total, parent = queue_limits(m.queues)
-    used: dict[str, float] = defaultdict(float)
-    for p in m.pods.values():
-        if p.holds and p.queue:
-            used[p.queue] += cards_asked(p.obj)
+    used = cards_used(m)
     cohort_used: dict[str, float] = defaultdict(float)
     for q, u in used.items():
         if q in parent:
@@ -502,6 +496,15 @@ def _hostnames(pod: Mapping[str, Any]) -> set[str] | None:
                 return None
             names.update(expr.get("values") or [])
     return names if terms else None
+
+
+def cards_used(m: Mirror) -> dict[str, float]:
+    """GPU cards held by bound, unfinished pods, per queue."""
+    used: dict[str, float] = defaultdict(float)
+    for p in m.pods.values():
+        if p.holds and p.queue:
+            used[p.queue] += cards_asked(p.obj)
+    return used
 
 
 def _fits(free: Mapping[str, int], ask: int, count: int) -> bool:

@@ -491,13 +491,10 @@ class World:
 
     def queue_room(self) -> dict[str, float]:
         """Cards each team queue may still take within its nominal quota (by the recorder)."""
-        from perf.chaos.checks import cards_asked
+        from perf.chaos.checks import cards_used
 
-        used: dict[str, float] = {}
         with self.recorder.locked() as m:
-            for p in m.pods.values():
-                if p.holds and p.queue:
-                    used[p.queue] = used.get(p.queue, 0.0) + cards_asked(p.obj)
+            used = cards_used(m)
         room = {}
         for q in self.team_queues:
             nominal = sum(float(r.get("nominal", 0)) for r in self.queues[q].get("resources") or [])
