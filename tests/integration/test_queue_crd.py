@@ -47,8 +47,9 @@ async def test_a_good_queue_is_defaulted_and_parses(kube: KubeClient, sandbox: A
             [str(build.ensure_binaries().kubectl), "--kubeconfig", sandbox.kubeconfig, "get", "queues", name],
             capture_output=True, text=True, check=True, timeout=60,
         ).stdout.split("\n")
-        assert printed[0].split() == ["NAME", "PARENT", "WEIGHT", "NOMINAL", "GPUS", "USED", "GPUS", "AGE"]
-        assert printed[1].split()[:5] == [name, "org", "1", "8", "0"]
+        assert printed[0].split() == ["NAME", "PARENT", "STOP", "NOMINAL", "GPUS", "USED", "GPUS", "BORROWED", "GPUS",
+                                      "PENDING", "ADMITTED", "AGE"]
+        assert printed[1].split() == [name, "org", "None", "8", "0", "0", "1", "0", printed[1].split()[-1]]
     finally:
         await kube.delete(f"{QUEUES}/{name}")
 
