@@ -66,15 +66,21 @@ def _install() -> str | None:
 
 
 def _run(url: str, *args: str, timeout: float) -> str:
-    """Chromium on ``url`` with a fresh profile; its stdout."""
+    """Chromium on ``url`` with a fresh profile; its stdout. An exception the page's
+    scripts did not catch (a syntax error included) fails the caller: the console is
+    logged to stderr and read for them."""
     binary = chromium()
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
         done = subprocess.run(
-            [binary, *FLAGS, f"--user-data-dir={profile}", *args, url],
+            [binary, *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+             *args, url],
             capture_output=True, text=True, timeout=timeout,
         )
     if done.returncode != 0:
         raise AssertionError(f"chromium exited {done.returncode} on {url}:\n{done.stderr[-3000:]}")
+    uncaught = [line for line in done.stderr.splitlines() if ":CONSOLE" in line and "Uncaught" in line]
+    if uncaught:
+        raise AssertionError(f"the page's scripts failed on {url}:\n" + "\n".join(uncaught))
     return done.stdout
 
 

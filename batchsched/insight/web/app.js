@@ -227,7 +227,7 @@ function renderNodes() {
 // what to do about a refused read
 const HINTS = {
   401: "the scheduler wants a bearer token: open this page through `batchsched dashboard`, which adds your kubeconfig's token",
-  403: "your user may not get these paths: it needs a ClusterRole with nonResourceURLs [\"/debug/*\"] and verb get",
+  403: "your user may not read them: it needs a ClusterRole that allows get on the nonResourceURLs /debug/*",
 };
 
 class ReadError extends Error {
