@@ -89,7 +89,15 @@ from batchsched.core.plan import (
     blocked_status,
 )
 from batchsched.core.preemption import CyclePreemption, Held, Terminating, held_nominations
-from batchsched.core.queues import FairOrder, QueueInput, QueueName, QueueProblem, QueueTree
+from batchsched.core.queues import (
+    QUEUE_STOPPED,
+    FairOrder,
+    QueueInput,
+    QueueName,
+    QueueProblem,
+    QueueTree,
+    StopPolicy,
+)
 from batchsched.core.queues.running import RunningBook
 from batchsched.core.reservation import Reservations, ReservationSettings
 
@@ -457,6 +465,11 @@ class _Walk:
             q = None if u.blocked else qi.queue_of.get(u.key)
             if isinstance(q, QueueProblem):
                 self.fail(u, q.message, reason=q.reason, status=UnitStatus.UNRESOLVABLE)
+                continue
+            stop = tree.stop_policy(q) if q is not None else StopPolicy.NONE
+            if stop is not StopPolicy.NONE:
+                self.fail(u, explain.queue_stopped(str(q), stop.value), reason=QUEUE_STOPPED,
+                          status=UnitStatus.UNRESOLVABLE)
                 continue
             by_queue.setdefault(q, []).append(u)
         order: FairOrder[Unit] = FairOrder(

@@ -242,3 +242,74 @@ CARDS_MEMORY_SHORT = "insufficient gpu-memory on any card"
 def cards_compute_short(share_milli: int) -> str:
     """A node where no card has room for a share of ``share_milli`` thousandths."""
     return f"no card with {share_milli / 10:g}% free"
+
+
+# -- suspended jobs and stopped queues ---------------------------------------------------------
+
+
+def suspended(group: str) -> str:
+    return (
+        f"PodGroup {group} is suspended (annotation batchsched.io/suspend: \"true\"); "
+        "remove the annotation to resume it"
+    )
+
+
+def suspended_eviction(group: str) -> str:
+    return f"its PodGroup {group} was suspended"
+
+
+def queue_stopped(queue: str, policy: str) -> str:
+    return f"queue {queue} is stopped (stopPolicy {policy}): it admits no new work until its stopPolicy is None"
+
+
+def drained_eviction(queue: str) -> str:
+    return f"its queue {queue} is drained (stopPolicy HoldAndDrain)"
+
+
+# -- explanations and views (batchsched explain, jobs, queues, the web view) --------------------
+
+#: a unit's state, in plain words
+STATE_WORDS = {
+    "running": "running: every required member is bound",
+    "placing": "partly placed: the rest of its required members are being placed",
+    "queued": "queued: waiting for room",
+    "reserved": "holding a reservation: later work may not delay its start",
+    "preempting": "waiting for the pods it preempted to terminate",
+    "gated": "gated: a scheduling gate holds its pods",
+    "suspended": "suspended: held until it is resumed",
+    "queue-stopped": "held: its queue is stopped",
+    "invalid": "invalid: it cannot be placed until its spec is fixed",
+    "incomplete": "waiting for its members to exist",
+    "backoff": "backing off after its gang timed out",
+}
+
+
+def queue_position(position: int, of: int, queue: str | None) -> str:
+    where = f"queue {queue}" if queue else "unqueued work"
+    return f"{position} of {of} waiting in {where} (by priority, then age)"
+
+
+def estimate_known(when_in: float, basis: str) -> str:
+    return f"expected to start in about {about(when_in)}" + (f", {basis}" if basis else "")
+
+
+def estimate_unknown(why: str) -> str:
+    return f"no start estimate: {why}"
+
+
+ESTIMATE_FITS_NOW = "it fits now: it starts in the next cycle"
+ESTIMATE_NEVER_ENDS = "it waits for running pods that declare no end (activeDeadlineSeconds or batchsched.io/expected-runtime) and whose like was never seen to end"
+ESTIMATE_BEYOND = "it does not start within the simulated horizon"
+ESTIMATE_HELD = "it is held until a person acts (suspended, its queue stopped, or invalid)"
+
+
+def estimate_basis(declared: int, observed: int, unknown: int) -> str:
+    """What the ends a start estimate rests on came from."""
+    parts = []
+    if declared:
+        parts.append(f"{declared} declared by activeDeadlineSeconds or batchsched.io/expected-runtime")
+    if observed:
+        parts.append(f"{observed} from the run times of like pods that ended")
+    if unknown:
+        parts.append(f"{unknown} with no known end (taken to run on)")
+    return "from the ends of the pods it waits for: " + "; ".join(parts) if parts else ""

@@ -183,6 +183,8 @@ class Eviction:
     unit: str
     reason: str
     preemptor: str = ""
+    #: why, for counting: preempted, gang-timeout, suspended, drained
+    cause: str = "preempted"
 
 
 @dataclass(slots=True, frozen=True)
@@ -344,7 +346,7 @@ _HOLDING = ("Preempting", "WaitingForPreemption")
 #: reasons a unit is held back before placement that time alone resolves
 _WAITING_REASONS = frozenset({"GangBackoff", "WaitingForMembers", "PodGroupNotFound"})
 #: reasons that need the user to change an object
-_UNRESOLVABLE_REASONS = frozenset({"InvalidPodGroup", "InvalidTopology"})
+_UNRESOLVABLE_REASONS = frozenset({"InvalidPodGroup", "InvalidTopology", "Suspended"})
 
 
 def blocked_status(unit: Unit) -> UnitStatus:

@@ -61,6 +61,11 @@ class GroupReports:
         else:
             self.dirty.add(group.key)
 
+    def last_message(self, key: str) -> tuple[str, str] | None:
+        """The ``(reason, message)`` of why the group ``key`` was not placed in the last
+        cycle that tried it; None when it was placed or never tried."""
+        return self._message.get(key)
+
     def pod_message(self, key: str, reason: str, message: str, now: float) -> str:
         """What to tell a waiting gang's pods: a new message, or, for the same reason, the
         last one if it was told less than :data:`POD_MESSAGE_SECONDS` ago (a new reason is

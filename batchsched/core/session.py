@@ -75,13 +75,21 @@ from batchsched.core.plan import (
     Unit,
     UnitResult,
     UnitStatus,
+    VictimKind,
     single_unit,
 )
 from batchsched.core.preemption import Room, restored_nominations
-from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput
+from batchsched.core.queues import (
+    QUEUE_LABEL,
+    QueueBook,
+    QueueInput,
+    QueueTree,
+    StopPolicy,
+)
 from batchsched.core.reporting import GroupReports
 from batchsched.core.requeue import WaitBook
 from batchsched.core.reservation import RESERVED
+from batchsched.core.runtimes import RunTimes, like_key
 from batchsched.core.settings import SessionSettings
 from batchsched.core.volumes import VolumeBook, VolumeClaim
 
@@ -197,6 +205,7 @@ class Session:
         #: group unit key -> when it was first found blocked (its pods are told after a delay)
         self._blocked_since: dict[str, float] = {}
         self._last_gang_check = -1e18
+        self._last_hold_check = -1e18
         self._last_queue_status = -1e18
         self._last_full_check = -1e18
         #: nominations were rebuilt from the pods' nominatedNodeName (first step after a start)
@@ -205,6 +214,15 @@ class Session:
         self._notes: list[EventNote] = []
         #: node -> its unreadable allocatable last told
         self._unreadable_told: dict[str, dict[str, str]] = {}
+        #: the queue tree as last charged (by a cycle, or for the Queue statuses): what the
+        #: queue views read; None before the first
+        self.charged: QueueTree | None = None
+        #: how long pods like a given one ran (start-time estimates read it)
+        self.runtimes = RunTimes()
+        #: pods seen to succeed since the last step: (like key, start), timed at the step
+        self._succeeded: list[tuple[str, float]] = []
+        #: pods evicted because their gang is suspended or their queue drained
+        self._held_evicting: set[PodUID] = set()
 
     # -- event intake ------------------------------------------------------------------------
 
@@ -310,6 +328,10 @@ class Session:
             root = self.queues.pod_queue_root(old, group)
             if root is not None:
                 self._freed_roots.add(root)
+            if pod.phase == "Succeeded" and pod.started:
+                self._succeeded.append((like_key(pod, group.key if group is not None else None), pod.started))
+        if kind == "DELETED" or not pod.holds_resources:
+            self._held_evicting.discard(pod.uid)
         self.groups.pod_event(kind, pod)
         self._sync(pod.uid)
         pending = pod.uid in state.pending
@@ -532,12 +554,16 @@ class Session:
     def step(self, now: float) -> Decisions:
         """Everything due at ``now``: one cycle and the writes that follow it."""
         self.wants_step = False
+        for key, started in self._succeeded:
+            self.runtimes.record(key, now - started)
+        self._succeeded.clear()
         out = Decisions()
         out.events.extend(self._notes)
         self._notes.clear()
         self._check_assumed(now, out)
         self._clean_stale(now, out)
         self._check_gangs(now, out)
+        self._hold_running(now, out)
         self._run_cycle(now, out)
         self.reports.statuses(
             self.state, now, lambda: Room(self.state, self.groups, self.queues, _once(self.state.snapshot), now),
@@ -750,6 +776,56 @@ class Session:
             out.events.append(EventNote(group_ref(n.group), n.type, n.reason, n.message))
         out.evictions.extend(check.evictions)
 
+    def _hold_running(self, now: float, out: Decisions) -> None:
+        """Evict, whole, the running gangs of suspended PodGroups and the running work of
+        queues stopped with ``HoldAndDrain`` (each pod once; its job holds when recreated)."""
+        if now - self._last_hold_check < GANG_CHECK_SECONDS:
+            return
+        self._last_hold_check = now
+        evict: list[tuple[Pod, str, str, str]] = []
+        for group in self.groups.groups.values():
+            if group.suspended:
+                for uid in self.groups.member_uids(group):
+                    pod = self.state.pods.get(uid)
+                    if pod is not None and pod.holds_resources:
+                        evict.append((pod, group.key, explain.suspended_eviction(group.display), "suspended"))
+        if self.queues.draining():
+            snap = self.state.snapshot()
+            tree = self.queues.tree(snap.columns)
+            for unit in self.queues.running(state=self.state, groups=self.groups, snap=snap, tree=tree, now=now):
+                if unit.queue is not None and tree.stop_policy(unit.queue) is StopPolicy.HOLD_AND_DRAIN:
+                    for rp in unit.pods:
+                        pod = self.state.pods.get(PodUID(rp.uid))
+                        if pod is not None:
+                            evict.append((pod, unit.key, explain.drained_eviction(unit.queue), "drained"))
+        for pod, unit_key, why, cause in evict:
+            if pod.deleting or pod.uid in self._held_evicting:
+                continue
+            self._held_evicting.add(pod.uid)
+            out.evictions.append(Eviction(
+                uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
+                unit=unit_key, reason=why, cause=cause,
+            ))
+
+    # -- what the views read ---------------------------------------------------------------------
+
+    def last_word(self, key: str) -> tuple[str, str] | None:
+        """The ``(reason, message)`` a unit (a group's key, or a pod's ``namespace/name``)
+        was last told about why it waits; None when it was told nothing yet."""
+        found = self.reports.last_message(key)
+        if found is not None:
+            return found
+        uid = self.state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
+        told = self._told.get(uid) if uid is not None else None
+        if told is not None:
+            return told[0], told[1]
+        pod = self.state.pending.get(uid) if uid is not None else None
+        return pod.shows if pod is not None else None
+
+    def holds_reservation(self, key: str) -> bool:
+        """Whether the unit held a reservation or a nomination after the last cycle."""
+        return key in self._holders
+
     def _run_cycle(self, now: float, out: Decisions) -> None:
         self._wake()
         # one snapshot for the whole decision (the units' admission and the cycle), taken
@@ -823,6 +899,7 @@ class Session:
         if plan.deferred:
             # a victim search did not fit in this cycle's budget: next cycle, not later
             out.again = True
+        self.charged = queues.tree
         self._sync_queues(now, out, queues)
         for key in [k for k in self._blocked_since if k not in gangs or not gangs[k].blocked]:
             del self._blocked_since[key]
@@ -967,6 +1044,7 @@ class Session:
                     out.evictions.append(Eviction(
                         uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
                         unit=victim.unit.key, reason=message, preemptor=unit.key,
+                        cause="reclaimed" if victim.kind is VictimKind.RECLAIM else "preempted",
                     ))
         live = {n.unit for n in plan.nominations}
         for key in [k for k in self._preemptor_refs if k not in live]:
@@ -1007,6 +1085,7 @@ class Session:
             snap = self.state.snapshot()
             queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=[], now=now)
             self.cycle.account(snap, queues)
+        self.charged = queues.tree
         out.queue_statuses.extend(self.queues.statuses(queues.tree, self._has_pending).items())
 
     def _has_pending(self, key: str) -> bool:

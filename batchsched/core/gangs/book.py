@@ -405,6 +405,8 @@ class GroupBook:
         """``(condition reason, message)`` of why the group may not be placed now, or ("", "")."""
         if group.invalid:
             return "InvalidPodGroup", f"PodGroup {group.display} is invalid: {group.invalid}"
+        if group.suspended:
+            return "Suspended", explain.suspended(group.display)
         timer = self._timers.get(group.key)
         if timer is not None and now < timer.backoff_until:
             return "GangBackoff", timer.backoff_message
@@ -510,7 +512,7 @@ class GroupBook:
             timer.evicting.add(pod.uid)
             out.evictions.append(Eviction(
                 uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
-                unit=group.key, reason=f"member of PodGroup {group.display}: {why}",
+                unit=group.key, reason=f"member of PodGroup {group.display}: {why}", cause="gang-timeout",
             ))
 
 

@@ -51,6 +51,9 @@ LABEL_XK8S = "scheduling.x-k8s.io/pod-group"
 LABEL_VOLCANO = "scheduling.volcano.sh/group-name"
 ANNOTATION_GROUP = "scheduling.k8s.io/group-name"
 ANNOTATION_TASK = "volcano.sh/task-spec"
+#: a PodGroup annotated ``"true"`` is suspended: none of its pods is placed, and members
+#: already running are evicted, the whole gang (the job holds, as Kueue's ``suspend``)
+SUSPEND_ANNOTATION = "batchsched.io/suspend"
 
 _ANY = "any"  # a kube-batch annotation: Volcano's group, else scheduler-plugins'
 _INT32_MAX = 2**31 - 1
@@ -109,6 +112,10 @@ class PodGroup:
     @property
     def display(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def suspended(self) -> bool:
+        return self.annotations.get(SUSPEND_ANNOTATION, "").strip().lower() == "true"
 
     @property
     def api_version(self) -> str:

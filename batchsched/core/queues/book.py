@@ -47,6 +47,7 @@ from batchsched.core.plan import (
 from batchsched.core.queues.assign import QueueProblem, assign_queue
 from batchsched.core.queues.fair import UsageHistory
 from batchsched.core.queues.running import RunningBook
+from batchsched.core.queues.spec import StopPolicy
 from batchsched.core.queues.tree import QueueTree
 
 __all__ = ["QueueBook", "QueueInput", "QueueSettings"]
@@ -210,13 +211,22 @@ class QueueBook:
             seen.add(parent)
             queue = parent
 
-    def pod_queue_root(self, pod: Pod, group: PodGroup | None) -> str | None:
-        """The top of the queue tree a running pod's usage is charged to (None: no queue)."""
+    def structure(self) -> QueueTree:
+        """The valid queues' tree without resource columns (kept until the queues change)."""
         cached = self._structure
         if cached is None or cached[0] != self.generation:
             cached = self._structure = (self.generation, self.tree(()))
-        q = self.queue_of([pod], group, cached[1])
+        return cached[1]
+
+    def pod_queue_root(self, pod: Pod, group: PodGroup | None) -> str | None:
+        """The top of the queue tree a running pod's usage is charged to (None: no queue)."""
+        q = self.queue_of([pod], group, self.structure())
         return self.root_of(q) if isinstance(q, str) else None
+
+    def draining(self) -> bool:
+        """Whether any valid queue is stopped with ``HoldAndDrain``."""
+        tree = self.structure()
+        return any(tree.queue(n).stop is StopPolicy.HOLD_AND_DRAIN for n in tree.names)
 
     def tree(self, columns: Sequence[str]) -> QueueTree:
         return QueueTree.from_objects(self.queue_objects.values(), columns)

@@ -29,11 +29,13 @@ __all__ = [
     "DEFAULT_QUEUE_LABEL",
     "KIND",
     "QUEUE_LABEL",
+    "QUEUE_STOPPED",
     "VOLCANO_DEFAULT_QUEUE",
     "Queue",
     "QueueError",
     "Quota",
     "ReclaimPolicy",
+    "StopPolicy",
     "WithinQueuePolicy",
     "parse_queue",
 ]
@@ -43,6 +45,8 @@ KIND = "Queue"
 QUEUE_LABEL = "batchsched.io/queue"
 DEFAULT_QUEUE_LABEL = "batchsched.io/default-queue"
 VOLCANO_DEFAULT_QUEUE = "default"
+#: the condition reason of work held because its queue is stopped
+QUEUE_STOPPED = "QueueStopped"
 
 
 class WithinQueuePolicy(StrEnum):
@@ -59,6 +63,16 @@ class ReclaimPolicy(StrEnum):
     NEVER = "Never"
     LOWER_PRIORITY = "LowerPriority"
     ANY = "Any"
+
+
+class StopPolicy(StrEnum):
+    """Whether a queue admits work (``spec.stopPolicy``), as Kueue's ClusterQueue does:
+    ``Hold`` admits nothing new (what runs goes on); ``HoldAndDrain`` also evicts what runs,
+    whole gangs. A cohort's policy holds for every queue under it."""
+
+    NONE = "None"
+    HOLD = "Hold"
+    HOLD_AND_DRAIN = "HoldAndDrain"
 
 
 class QueueError(ValueError):
@@ -91,6 +105,7 @@ class Queue:
     weight: float = 1.0
     within_queue: WithinQueuePolicy = WithinQueuePolicy.LOWER_PRIORITY
     reclaim: ReclaimPolicy = ReclaimPolicy.ANY
+    stop: StopPolicy = StopPolicy.NONE
 
 
 # -- parsing ------------------------------------------------------------------------------
@@ -173,6 +188,12 @@ def parse_queue(obj: Mapping[str, Any]) -> Queue:
     except ValueError:
         known = ", ".join(p.value for p in ReclaimPolicy)
         raise QueueError(name, f"spec.preemption.reclaimWithinCohort {reclaim_raw!r} is not one of {known}") from None
+    stop_raw = spec.get("stopPolicy") or StopPolicy.NONE.value
+    try:
+        stop = StopPolicy(stop_raw)
+    except ValueError:
+        known = ", ".join(p.value for p in StopPolicy)
+        raise QueueError(name, f"spec.stopPolicy {stop_raw!r} is not one of {known}") from None
     return Queue(
         name=QueueName(name),
         parent=QueueName(parent) if parent else None,
@@ -180,5 +201,6 @@ def parse_queue(obj: Mapping[str, Any]) -> Queue:
         weight=weight,
         within_queue=within,
         reclaim=reclaim,
+        stop=stop,
     )
 

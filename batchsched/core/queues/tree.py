@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from batchsched.core.plan import QueueName
 from batchsched.core.quantity import MILLI_RESOURCES, format_units
-from batchsched.core.queues.spec import Queue, QueueError, parse_queue
+from batchsched.core.queues.spec import Queue, QueueError, StopPolicy, parse_queue
 from batchsched.core.queues.structure import UNLIMITED, _Node, _TreeStructure
 
 __all__ = [
@@ -152,6 +152,16 @@ class QueueTree(_TreeStructure):
 
     def root(self, name: str) -> QueueName:
         return self._nodes[self._node(name).root].queue.name
+
+    def stop_policy(self, name: str) -> StopPolicy:
+        """The queue's own ``stopPolicy`` or, when it has none, the nearest cohort's above it."""
+        i = self._index.get(QueueName(name))
+        while i is not None and i >= 0:
+            node = self._nodes[i]
+            if node.queue.stop is not StopPolicy.NONE:
+                return node.queue.stop
+            i = node.parent
+        return StopPolicy.NONE
 
     def is_leaf(self, name: str) -> bool:
         i = self._index.get(QueueName(name))
