@@ -1,0 +1,222 @@
+"""Start-time estimates: a copy of the session, run forward on a virtual clock.
+
+The copy holds the same nodes, queues, PodGroups and pods as the live session. Each pod
+that runs is given an end: its declared runtime (``activeDeadlineSeconds`` or the
+annotation ``batchsched.io/expected-runtime``, counted from its start), else the median
+run time of pods like it that were seen to succeed
+(:class:`~batchsched.core.runtimes.RunTimes`); a pod with neither runs on. Then the copy
+is stepped, as the scheduler steps, at each end and at the back-off and retry times after
+it (1, 3, 6, 11 and 31 s later), every Binding it decides carried out at once, so the units
+ahead of a job start before it, in the order the policy (fair share, priorities,
+reservations, preemption) gives them, and run their own declared or observed time.
+
+A job's estimated start is the virtual time its required members are bound. The estimate
+says what it rests on (how many of the ends it waited for were declared and how many
+observed) and how sure it is: ``high`` when it fits now or every end it waited for was
+declared, ``medium`` when some were observed, ``none`` when it does not start before the
+horizon (it waits for pods that never end, or is held).
+
+Nothing here reads a clock: the caller bounds the work with ``max_steps`` (each step is one
+scheduling cycle of the copy).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from batchsched.core import explain
+from batchsched.core.model import Pod, PodUID
+from batchsched.core.reservation import declared_runtime
+from batchsched.core.runtimes import like_key
+from batchsched.core.session import Session
+from batchsched.insight.views import Job
+
+__all__ = ["Estimate", "Forward", "estimate_starts"]
+
+#: seconds after an end or a binding at which the copy is stepped again (the back-offs of
+#: woken units are 1-10 s; the slow retry is 30 s)
+PROBES = (1.0, 3.0, 6.0, 11.0, 31.0)
+#: how far ahead the copy runs at most
+HORIZON_SECONDS = 7 * 86400.0
+#: states whose jobs are held until a person acts: no estimate
+HELD = frozenset({"suspended", "queue-stopped", "invalid", "gated"})
+
+Estimate = dict[str, Any]
+
+
+def _copy(session: Session, use_jit: bool) -> Session:
+    sim = Session(session.settings, use_jit=use_jit)
+    live = session
+    sim.queues.replace_namespaces(
+        [{"metadata": {"name": n, "labels": dict(labels)}} for n, labels in live.queues.namespaces.items()]
+    )
+    sim.on_queues_listed(list(live.queues.queue_objects.values()))
+    sim.queues.budgets = copy.deepcopy(live.queues.budgets)
+    sim.on_priority_classes_listed(dict(live.groups.priority_classes))
+    by_api: dict[str, list[Any]] = {}
+    for g in live.groups.groups.values():
+        by_api.setdefault(g.api, []).append(g)
+    for api, groups in by_api.items():
+        sim.on_groups_listed(api, groups)
+    sim.volumes = copy.deepcopy(live.volumes)
+    sim.on_nodes_listed(list(live.state.nodes.values()))
+    sim.on_pods_listed([p for p in live.state.pods.values() if not p.terminal])
+    return sim
+
+
+class Forward:
+    """The copy, its clock and the ends to come."""
+
+    def __init__(self, live: Session, now: float, use_jit: bool) -> None:
+        self.live = live
+        self.sim = _copy(live, use_jit)
+        self.now = now
+        #: (time, sequence, uid) of each running pod's end
+        self.ends: list[tuple[float, int, PodUID]] = []
+        self.source: dict[PodUID, str] = {}
+        #: (time, source) of each end carried out
+        self.ended: list[tuple[float, str]] = []
+        self._seq = 0
+        for pod in self.sim.state.pods.values():
+            if pod.holds_resources:
+                self._schedule_end(pod, pod.started or now, now)
+
+    def _group_key(self, uid: PodUID) -> str | None:
+        g = self.sim.groups.group_of(uid)
+        return g.key if g is not None else None
+
+    def _schedule_end(self, pod: Pod, started: float, now: float) -> None:
+        if pod.deleting:
+            end, source = now, "declared"
+        else:
+            run = declared_runtime(pod)
+            source = "declared"
+            if run is None:
+                run = self.live.runtimes.typical(like_key(pod, self._group_key(pod.uid)))
+                source = "observed"
+            if run is None:
+                self.source[pod.uid] = "unknown"
+                return
+            end = max(now, started + run)
+        self.source[pod.uid] = source
+        self._seq += 1
+        heapq.heappush(self.ends, (end, self._seq, pod.uid))
+
+    def finish_due(self, t: float) -> bool:
+        any_ended = False
+        while self.ends and self.ends[0][0] <= t:
+            _, _, uid = heapq.heappop(self.ends)
+            pod = self.sim.state.pods.get(uid)
+            if pod is None or not pod.holds_resources:
+                continue
+            self.sim.on_pod("MODIFIED", dataclasses.replace(pod, phase="Succeeded"))
+            self.ended.append((t, self.source.get(uid, "declared")))
+            any_ended = True
+        return any_ended
+
+    def step(self, t: float) -> list[tuple[str, PodUID]]:
+        """One step at ``t``, its Bindings and evictions carried out; returns the bound
+        ``(unit key, pod uid)``."""
+        sim = self.sim
+        d = sim.step(t)
+        bound: list[tuple[str, PodUID]] = []
+        for b in d.binds:
+            uid = PodUID(b.uid)
+            pod = sim.state.pods.get(uid)
+            if pod is None:
+                continue
+            notes = {**pod.annotations, **dict(b.annotations)} if b.annotations else pod.annotations
+            running = dataclasses.replace(pod, node_name=b.node, phase="Running", started=t,
+                                          annotations=notes, cards=b.cards)
+            sim.on_bind_result(b, "bound", now=t)
+            sim.on_pod("MODIFIED", running)
+            self._schedule_end(running, t, t)
+            bound.append((b.unit, uid))
+        for e in d.evictions:
+            sim.on_evict_result(e, "evicted")
+            pod = sim.state.pods.get(PodUID(e.uid))
+            if pod is not None:
+                sim.on_pod("DELETED", pod)
+        return bound
+
+    def unknown_running(self) -> int:
+        return sum(1 for uid, s in self.source.items() if s == "unknown"
+                   and (p := self.sim.state.pods.get(uid)) is not None and p.holds_resources)
+
+
+def estimate_starts(session: Session, jobs: Iterable[Job], now: float, *, max_steps: int = 400,
+                    horizon: float = HORIZON_SECONDS, use_jit: bool = True,
+                    prepared: Forward | None = None) -> dict[str, Estimate]:
+    """Estimated start of each waiting job (by job key); see the module docstring.
+    ``prepared``: the copy, made earlier from ``session`` at ``now`` (else made here)."""
+    all_jobs = list(jobs)
+    out: dict[str, Estimate] = {}
+    need: dict[str, int] = {}
+    for j in all_jobs:
+        if not j.waiting:
+            continue
+        if j.state in HELD:
+            out[j.key] = _none(explain.estimate_unknown(explain.ESTIMATE_HELD))
+        else:
+            need[j.key] = max(1, j.required - j.bound)
+    if not need:
+        return out
+    fwd = prepared if prepared is not None else Forward(session, now, use_jit)
+    started: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    probes: list[float] = [now]
+    steps = 0
+    while steps < max_steps and len(started) < len(need):
+        t = min(fwd.ends[0][0] if fwd.ends else math.inf, probes[0] if probes else math.inf)
+        if t == math.inf or t > now + horizon:
+            break
+        while probes and probes[0] <= t:
+            heapq.heappop(probes)
+        ended = fwd.finish_due(t)
+        bound = fwd.step(t)
+        steps += 1
+        for unit, _ in bound:
+            if unit in need and unit not in started:
+                counts[unit] = counts.get(unit, 0) + 1
+                if counts[unit] >= need[unit]:
+                    started[unit] = t
+        if ended or bound or t == now:
+            for p in PROBES:
+                heapq.heappush(probes, t + p)
+    unknown = fwd.unknown_running()
+    for key in need:
+        at = started.get(key)
+        if at is None:
+            why = explain.ESTIMATE_NEVER_ENDS if unknown else explain.ESTIMATE_BEYOND
+            out[key] = _none(explain.estimate_unknown(why))
+            continue
+        out[key] = _known(at, now, [s for t, s in fwd.ended if t <= at])
+    return out
+
+
+def _none(basis: str) -> Estimate:
+    return {"start": None, "inSeconds": None, "basis": basis, "confidence": "none"}
+
+
+def _known(at: float, now: float, sources: list[str]) -> Estimate:
+    declared = sum(1 for s in sources if s == "declared")
+    observed = sum(1 for s in sources if s == "observed")
+    if at <= now:
+        basis, confidence = explain.ESTIMATE_FITS_NOW, "high"
+    else:
+        basis = explain.estimate_basis(declared, observed, 0)
+        confidence = "medium" if observed else "high"
+    return {"start": at, "inSeconds": max(0.0, at - now), "basis": basis, "confidence": confidence}
+
+
+def first_estimates(book: dict[str, tuple[float, float]], estimates: Mapping[str, Estimate],
+                    now: float) -> None:
+    """Keep the first estimate made for each job: ``key -> (made at, estimated start)``."""
+    for key, e in estimates.items():
+        if e.get("start") is not None and key not in book:
+            book[key] = (now, float(e["start"]))
