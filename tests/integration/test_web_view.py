@@ -120,11 +120,11 @@ async def test_the_web_view_shows_queues_jobs_and_cards_through_the_dashboard(
                                             for i in range(2)])
         await create_pods(kube, namespace, [member(notebook, tag, queue=team_b, gpu=1)])
         await wait_for(lambda: _bound(kube, namespace, [f"{train}-0", f"{train}-1", notebook]), timeout=60)
-        # team B's gang needs 3 cards on each of two nodes: 2 and 1 are free, and it may not reclaim
+        # team B's gang needs 6 cards: 3 are left of its nominal (4 are lent), and it may not reclaim
         await create_group(kube, XK8S, namespace, evaluate, {"minMember": 2})
         await create_pods(kube, namespace, [member(f"{evaluate}-{i}", tag, queue=team_b, gpu=3, group=evaluate)
                                             for i in range(2)])
-        await wait_for(lambda: events_for(kube, namespace, evaluate, "FailedScheduling"), timeout=60)
+        await wait_for(lambda: events_for(kube, namespace, f"{evaluate}-0", "FailedScheduling"), timeout=60)
         status_a = await wait_for(lambda: _queue_status(kube, team_a, used={GPU: "12"}, borrowed={GPU: "4"}), timeout=30)
         status_b = await wait_for(lambda: _queue_status(kube, team_b, used={GPU: "1"}, lent={GPU: "4"}), timeout=30)
         assert status_b["pending"] >= 1
