@@ -131,15 +131,34 @@ function quotaBar(r) {
     el("span", { className: "res" }, shortName(r.name)), bar, el("span", { className: "amount" }, text));
 }
 
+// the queues as a tree: each parent followed by its children (by name), with their depth
+function treeOrder(queues) {
+  const names = new Set(queues.map((q) => q.name));
+  const children = new Map();
+  for (const q of queues) {
+    const parent = q.parent && names.has(q.parent) && q.parent !== q.name ? q.parent : "";
+    if (!children.has(parent)) children.set(parent, []);
+    children.get(parent).push(q);
+  }
+  const out = [], seen = new Set();
+  const walk = (parent, depth) => {
+    for (const q of (children.get(parent) || []).sort((a, b) => a.name.localeCompare(b.name))) {
+      if (seen.has(q.name)) continue; // a cycle in the spec: shown once
+      seen.add(q.name);
+      out.push([q, depth]);
+      walk(q.name, depth + 1);
+    }
+  };
+  walk("", 0);
+  for (const q of queues) if (!seen.has(q.name)) out.push([q, 0]);
+  return out;
+}
+
 function renderQueues() {
   const body = document.querySelector("#queues tbody");
-  const rows = (data.queues && data.queues.queues) || [];
-  const depth = new Map();
-  const byName = new Map(rows.map((q) => [q.name, q]));
-  const depthOf = (q, seen = 0) => (q.parent && byName.has(q.parent) && seen < 16 ? 1 + depthOf(byName.get(q.parent), seen + 1) : 0);
-  for (const q of rows) depth.set(q.name, depthOf(q));
-  body.replaceChildren(...rows.map((q) => el("tr", { dataset: { queue: q.name } },
-    el("td", { className: "name", style: { paddingLeft: `${0.5 + 1.2 * depth.get(q.name)}em` }, title: q.parent ? `in ${q.parent}` : undefined }, q.name),
+  const rows = treeOrder((data.queues && data.queues.queues) || []);
+  body.replaceChildren(...rows.map(([q, depth]) => el("tr", { dataset: { queue: q.name } },
+    el("td", { className: "name", style: { paddingLeft: `${0.5 + 1.2 * depth}em` }, title: q.parent ? `in ${q.parent}` : undefined }, q.name),
     el("td", {}, badge(q.state, `q-${q.state}`, q.message || undefined)),
     el("td", { className: "num pending" }, q.pending),
     el("td", { className: "num admitted" }, q.admitted),
@@ -166,12 +185,20 @@ function updateFilterChoices() {
   select.value = chosen;
 }
 
+// waiting jobs first, by queue and their place in it; running jobs after them
+function jobOrder(a, b) {
+  const running = (j) => (j.state === "running" ? 1 : 0);
+  const place = (j) => (j.position === null || j.position === undefined ? Infinity : j.position);
+  return running(a) - running(b) || (a.queue || "").localeCompare(b.queue || "") ||
+    place(a) - place(b) || `${a.namespace}/${a.name}`.localeCompare(`${b.namespace}/${b.name}`);
+}
+
 function renderJobs() {
   const body = document.querySelector("#jobs tbody");
   const all = (data.jobs && data.jobs.jobs) || [];
   const now = (data.jobs && data.jobs.now) || Date.now() / 1000;
   const chosen = document.getElementById("queue-filter").value;
-  const rows = chosen ? all.filter((j) => j.queue === chosen) : all;
+  const rows = (chosen ? all.filter((j) => j.queue === chosen) : [...all]).sort(jobOrder);
   document.getElementById("job-count").textContent = chosen ? `${rows.length} of ${all.length} jobs` : `${all.length} jobs`;
   body.replaceChildren(...rows.map((j) => {
     const m = j.members || { bound: 0, required: 0, total: 0 };
@@ -182,7 +209,8 @@ function renderJobs() {
     return el("tr", { className: `job ${j.state}`, dataset: { key: j.key } },
       el("td", { className: "name", title: `${j.kind}, priority ${j.priority}` },
         el("span", { className: "muted" }, `${j.namespace}/`), j.name),
-      el("td", {}, j.queue || "—", j.position ? el("span", { className: "muted", title: j.ahead !== null && j.ahead !== undefined ? `${j.ahead} ahead in its queue` : undefined }, ` #${j.position}`) : null),
+      el("td", { className: "queue" }, j.queue || "—", j.position ? el("span", { className: "muted", title: `${j.ahead || 0} job(s) ahead of it in its queue` },
+        ` #${j.position}${j.queueLength ? ` of ${j.queueLength}` : ""}`) : null),
       el("td", {}, badge(j.state, `j-${j.state}`, [j.stateText, j.reason].filter(Boolean).join(": ") || undefined)),
       el("td", { className: "num", title: `${m.total} member(s) in all` }, `${m.bound}/${m.required}`),
       el("td", { className: "num" }, formatNumber(j.gpus)),
