@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 ALERTS = MONITORING / "alerts.yaml"
+ALERT_TESTS = MONITORING / "alerts.test.yaml"
 SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
 DEPLOYMENT = ROOT / "manifests" / "deploy" / "batchsched.yaml"
 
@@ -585,6 +586,20 @@ def test_a_wrong_rule_is_reported() -> None:
     rule = {"alert": "BatchschedTest", "expr": "sum(batchsched_leader) < 1", "for": "5m",
             "labels": {"severity": "critical"}, "annotations": {"summary": "{{ $labels.queue }}", "description": "d"}}
     assert rule_problems(rule) == ["BatchschedTest: {{ $labels.queue }}, a label the alert does not carry"]
+
+
+def test_every_alert_has_promtool_cases_where_it_fires_and_where_it_does_not() -> None:
+    cases = yaml.safe_load(ALERT_TESTS.read_text())
+    assert cases["rule_files"] == ["alerts.rules.yaml"]
+    checks = [c for test in cases["tests"] for c in test["alert_rule_test"]]
+    for rule in rules():
+        mine = [c for c in checks if c["alertname"] == rule["alert"]]
+        assert any(not c["exp_alerts"] for c in mine), f"{rule['alert']}: no case where it stays quiet"
+        firing = [a for c in mine for a in c["exp_alerts"]]
+        assert firing, f"{rule['alert']}: no case where it fires"
+        for alert in firing:
+            assert alert["exp_labels"]["severity"] == rule["labels"]["severity"]
+            assert alert["exp_annotations"].keys() == rule["annotations"].keys()
 
 
 # -- the ServiceMonitor ----------------------------------------------------------------------
