@@ -40,18 +40,22 @@ from batchsched.core.model import PodUID
 from batchsched.core.placement import kernels
 from batchsched.core.plan import Binding, Eviction, ObjectRef
 from batchsched.core.session import Session
+from batchsched.insight.explain import Insight
+from batchsched.kube.auth import RequestAuth
 from batchsched.kube.binder import Binder
 from batchsched.kube.cleanup import CleanupWriter
 from batchsched.kube.client import KubeClient
 from batchsched.kube.endpoints import serve_endpoints
 from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
+from batchsched.kube.gauges import observe_bound, slow_gauges
 from batchsched.kube.groupstatus import GroupStatusWriter
 from batchsched.kube.intake import Intake
-from batchsched.kube.leader import Fence, LeaderElector
+from batchsched.kube.leader import ENDPOINT_ANNOTATION, Fence, LeaderElector
 from batchsched.kube.queuestatus import QueueStatusWriter
 from batchsched.kube.snapshot import take_snapshot
 from batchsched.kube.status import StatusWriter
+from batchsched.kube.views import SessionViews
 from batchsched.metrics import Metrics
 
 log = logging.getLogger("batchsched")
@@ -63,6 +67,8 @@ TRIM_EVERY_SECONDS = 30.0
 #: a collection listed this soon after the previous leader's lease lapsed is listed again
 #: when leading begins (writes in flight at that moment, clocks a little apart)
 CATCH_UP_MARGIN_SECONDS = 2.0
+#: the gauges that walk every queue, group and node are set at most this often
+SLOW_GAUGE_SECONDS = 5.0
 
 class SchedulerFailed(RuntimeError):
     """The replica stopped on an unexpected error (it was reported and the lease released)."""
@@ -116,6 +122,10 @@ class Scheduler:
             queue_status=self.queue_status, metrics=self.metrics, on_change=self._poke, on_failure=self._fail,
         )
         self.reflectors = self.intake.reflectors
+        ex = config.explain
+        self.insight = Insight(self.session, estimate_ttl=ex.estimate_ttl_seconds, max_steps=ex.estimate_max_steps)
+        self.views = SessionViews(self.insight, self.metrics)
+        self._gauged = -1e18
 
     def _fail(self, exc: BaseException) -> None:
         """An unexpected error: never keep a replica that looks alive and schedules
@@ -138,9 +148,15 @@ class Scheduler:
 
     def _bind_result(self, b: Binding, outcome: str, err: KubeError | None) -> None:
         self.metrics.binds.labels(outcome).inc()
+        if outcome == "bound":
+            now = time.time()
+            observe_bound(self.metrics, self.session, b, now)
+            self.views.started(b.unit, now)
         self.intake.guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time())))
 
     def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
+        if outcome == "evicted":
+            self.metrics.evictions.labels(e.cause).inc()
         if e.preemptor and outcome == "evicted":
             self.metrics.attempts.labels("preempted").inc()
         if e.preemptor and outcome in ("blocked", "failed"):
@@ -223,6 +239,9 @@ class Scheduler:
         m.gpu_cards.set(cards)
         m.gpu_allocated.set(held / 1000)
         m.gpu_free_cards.set(free)
+        if time.monotonic() - self._gauged >= SLOW_GAUGE_SECONDS:
+            self._gauged = time.monotonic()
+            slow_gauges(m, self.session)
         plan = d.plan
         if plan is None:
             return
@@ -258,6 +277,7 @@ class Scheduler:
         runner, self.http_port = await serve_endpoints(
             self.config.metrics_address, self.metrics.registry, ready=lambda: self.ready,
             snapshot=(lambda: take_snapshot(self.client, self.config.document())) if self.config.debug_snapshot else None,
+            views=self.views if self.config.explain.enabled else None, auth=RequestAuth(self.client),
         )
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[Any]] = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
@@ -277,6 +297,7 @@ class Scheduler:
                     client=self.client, namespace=le.namespace, name=le.lease_name, identity=self.identity,
                     lease_duration=le.lease_duration_seconds, renew_deadline=le.renew_deadline_seconds,
                     retry_period=le.retry_period_seconds, fence=self.fence,
+                    annotations={ENDPOINT_ANNOTATION: self.advertised()} if self.config.explain.enabled else None,
                 )
 
                 def started() -> None:
@@ -295,6 +316,8 @@ class Scheduler:
                 tasks.append(loop.create_task(self.elector.run(started, stopped), name="leader"))
             else:
                 self.leading.set()
+            if self.config.explain.enabled and self.config.explain.estimate_interval_seconds > 0:
+                tasks.append(loop.create_task(self._estimate(), name="estimates"))
             loop_task = loop.create_task(self._loop(), name="cycle")
             stopping = loop.create_task(self._stopping.wait(), name="stopping")
             tasks.append(stopping)
@@ -324,6 +347,30 @@ class Scheduler:
         if self._failure is not None:
             raise SchedulerFailed(str(self._failure)) from self._failure
 
+
+    def advertised(self) -> str:
+        """Where `batchsched explain` reaches this replica (written on the Lease it holds)."""
+        given = self.config.explain.advertise_address
+        if given:
+            return given
+        host = self.config.metrics_address.rpartition(":")[0].strip("[]")
+        if host in ("", "0.0.0.0", "::"):
+            host = os.environ.get("POD_IP") or socket.gethostname()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.http_port}"
+
+    async def _estimate(self) -> None:
+        """Start estimates now and then while leading, so their error is measured even when
+        nobody asks (a failed run is logged, not fatal: it decides nothing)."""
+        while True:
+            await asyncio.sleep(self.config.explain.estimate_interval_seconds)
+            if not self.leading.is_set():
+                continue
+            try:
+                await self.views.fresh()
+            except Exception:
+                log.exception("start estimates failed")
 
     async def _catch_up(self) -> None:
         """A new leader's first step waits until its mirror holds every write the previous

@@ -1,4 +1,5 @@
-"""The ``batchsched`` command: run the scheduler, the local sandbox, and the demo.
+"""The ``batchsched`` command: run the scheduler, the local sandbox, the demo, and the views
+of a running scheduler (``explain``, ``jobs``, ``queues``, ``dashboard``).
 
 Every error a person can cause (a bad flag, a bad value, a busy port, a bad config file)
 ends as one line on stderr and a non-zero exit.
@@ -81,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     snap.add_argument("--config", help="the batchsched configuration to record with it (YAML)")
     snap.add_argument("-o", "--output", required=True, help="file to write (JSON)")
+
+    from batchsched.viewcli import add_parsers as add_views
+
+    add_views(sub)
 
     demo = sub.add_parser("demo", help="bring up a sandbox, schedule a workload mix, print placements")
     demo.add_argument("--nodes", type=_positive, default=24)
@@ -168,8 +173,16 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def kubectl_main() -> int:
+    """``kubectl batchsched ...``: kubectl runs the executable ``kubectl-batchsched`` on PATH
+    with the words after ``batchsched``."""
+    parser = build_parser()
+    parser.prog = "kubectl batchsched"
+    return main(sys.argv[1:], parser=parser)
+
+
+def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
+    args = (parser or build_parser()).parse_args(argv)
     if args.command == "sandbox":
         return _sandbox(args)
     if args.command == "run":
@@ -182,6 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from batchsched.simulate.cli import main as simulate_main
 
         return simulate_main(args)
+    if args.command in ("explain", "jobs", "queues", "dashboard"):
+        from batchsched.viewcli import main as view_main
+
+        return view_main(args)
     if args.command == "demo":
         from batchsched.demo import main as demo_main
 

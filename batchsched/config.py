@@ -154,6 +154,24 @@ class TopologySection:
 
 
 @dataclass(slots=True, frozen=True)
+class ExplainSection:
+    #: the views (/debug/jobs, /debug/explain, the web view at /ui/) need a token that the
+    #: cluster accepts and RBAC lets get the path (ClusterRole batchsched-viewer)
+    enabled: bool = True
+    #: start estimates are made again when older than this (a forward run of the session)
+    estimate_ttl_seconds: float = 30.0
+    #: estimates are made this often even when nobody asks, so their error is measured
+    #: (batchsched_start_estimate_*); 0: only when asked
+    estimate_interval_seconds: float = 60.0
+    #: cycles a forward run may take at most
+    estimate_max_steps: int = 400
+    #: the address written on the Lease for `batchsched explain` to find the leader
+    #: (http://host:port); empty: the metrics address, with the pod's IP (env POD_IP) for
+    #: an unspecified host
+    advertise_address: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class Config:
     scheduler_names: tuple[str, ...] = ("batchsched",)
     scoring: ScoringSection = field(default_factory=ScoringSection)
@@ -167,6 +185,7 @@ class Config:
     reservation: ReservationSection = field(default_factory=ReservationSection)
     topology: TopologySection = field(default_factory=TopologySection)
     gpu_sharing: GpuSharingSection = field(default_factory=GpuSharingSection)
+    explain: ExplainSection = field(default_factory=ExplainSection)
     metrics_address: str = "127.0.0.1:10351"
     #: serve /debug/snapshot on the metrics address: every object the scheduler reads, to
     #: anyone who can reach that address (off unless turned on)
@@ -365,6 +384,13 @@ def _validate(cfg: Config) -> None:
     positive(cfg.preemption.max_search_seconds_per_cycle, "preemption.maxSearchSecondsPerCycle")
     positive(cfg.reservation.per_queue, "reservation.perQueue")
     positive(cfg.reservation.max_hold_seconds, "reservation.maxHoldSeconds")
+    positive(cfg.explain.estimate_ttl_seconds, "explain.estimateTtlSeconds")
+    positive(cfg.explain.estimate_max_steps, "explain.estimateMaxSteps")
+    if cfg.explain.estimate_interval_seconds < 0:
+        raise ConfigError("config: explain.estimateIntervalSeconds: must not be negative")
+    adv = cfg.explain.advertise_address
+    if adv and not adv.startswith(("http://", "https://")):
+        raise ConfigError(f"config: explain.advertiseAddress: expected http(s)://host:port, got {adv!r}")
     host, _, port = cfg.metrics_address.rpartition(":")
     if not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")

@@ -131,7 +131,7 @@ def _scheduler_identity(state: Any) -> str:
     the ServiceAccount they bind, and write a kubeconfig with a token for it."""
     ca = Path(state.dir) / "pki" / "ca.crt"
     context = ssl.create_default_context(cafile=str(ca))
-    token = _admin_token(state.kubeconfig)
+    token = admin_token(state.kubeconfig)
 
     def call(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         request = urllib.request.Request(
@@ -178,7 +178,7 @@ def _scheduler_identity(state: Any) -> str:
     return str(path)
 
 
-def _admin_token(kubeconfig: str) -> str:
+def admin_token(kubeconfig: str) -> str:
     [user] = yaml.safe_load(Path(kubeconfig).read_text())["users"]
     return str(user["user"]["token"])
 

@@ -822,6 +822,11 @@ class Session:
         pod = self.state.pending.get(uid) if uid is not None else None
         return pod.shows if pod is not None else None
 
+    @property
+    def holding_count(self) -> int:
+        """Units holding a reservation or a nomination after the last cycle."""
+        return len(self._holders)
+
     def holds_reservation(self, key: str) -> bool:
         """Whether the unit held a reservation or a nomination after the last cycle."""
         return key in self._holders

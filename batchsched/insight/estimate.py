@@ -73,7 +73,7 @@ class Forward:
     """The copy, its clock and the ends to come."""
 
     def __init__(self, live: Session, now: float, use_jit: bool) -> None:
-        self.live = live
+        self.runtimes = copy.deepcopy(live.runtimes)  # the live book changes meanwhile
         self.sim = _copy(live, use_jit)
         self.now = now
         #: (time, sequence, uid) of each running pod's end
@@ -97,7 +97,7 @@ class Forward:
             run = declared_runtime(pod)
             source = "declared"
             if run is None:
-                run = self.live.runtimes.typical(like_key(pod, self._group_key(pod.uid)))
+                run = self.runtimes.typical(like_key(pod, self._group_key(pod.uid)))
                 source = "observed"
             if run is None:
                 self.source[pod.uid] = "unknown"

@@ -34,7 +34,7 @@ from batchsched.core.quantity import MILLI_RESOURCES
 from batchsched.core.queues import QueueName, QueueProblem, QueueTree, StopPolicy
 from batchsched.core.session import Session
 
-__all__ = ["Job", "jobs", "node_rows", "queue_rows"]
+__all__ = ["Job", "amount", "jobs", "node_rows", "queue_rows"]
 
 WAITING_STATES = frozenset({
     "queued", "reserved", "preempting", "backoff", "incomplete", "placing",
@@ -202,7 +202,7 @@ def find_job(all_jobs: Iterable[Job], *, kind: str, namespace: str, name: str) -
 # -- queues ---------------------------------------------------------------------------------------
 
 
-def _amount(resource: str, units: int | None) -> float | None:
+def amount(resource: str, units: int | None) -> float | None:
     """A quantity in the unit people read: cards, cores, bytes."""
     if units is None:
         return None
@@ -270,12 +270,12 @@ def _resources(quotas: Mapping[str, Any], charged: QueueTree | None, name: str) 
         q = quotas[r]
         out.append({
             "name": r, "unit": _unit_name(r),
-            "nominal": _amount(r, q.nominal),
-            "used": _amount(r, report.used.get(r, 0) if report else 0),
-            "borrowed": _amount(r, report.borrowed.get(r, 0) if report else 0),
-            "lent": _amount(r, report.lent.get(r, 0) if report else 0),
-            "borrowingLimit": _amount(r, q.borrowing_limit),
-            "lendingLimit": _amount(r, q.lending_limit),
+            "nominal": amount(r, q.nominal),
+            "used": amount(r, report.used.get(r, 0) if report else 0),
+            "borrowed": amount(r, report.borrowed.get(r, 0) if report else 0),
+            "lent": amount(r, report.lent.get(r, 0) if report else 0),
+            "borrowingLimit": amount(r, q.borrowing_limit),
+            "lendingLimit": amount(r, q.lending_limit),
         })
     return out
 

@@ -1,22 +1,55 @@
-"""The scheduler's own HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``,
-and ``/debug/snapshot`` (the cluster as the scheduler reads it, for ``batchsched simulate``)."""
+"""The scheduler's own HTTP endpoints.
+
+Open: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``. Behind the cluster's
+authentication and RBAC (:mod:`batchsched.kube.auth`): the views ``/debug/queues``,
+``/debug/jobs``, ``/debug/nodes``, ``/debug/explain``, the read-only web view under
+``/ui/`` (static files that read those views), and ``/debug/snapshot`` (the cluster as the
+scheduler reads it, for ``batchsched simulate``) when it is turned on.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from importlib import resources
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from batchsched.kube.auth import RequestAuth
+
+__all__ = ["Views", "serve_endpoints"]
+
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".svg": "image/svg+xml"}
+
+
+class Views(Protocol):
+    """What the debug endpoints serve (the app answers from its session)."""
+
+    async def queues(self) -> dict[str, Any]: ...
+
+    async def jobs(self, *, queue: str | None, namespace: str | None) -> dict[str, Any]: ...
+
+    async def nodes(self) -> dict[str, Any]: ...
+
+    async def explain(self, *, kind: str, name: str, namespace: str) -> dict[str, Any]:
+        """Raises LookupError for an unknown object."""
+        ...
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
 
 async def serve_endpoints(
     address: str, registry: CollectorRegistry, *, ready: Callable[[], bool],
     snapshot: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    views: Views | None = None, auth: RequestAuth | None = None,
 ) -> tuple[web.AppRunner, int | None]:
     """Serve on ``host:port`` (port 0: any free one); returns the runner (``cleanup()`` it)
-    and the port bound. ``/readyz`` answers 503 while ``ready()`` is false."""
+    and the port bound. ``/readyz`` answers 503 while ``ready()`` is false. Without
+    ``auth`` the protected paths are not served at all."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -27,17 +60,73 @@ async def serve_endpoints(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
 
+    @web.middleware
+    async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        path = request.path
+        if auth is not None and (path.startswith("/debug/") or path == "/ui" or path.startswith("/ui/")):
+            decision = await auth.check(request.headers.get("Authorization"), path)
+            if decision.status != 200:
+                return _json({"error": decision.message}, decision.status)
+        return await handler(request)
+
     async def debug_snapshot(_: web.Request) -> web.Response:
         assert snapshot is not None
         try:
             body = await snapshot()
         except Exception as exc:  # a failed listing is the caller's answer, not a crash
             return web.Response(status=502, text=f"snapshot failed: {exc}")
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
+        return _json(body)
 
-    app = web.Application()
-    if snapshot is not None:
+    async def queues(_: web.Request) -> web.Response:
+        assert views is not None
+        return _json(await views.queues())
+
+    async def jobs(request: web.Request) -> web.Response:
+        assert views is not None
+        q = request.query
+        return _json(await views.jobs(queue=q.get("queue") or None, namespace=q.get("namespace") or None))
+
+    async def nodes(_: web.Request) -> web.Response:
+        assert views is not None
+        return _json(await views.nodes())
+
+    async def explain(request: web.Request) -> web.Response:
+        assert views is not None
+        q = request.query
+        kind = (q.get("kind") or "").lower()
+        if kind not in ("pod", "podgroup", "queue") or not q.get("name"):
+            return _json({"error": "give kind=pod|podgroup|queue and name (and namespace)"}, 400)
+        try:
+            return _json(await views.explain(kind=kind, name=q["name"], namespace=q.get("namespace") or "default"))
+        except LookupError as exc:
+            return _json({"error": str(exc.args[0]) if exc.args else "not found"}, 404)
+
+    web_root = resources.files("batchsched.insight").joinpath("web")
+
+    async def ui(request: web.Request) -> web.StreamResponse:
+        name = request.match_info.get("name") or "index.html"
+        if request.path == "/ui":
+            raise web.HTTPFound("/ui/")
+        if "/" in name or name.startswith(".") or not any(name.endswith(s) for s in _TYPES):
+            raise web.HTTPNotFound()
+        item = web_root.joinpath(name)
+        if not item.is_file():
+            raise web.HTTPNotFound()
+        suffix = name[name.rfind("."):]
+        return web.Response(body=item.read_bytes(), content_type=_TYPES[suffix],
+                            headers={"Cache-Control": "no-cache"})
+
+    app = web.Application(middlewares=[guard])
+    if snapshot is not None and auth is not None:
         app.router.add_get("/debug/snapshot", debug_snapshot)
+    if views is not None and auth is not None:
+        app.router.add_get("/debug/queues", queues)
+        app.router.add_get("/debug/jobs", jobs)
+        app.router.add_get("/debug/nodes", nodes)
+        app.router.add_get("/debug/explain", explain)
+        app.router.add_get("/ui", ui)
+        app.router.add_get("/ui/", ui)
+        app.router.add_get("/ui/{name}", ui)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

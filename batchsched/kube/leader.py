@@ -44,7 +44,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -60,7 +60,7 @@ from batchsched.kube.errors import (
 )
 from batchsched.kube.retry import Backoff, RetryPolicy
 
-__all__ = ["Fence", "Fenced", "LeaderElector"]
+__all__ = ["ENDPOINT_ANNOTATION", "Fence", "Fenced", "LeaderElector"]
 
 log = logging.getLogger("batchsched.leader")
 
@@ -68,6 +68,9 @@ Callback = Callable[[], Awaitable[None] | None]
 T = TypeVar("T")
 
 _MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+#: the Lease annotation where the leader says where its views are served
+#: (``batchsched explain`` and ``batchsched dashboard`` read it)
+ENDPOINT_ANNOTATION = "batchsched.io/endpoint"
 # How long to wait before looking again after a permanent error (403, 404 namespace, 422).
 _SLOW_RETRY_FACTOR = 10.0
 _SLOW_RETRY_MIN = 10.0
@@ -199,6 +202,7 @@ class LeaderElector:
         retry_period: float = 2,
         clock: Callable[[], float] = time.time,
         fence: Fence | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         if not identity:
             raise ValueError("the identity of a leader candidate must not be empty")
@@ -211,6 +215,8 @@ class LeaderElector:
         self.namespace = namespace
         self.name = name
         self.identity = identity
+        #: written on the Lease while this candidate holds it (where to reach the leader)
+        self.annotations = dict(annotations or {})
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
@@ -425,6 +431,10 @@ class LeaderElector:
         spec["leaseDurationSeconds"] = self._duration_seconds
         spec["renewTime"] = micro_time(write_time)
         body = {**lease, "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec}
+        if self.annotations:
+            meta = dict(lease.get("metadata") or {})
+            meta["annotations"] = {**(meta.get("annotations") or {}), **self.annotations}
+            body["metadata"] = meta
         self._lease = await self.client.replace(self._path, body)
         self._took(write_time)
         return True
@@ -435,7 +445,7 @@ class LeaderElector:
         body: JSON = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
+            "metadata": {"name": self.name, "namespace": self.namespace, "annotations": dict(self.annotations)},
             "spec": {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": self._duration_seconds,

@@ -24,6 +24,7 @@ from batchsched.kube.client import KubeClient
 from batchsched.kube.snapshot import take_snapshot
 from batchsched.sandbox.nodes import SANDBOX_LABEL
 from batchsched.simulate import snapshot as replay_snapshot
+from tests.conftest import admin_token
 from tests.integration.helpers import (
     config,
     create_pods,
@@ -111,7 +112,8 @@ async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
 
         # the running scheduler serves the same snapshot
         url = f"http://127.0.0.1:{sched.http_port}/debug/snapshot"
-        body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url, timeout=10).read()))
+        ask = urllib.request.Request(url, headers={"Authorization": f"Bearer {admin_token(sandbox.kubeconfig)}"})
+        body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(ask, timeout=10).read()))
         assert body["kind"] == "BatchschedSnapshot" and body["config"]["gpuSharing"]["policy"] == "binpack"
         assert {n["metadata"]["name"] for n in body["objects"]["nodes"]} >= {
             n for n, _ in {v for v in live.values()}}
