@@ -6,7 +6,8 @@ runs a notebook and waits with a gang that does not fit (it may not reclaim). Th
 loaded the way a user opens it (the URL the dashboard prints, no token in the browser) and
 read as they would: the queues with their counts and quota, the waiting gang with why it
 waits, the running gang, a square for every GPU card. The numbers it shows are compared with
-what the apiserver holds (Queue status, nodes' allocatable, the pods bound).
+what the apiserver holds (Queue status, nodes' allocatable, the pods bound). A user allowed
+the page but not the views it reads sees an error line that says so.
 
 ``BATCHSCHED_SCREENSHOT=1`` also writes the screenshot to ``docs/images/web-view.png``
 (the README's picture); otherwise it goes to the test's temporary folder only.
@@ -30,6 +31,7 @@ import pytest
 from PIL import Image
 
 from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import NotFoundError
 from batchsched.sandbox.cluster import free_port
 from tests.conftest import ROOT
 from tests.integration import browser
@@ -82,6 +84,37 @@ async def dashboard(kubeconfig: str, server: str, log: Path) -> AsyncIterator[st
         except subprocess.TimeoutExpired:
             proc.kill()
             await asyncio.to_thread(proc.wait, 15)
+
+
+@contextlib.asynccontextmanager
+async def page_only_user(kube: KubeClient, sandbox: Any, namespace: str, folder: Path) -> AsyncIterator[str]:
+    """A kubeconfig of a ServiceAccount allowed ``/ui/`` but none of the views."""
+    from batchsched.sandbox.pki import write_kubeconfig
+
+    name = f"ui-only-{namespace}"
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    await kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "ui-only"}})
+    await kube.create(f"{rbac}/clusterroles", {
+        "metadata": {"name": name},
+        "rules": [{"nonResourceURLs": ["/ui", "/ui/*"], "verbs": ["get"]}],
+    })
+    try:
+        await kube.create(f"{rbac}/clusterrolebindings", {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": "ui-only", "namespace": namespace}],
+        })
+        issued = await kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/ui-only/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600},
+        })
+        path = folder / "kubeconfig-ui-only"
+        write_kubeconfig(path, sandbox.server, Path(sandbox.dir) / "pki" / "ca.crt", issued["status"]["token"],
+                         f"system:serviceaccount:{namespace}:ui-only")
+        yield str(path)
+    finally:
+        for kind in ("clusterrolebindings", "clusterroles"):
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"{rbac}/{kind}/{name}")
 
 
 async def page(url: str) -> browser.Element:
@@ -202,6 +235,21 @@ async def test_the_web_view_shows_queues_jobs_and_cards_through_the_dashboard(
                 assert len(colours) > 100  # text, badges, bars and cards, not a blank page
             if os.environ.get("BATCHSCHED_SCREENSHOT") == "1":
                 await asyncio.to_thread(browser.screenshot, url, SCREENSHOT, wait_ms=4000)
+
+        # a user who may open the page but not read the views is told why, not shown a blank page
+        async with page_only_user(kube, sandbox, namespace, tmp_path) as kubeconfig, \
+                dashboard(kubeconfig, base, tmp_path / "dashboard-denied.log") as url:
+            async def refused() -> browser.Element | None:
+                root = await page(url)
+                return root if "hidden" not in root.find(id="error").attrs else None
+
+            root = await wait_for(refused, timeout=60, interval=1)
+            error = root.find(id="error").text()
+            for path in ("../debug/queues", "../debug/jobs", "../debug/nodes"):
+                assert f"{path} (HTTP 403" in error, error
+            assert "ClusterRole" in error, error
+            assert root.find(id="updated").text() == "no data"
+            assert not root.find(id="queues").find("tbody").find_all("tr")
 
 
 async def _bound(kube: KubeClient, namespace: str, names: list[str]) -> bool:
