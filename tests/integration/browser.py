@@ -57,7 +57,7 @@ def _find() -> str | None:
 
 def _install() -> str | None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", PACKAGE]
+    install = ["apt-get", "install", "-y", PACKAGE]
     if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
         # the package lists may be stale or absent (a fresh image): read them, then try again
         subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)

@@ -332,5 +332,8 @@ filter.addEventListener("change", () => {
   history.replaceState(null, "", url);
   renderJobs();
 });
-refresh();
-setInterval(refresh, REFRESH_MS);
+// the next refresh is timed from the end of the last one, so a slow answer never piles reads up
+(async function loop() {
+  await refresh();
+  setTimeout(loop, REFRESH_MS);
+})();
