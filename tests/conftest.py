@@ -151,7 +151,8 @@ def _scheduler_identity(state: Any) -> str:
             if exc.code != 409:
                 raise
 
-    role, binding = (d for d in yaml.safe_load_all(RBAC.read_text()) if d)
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(RBAC.read_text()) if d}
+    role, binding = docs[("ClusterRole", "batchsched")], docs[("ClusterRoleBinding", "batchsched")]
     served_role = call("GET", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role['metadata']['name']}")
     served_binding = call(
         "GET", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding['metadata']['name']}"

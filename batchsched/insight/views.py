@@ -151,10 +151,14 @@ def jobs(session: Session, now: float) -> list[Job]:
         out.append(_job(session, group.key, "PodGroup", group.namespace, group.name, pods, group,
                         group.min_member, groups.priority(group, pods), group.created, tree, now))
     for pod in state.pods.values():
-        if pod.uid in in_groups or pod.terminal or not state.ours(pod) or groups.in_group(pod.uid):
+        if pod.uid in in_groups or pod.terminal or not state.ours(pod):
             continue
-        out.append(_job(session, pod.key, "Pod", pod.namespace, pod.name, [pod], None, 1,
-                        pod.priority, pod.created, tree, now))
+        job = _job(session, pod.key, "Pod", pod.namespace, pod.name, [pod], None, 1,
+                   pod.priority, pod.created, tree, now)
+        if groups.in_group(pod.uid) and job.waiting and job.state != "invalid":
+            # it names a PodGroup that does not exist (yet): it waits for it
+            job.state, job.reason = "incomplete", "PodGroupNotFound"
+        out.append(job)
     _positions(out)
     return out
 
