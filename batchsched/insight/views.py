@@ -233,12 +233,14 @@ def queue_rows(session: Session, now: float, all_jobs: list[Job]) -> list[dict[s
     for j in all_jobs:
         if j.queue is None:
             continue
-        if j.state == "running":
-            admitted[j.queue] = admitted.get(j.queue, 0) + 1
-        elif j.waiting:
-            pending[j.queue] = pending.get(j.queue, 0) + 1
-            if j.waiting_since is not None:
-                oldest[j.queue] = min(oldest.get(j.queue, now), j.waiting_since)
+        # a cohort counts the jobs of every queue under it
+        for q in _up(structure, j.queue):
+            if j.state == "running":
+                admitted[q] = admitted.get(q, 0) + 1
+            elif j.waiting:
+                pending[q] = pending.get(q, 0) + 1
+                if j.waiting_since is not None:
+                    oldest[q] = min(oldest.get(q, now), j.waiting_since)
     rows = []
     for name in sorted(session.queues.queue_objects):
         obj = session.queues.queue_objects[name]
@@ -264,6 +266,18 @@ def queue_rows(session: Session, now: float, all_jobs: list[Job]) -> list[dict[s
                 row["fairShare"] = round(charged.share(name), 4)
         rows.append(row)
     return rows
+
+
+def _up(tree: QueueTree, queue: str) -> list[str]:
+    """The queue and the cohorts above it (just the queue when the tree does not hold it)."""
+    out = [queue]
+    if queue not in tree.names:
+        return out
+    parent = tree.parent(queue)
+    while parent is not None and parent not in out:
+        out.append(parent)
+        parent = tree.parent(parent)
+    return out
 
 
 def _resources(quotas: Mapping[str, Any], charged: QueueTree | None, name: str) -> list[dict[str, Any]]:

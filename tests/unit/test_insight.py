@@ -246,3 +246,20 @@ def test_the_views_count_queues_jobs_and_cards() -> None:
     assert sum(n["gpusUsed"] for n in nodes) == 11
     rows = insight.jobs(w.now, queue="team")["jobs"]
     assert sorted((r["name"], r["state"]) for r in rows) == [("a", "running"), ("b", "running"), ("c", "queued")]
+
+
+def test_a_cohort_counts_the_jobs_of_the_queues_under_it() -> None:
+    w = World()
+    w.node("n0", 8)
+    org = {"metadata": {"name": "org", "uid": "q-org", "resourceVersion": "1"}, "spec": {}}
+    team = _queue("team", 8)
+    team["spec"]["parent"] = "org"
+    w.session.on_queues_listed([org, team])
+    w.pod("a", 8, queue="team")
+    w.step()
+    w.pod("b", 8, queue="team")
+    w.step(after=1)
+    rows = {q["name"]: q for q in Insight(w.session, use_jit=False).queues(w.now)["queues"]}
+    assert (rows["team"]["pending"], rows["team"]["admitted"]) == (1, 1)
+    assert (rows["org"]["pending"], rows["org"]["admitted"]) == (1, 1)
+    assert rows["org"]["parent"] is None and rows["team"]["parent"] == "org"

@@ -568,3 +568,17 @@ def test_no_queue_ever_exceeds_nominal_plus_borrowing(objs: list[dict[str, Any]]
         # the whole tree never holds more than the root's nominal: shares never exceed capacity
         for top in (n for n in tree.names if tree.parent(n) is None):
             assert np.all(~tree.managed(top) | (tree.usage_vector(top) <= tree.nominal_vector(top)))
+
+
+def test_a_queue_that_may_not_reclaim_is_not_told_reclaim_may_return_its_quota() -> None:
+    tree = tree_of(
+        queue_obj("org"),
+        queue_obj("a", "org", gpu={"nominal": 4}),
+        queue_obj("b", "org", gpu={"nominal": 8}, preemption={"reclaimWithinCohort": "Never"}),
+    )
+    tree.admit("a", vec(gpu=10))
+    assert tree.admissible("b", vec(gpu=3)) == (
+        "queue b: needs 3 nvidia.com/gpu; nominal 8, in use 0, 2 available: the rest of its "
+        "nominal is lent to other queues of cohort org (its reclaimWithinCohort is Never: it waits "
+        "for them to end)"
+    )

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from batchsched.core.plan import QueueName
 from batchsched.core.quantity import MILLI_RESOURCES, format_units
-from batchsched.core.queues.spec import Queue, QueueError, StopPolicy, parse_queue
+from batchsched.core.queues.spec import Queue, QueueError, ReclaimPolicy, StopPolicy, parse_queue
 from batchsched.core.queues.structure import UNLIMITED, _Node, _TreeStructure
 
 __all__ = [
@@ -384,9 +384,11 @@ class QueueTree(_TreeStructure):
         if node.borrow[k] < UNLIMITED and own_cap <= a:
             return f"{head}, may borrow {f(may_borrow)} (borrowing limit {f(node.borrow[k])})"
         if used + need <= nominal:
+            back = ("its reclaimWithinCohort is Never: it waits for them to end"
+                    if node.queue.reclaim is ReclaimPolicy.NEVER else "reclaim may return it")
             return (
                 f"{head}, {f(a)} available: the rest of its nominal is lent to other queues "
-                f"of cohort {cohort} (reclaim may return it)"
+                f"of cohort {cohort} ({back})"
             )
         lends = "lends none" if may_borrow == 0 else f"has {f(may_borrow)} to lend"
         return f"{head}, may borrow {f(may_borrow)} (cohort {cohort} {lends})"
