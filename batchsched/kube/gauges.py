@@ -32,6 +32,7 @@ def slow_gauges(m: Metrics, session: Session) -> None:
 
 def _queues(m: Metrics, session: Session) -> None:
     structure = session.queues.structure()
+    _forget_queues(m, set(structure.names))
     charged = session.charged
     pending: dict[str, int] = {}
     for q in session.queues.waiting.values():
@@ -53,6 +54,17 @@ def _queues(m: Metrics, session: Session) -> None:
             m.queue_nominal.labels(name, resource).set(amount(resource, nominal) or 0.0)
             m.queue_used.labels(name, resource).set(amount(resource, report.used.get(resource, 0)) or 0.0)
             m.queue_borrowed.labels(name, resource).set(amount(resource, report.borrowed.get(resource, 0)) or 0.0)
+
+
+def _forget_queues(m: Metrics, names: set[str]) -> None:
+    """Drop the series of queues that are gone: a deleted queue would otherwise keep its
+    last values on the dashboard (and in its queue list) for as long as the replica runs."""
+    for gauge in (m.queue_pending, m.queue_admitted, m.queue_stopped, m.queue_nominal, m.queue_used,
+                  m.queue_borrowed):
+        for family in gauge.collect():
+            for sample in family.samples:
+                if sample.labels["queue"] not in names:
+                    gauge.remove(*sample.labels.values())
 
 
 def _cards(m: Metrics, session: Session) -> None:

@@ -4,7 +4,7 @@ queue's values once work has run in it.
 
 The unit test holds the expressions to the metric definitions; this one holds the
 definitions to what the scheduler fills in, on the sandbox, after it bound a pod of a
-queue, kept another waiting over its quota, and saw a second queue stopped.
+queue, kept another waiting over its quota, and saw a second queue stopped (then deleted).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchsched.kube.client import KubeClient
 from tests.integration.helpers import (
+    QUEUES,
     create_pods,
     list_pods,
     pod_body,
@@ -91,6 +92,15 @@ async def test_the_scheduler_exports_every_metric_the_dashboard_and_alerts_read(
             seen = {n: value(last[0][1], n, queue=team) for n in want}
             raise AssertionError(f"queue {team}: wanted {want} in /metrics, read {seen}") from None
         [(text, samples)] = last
+
+        # a deleted queue leaves the dashboard: its series go with it
+        await kube.delete(f"{QUEUES}/{held}")
+
+        async def forgotten() -> bool:
+            _, now = await scrape(app.http_port)
+            return not any(s.labels.get("queue") == held for s in now)
+
+        await wait_for(forgotten, timeout=30)
 
     names = read_by_the_manifests()
     assert len(names) >= 20
