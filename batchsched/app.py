@@ -368,7 +368,7 @@ class Scheduler:
             if not self.leading.is_set():
                 continue
             try:
-                await self.views.fresh()
+                await self.views.fresh(wait=True)
             except Exception:
                 log.exception("start estimates failed")
 

@@ -162,7 +162,7 @@ class ExplainSection:
     estimate_ttl_seconds: float = 30.0
     #: estimates are made this often even when nobody asks, so their error is measured
     #: (batchsched_start_estimate_*); 0: only when asked
-    estimate_interval_seconds: float = 60.0
+    estimate_interval_seconds: float = 300.0
     #: cycles a forward run may take at most
     estimate_max_steps: int = 400
     #: the address written on the Lease for `batchsched explain` to find the leader

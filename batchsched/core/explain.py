@@ -303,6 +303,11 @@ ESTIMATE_BEYOND = "it does not start within the simulated horizon"
 ESTIMATE_HELD = "it is held until a person acts (suspended, its queue stopped, or invalid)"
 
 
+def estimate_budget(reached: float, steps: int) -> str:
+    return (f"later than in about {about(reached)} (the forward run stopped there, after its "
+            f"{steps} cycles; explain.estimateMaxSteps allows more)")
+
+
 def estimate_basis(declared: int, observed: int, unknown: int) -> str:
     """What the ends a start estimate rests on came from."""
     parts = []

@@ -115,6 +115,12 @@ class WaitBook:
         waited = now - s.since
         return not (waited >= interval or (s.woken and waited >= s.backoff()))
 
+    def next_try(self, now: float) -> float | None:
+        """The earliest time after ``now`` at which a woken sleeper's back-off ends (None:
+        no woken sleeper waits for one)."""
+        ends = [s.since + s.backoff() for s in self.sleepers.values() if s.woken and s.since + s.backoff() > now]
+        return min(ends, default=None)
+
     def freed(self, free: Iterable[IntArray], columns: Mapping[str, int], roots: Collection[str] = ()) -> None:
         """Capacity was freed on some nodes; ``free``: each such node's free capacity now;
         ``roots``: the queue trees whose usage fell. Wakes the sleepers it could be enough

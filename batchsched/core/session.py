@@ -822,6 +822,11 @@ class Session:
         pod = self.state.pending.get(uid) if uid is not None else None
         return pod.shows if pod is not None else None
 
+    def next_due(self, now: float) -> float | None:
+        """When a step after ``now`` would try something an event already woke (a back-off
+        ends); None when only new events (or the slow retry timer) would."""
+        return self.waits.next_try(now)
+
     @property
     def holding_count(self) -> int:
         """Units holding a reservation or a nomination after the last cycle."""

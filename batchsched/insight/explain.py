@@ -63,6 +63,10 @@ class Insight:
     def stale(self, now: float) -> bool:
         return now - self.estimated_at >= self.estimate_ttl
 
+    def expire(self) -> None:
+        """The next look makes a new estimate."""
+        self.estimated_at = -1e18
+
     def keep(self, estimates: dict[str, Estimate], made_at: float) -> None:
         self.estimates = estimates
         self.estimated_at = made_at

@@ -2,8 +2,10 @@
 
 The views are read in the event loop, between steps (they read the session as it stands).
 A start estimate runs a copy of the session forward: the copy is made in the loop, the run
-goes to a worker thread, so scheduling goes on meanwhile; one run at a time, and its
-estimates are kept for ``estimate_ttl`` seconds for every caller.
+goes to a worker thread, so scheduling goes on meanwhile; one run at a time. Its estimates
+serve every caller; once older than ``estimate_ttl`` seconds a new run starts and callers
+get the last estimates meanwhile, except one asking about a job the last run did not know,
+who waits for a run that does.
 """
 
 from __future__ import annotations
@@ -26,33 +28,48 @@ class SessionViews:
         self.insight = insight
         self.metrics = metrics
         self._clock = clock
-        self._lock = asyncio.Lock()
+        self._running: asyncio.Task[None] | None = None
 
-    async def fresh(self) -> None:
-        """Estimates no older than the ttl (one forward run at a time)."""
-        async with self._lock:
-            now = self._clock()
-            if not self.insight.stale(now):
-                return
-            run = self.insight.forward(now)
-            t0 = time.perf_counter()
-            estimates = await asyncio.to_thread(run)
-            self.metrics.estimate_duration.observe(time.perf_counter() - t0)
-            self.insight.keep(estimates, now)
+    async def fresh(self, *, wait: bool) -> None:
+        """Start a new estimate when the last is older than the ttl; with ``wait``, or when
+        there is none yet, wait for it (otherwise callers are answered with the last one)."""
+        now = self._clock()
+        if self.insight.stale(now) and (self._running is None or self._running.done()):
+            self._running = asyncio.get_running_loop().create_task(self._estimate(), name="estimate")
+        if self._running is not None and not self._running.done() and (wait or self.insight.estimated_at < 0):
+            await asyncio.shield(self._running)
+
+    async def _estimate(self) -> None:
+        now = self._clock()
+        run = self.insight.forward(now)
+        t0 = time.perf_counter()
+        estimates = await asyncio.to_thread(run)
+        self.metrics.estimate_duration.observe(time.perf_counter() - t0)
+        self.insight.keep(estimates, now)
 
     async def queues(self) -> dict[str, Any]:
         return self.insight.queues(self._clock())
 
     async def jobs(self, *, queue: str | None, namespace: str | None) -> dict[str, Any]:
-        await self.fresh()
+        await self.fresh(wait=False)
         return self.insight.jobs(self._clock(), queue=queue, namespace=namespace)
 
     async def nodes(self) -> dict[str, Any]:
         return self.insight.nodes(self._clock())
 
     async def explain(self, *, kind: str, name: str, namespace: str) -> dict[str, Any]:
-        await self.fresh()
-        return self.insight.explain(self._clock(), kind=kind, name=name, namespace=namespace)
+        await self.fresh(wait=False)
+        answer = self.insight.explain(self._clock(), kind=kind, name=name, namespace=namespace)
+        job = answer.get("job")
+        if job is not None and job["state"] != "running" and job["key"] not in self.insight.estimates:
+            # a job the last estimate did not know yet: a run in progress may; else a new one
+            if self._running is not None and not self._running.done():
+                await asyncio.shield(self._running)
+            if job["key"] not in self.insight.estimates:
+                self.insight.expire()
+                await self.fresh(wait=True)
+            answer = self.insight.explain(self._clock(), kind=kind, name=name, namespace=namespace)
+        return answer
 
     def started(self, unit: str, now: float) -> None:
         """A unit's first member was bound: judge its first estimate."""
