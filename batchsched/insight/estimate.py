@@ -34,7 +34,7 @@ from batchsched.core.model import Pod, PodUID
 from batchsched.core.reservation import declared_runtime
 from batchsched.core.runtimes import like_key
 from batchsched.core.session import Session
-from batchsched.insight.views import Job
+from batchsched.insight.views import HELD_STATES, Job
 
 __all__ = ["Estimate", "Forward", "estimate_starts"]
 
@@ -44,8 +44,6 @@ AGAIN_SECONDS = 0.1
 BATCH_FRACTION = 0.02
 #: how far ahead the copy runs at most
 HORIZON_SECONDS = 7 * 86400.0
-#: states whose jobs are held until a person acts: no estimate
-HELD = frozenset({"suspended", "queue-stopped", "invalid", "gated"})
 
 Estimate = dict[str, Any]
 
@@ -174,7 +172,7 @@ def estimate_starts(session: Session, jobs: Iterable[Job], now: float, *, max_st
     for j in all_jobs:
         if not j.waiting:
             continue
-        if j.state in HELD:
+        if j.state in HELD_STATES:
             out[j.key] = _none(explain.estimate_unknown(explain.ESTIMATE_HELD))
         else:
             need[j.key] = max(1, j.required - j.bound)

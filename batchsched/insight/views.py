@@ -36,6 +36,8 @@ from batchsched.core.session import Session
 
 __all__ = ["Job", "amount", "jobs", "node_rows", "queue_rows"]
 
+#: states whose jobs wait for a person to act: no start estimate
+HELD_STATES = frozenset({"suspended", "queue-stopped", "invalid", "gated"})
 WAITING_STATES = frozenset({
     "queued", "reserved", "preempting", "backoff", "incomplete", "placing",
     "gated", "suspended", "queue-stopped", "invalid",
@@ -82,8 +84,9 @@ class Job:
             "wait": None if not self.waiting or self.waiting_since is None else max(0.0, now - self.waiting_since),
             "position": self.position, "queueLength": self.queue_length,
             "ahead": len(self.ahead) if self.position is not None else None,
-            "estimate": dict(estimate) if estimate is not None else {
-                "start": None, "inSeconds": None, "basis": "", "confidence": "none",
+            "estimate": dict(estimate) if estimate is not None and self.state not in HELD_STATES else {
+                "start": None, "inSeconds": None, "confidence": "none",
+                "basis": explain.estimate_unknown(explain.ESTIMATE_HELD) if self.state in HELD_STATES else "",
             },
         }
 

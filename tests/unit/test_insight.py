@@ -263,3 +263,21 @@ def test_a_cohort_counts_the_jobs_of_the_queues_under_it() -> None:
     assert (rows["team"]["pending"], rows["team"]["admitted"]) == (1, 1)
     assert (rows["org"]["pending"], rows["org"]["admitted"]) == (1, 1)
     assert rows["org"]["parent"] is None and rows["team"]["parent"] == "org"
+
+
+def test_a_job_held_since_the_last_estimate_shows_no_start() -> None:
+    w = World()
+    w.node("n0", 8)
+    w.group("first", 1)
+    w.pod("first-0", 8, group="first", runtime="10m")
+    w.step()
+    w.group("next", 1)
+    w.pod("next-0", 8, group="next", runtime="10m")
+    w.step(after=5)
+    insight = Insight(w.session, use_jit=False)
+    insight.refresh(w.now)
+    assert insight.explain(w.now, kind="podgroup", namespace="default", name="next")["job"]["estimate"]["start"]
+    w.group("next", 1, **{"batchsched.io/suspend": "true"})
+    w.step(after=1)
+    e = insight.explain(w.now, kind="podgroup", namespace="default", name="next")["job"]["estimate"]
+    assert e["start"] is None and "held until a person acts" in e["basis"]
