@@ -8,13 +8,11 @@ user sees once the first refresh has landed. :func:`parse` turns the dump into a
 to query (the standard library's parser; no browser driver is needed).
 
 Without Chromium a test using :func:`chromium` is skipped on a developer's machine and fails
-when ``CI=true``, as the control plane's fixtures do.
+when ``CI=true`` (:func:`tests.debian.debian_tool`).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,9 +20,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
+from tests.debian import debian_tool
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 CHROMIUM = "/usr/bin/chromium"
 PACKAGE = "chromium"  # Debian's
 #: the flags this needs everywhere: no sandbox (root in a container), no GPU, no network
@@ -38,31 +35,7 @@ FLAGS = [
 
 def chromium() -> str:
     """The Chromium binary; installed with apt-get when missing and we are root."""
-    found = _find()
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        found = _install()
-    if found is None:
-        message = f"Chromium is not installed ({CHROMIUM}; Debian's package {PACKAGE!r})"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return found
-
-
-def _find() -> str | None:
-    if os.access(CHROMIUM, os.X_OK):
-        return CHROMIUM
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _install() -> str | None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", PACKAGE]
-    if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
-        # the package lists may be stale or absent (a fresh image): read them, then try again
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)
-        subprocess.run(install, env=env, capture_output=True, timeout=900)
-    return _find()
+    return debian_tool(CHROMIUM, PACKAGE, "chromium-browser")
 
 
 def _run(url: str, *args: str, timeout: float) -> str:
