@@ -124,7 +124,7 @@ class Scheduler:
         self.reflectors = self.intake.reflectors
         ex = config.explain
         self.insight = Insight(self.session, estimate_ttl=ex.estimate_ttl_seconds, max_steps=ex.estimate_max_steps)
-        self.views = SessionViews(self.insight, self.metrics)
+        self.views = SessionViews(self.insight, self.metrics, budget=ex.estimate_budget_seconds)
         self._gauged = -1e18
 
     def _fail(self, exc: BaseException) -> None:

@@ -165,6 +165,8 @@ class ExplainSection:
     estimate_interval_seconds: float = 300.0
     #: cycles a forward run may take at most
     estimate_max_steps: int = 400
+    #: seconds a forward run may take at most (it runs in a thread of the scheduler's process)
+    estimate_budget_seconds: float = 10.0
     #: the address written on the Lease for `batchsched explain` to find the leader
     #: (http://host:port); empty: the metrics address, with the pod's IP (env POD_IP) for
     #: an unspecified host
@@ -386,6 +388,7 @@ def _validate(cfg: Config) -> None:
     positive(cfg.reservation.max_hold_seconds, "reservation.maxHoldSeconds")
     positive(cfg.explain.estimate_ttl_seconds, "explain.estimateTtlSeconds")
     positive(cfg.explain.estimate_max_steps, "explain.estimateMaxSteps")
+    positive(cfg.explain.estimate_budget_seconds, "explain.estimateBudgetSeconds")
     if cfg.explain.estimate_interval_seconds < 0:
         raise ConfigError("config: explain.estimateIntervalSeconds: must not be negative")
     adv = cfg.explain.advertise_address

@@ -35,7 +35,7 @@ def _declare(pods: list[Pod], rng: random.Random, low: int, high: int) -> list[P
     return [replace(p, annotations={**p.annotations, RUNTIME_ANNOTATION: f"{rng.randint(low, high)}m"}) for p in pods]
 
 
-def measure(nodes: int, pods: int, *, max_steps: int, declared: bool) -> dict[str, Any]:
+def measure(nodes: int, pods: int, *, max_steps: int, declared: bool, budget: float | None) -> dict[str, Any]:
     world = Backlog(nodes, pods)
     if declared:
         # every pod says how long it runs: the running ones end over the next hours
@@ -54,14 +54,16 @@ def measure(nodes: int, pods: int, *, max_steps: int, declared: bool) -> dict[st
     fwd = Forward(session, now, True)
     t_copy = time.perf_counter() - t
     t = time.perf_counter()
-    est = estimate_starts(session, view, now, max_steps=max_steps, prepared=fwd)
+    deadline = time.monotonic() + budget if budget else None
+    est = estimate_starts(session, view, now, max_steps=max_steps, prepared=fwd,
+                          keep_going=(lambda: time.monotonic() < deadline) if deadline else None)
     t_run = time.perf_counter() - t
     known = [e for e in est.values() if e["start"] is not None]
     return {
         "nodes": nodes, "pending pods": len(session.state.pending), "jobs": len(view),
         "waiting jobs": sum(1 for j in view if j.waiting),
         "job view s": round(t_view, 3), "copy s": round(t_copy, 3), "forward run s": round(t_run, 3),
-        "max steps": max_steps, "jobs estimated": len(known),
+        "max steps": max_steps, "budget s": budget, "jobs estimated": len(known),
         "latest estimate in h": round(max((e["inSeconds"] for e in known), default=0) / 3600, 2),
         "rss MiB before/after": (round(rss0 / 2**20), round((procstat.rss(os.getpid()) or 0) / 2**20)),
     }
@@ -72,11 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--pods", type=int, default=10_000)
     ap.add_argument("--max-steps", type=int, default=400)
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds the forward run may take (the scheduler's explain.estimateBudgetSeconds)")
     ap.add_argument("--as-generated", action="store_true",
                     help="keep perf.backlog's runtimes (a third of the running pods declare one); "
                          "by default every pod declares one")
     args = ap.parse_args(argv)
-    print(json.dumps(measure(args.nodes, args.pods, max_steps=args.max_steps, declared=not args.as_generated),
+    print(json.dumps(measure(args.nodes, args.pods, max_steps=args.max_steps, declared=not args.as_generated,
+                             budget=args.budget),
                      indent=1))
     return 0
 

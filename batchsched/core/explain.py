@@ -304,8 +304,8 @@ ESTIMATE_HELD = "it is held until a person acts (suspended, its queue stopped, o
 
 
 def estimate_budget(reached: float, steps: int) -> str:
-    return (f"later than in about {about(reached)} (the forward run stopped there, after its "
-            f"{steps} cycles; explain.estimateMaxSteps allows more)")
+    return (f"later than in about {about(reached)} (the forward run stopped there, after {steps} "
+            "cycles: explain.estimateMaxSteps and estimateBudgetSeconds allow more)")
 
 
 def estimate_basis(declared: int, observed: int, unknown: int) -> str:

@@ -17,7 +17,7 @@ declared, ``medium`` when some were observed, ``none`` when it does not start be
 horizon (it waits for pods that never end, or is held).
 
 Nothing here reads a clock: the caller bounds the work with ``max_steps`` (each step is one
-scheduling cycle of the copy).
+scheduling cycle of the copy) and ``keep_going`` (its budget of time).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import copy
 import dataclasses
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from batchsched.core import explain
@@ -163,9 +163,12 @@ class Forward:
 
 def estimate_starts(session: Session, jobs: Iterable[Job], now: float, *, max_steps: int = 400,
                     horizon: float = HORIZON_SECONDS, use_jit: bool = True,
-                    prepared: Forward | None = None) -> dict[str, Estimate]:
+                    prepared: Forward | None = None,
+                    keep_going: Callable[[], bool] | None = None) -> dict[str, Estimate]:
     """Estimated start of each waiting job (by job key); see the module docstring.
-    ``prepared``: the copy, made earlier from ``session`` at ``now`` (else made here)."""
+    ``prepared``: the copy, made earlier from ``session`` at ``now`` (else made here);
+    ``keep_going()``: asked before each cycle of the copy, false to stop (the caller's
+    budget of time)."""
     all_jobs = list(jobs)
     out: dict[str, Estimate] = {}
     need: dict[str, int] = {}
@@ -184,7 +187,11 @@ def estimate_starts(session: Session, jobs: Iterable[Job], now: float, *, max_st
     due: float | None = now
     steps = 0
     t = now
-    while steps < max_steps and len(started) < len(need):
+    cut = False
+    while len(started) < len(need):
+        if steps >= max_steps or (keep_going is not None and not keep_going()):
+            cut = True
+            break
         t = min(fwd.next_batch(now) if fwd.ends else math.inf, math.inf if due is None else due)
         if t == math.inf or t > now + horizon:
             break
@@ -203,8 +210,8 @@ def estimate_starts(session: Session, jobs: Iterable[Job], now: float, *, max_st
     for key in need:
         at = started.get(key)
         if at is None:
-            if steps >= max_steps:
-                why = explain.estimate_budget(reached - now, max_steps)
+            if cut:
+                why = explain.estimate_budget(reached - now, steps)
             else:
                 why = explain.ESTIMATE_NEVER_ENDS if unknown else explain.ESTIMATE_BEYOND
             out[key] = _none(explain.estimate_unknown(why))

@@ -47,7 +47,7 @@ class Insight:
 
     # -- estimates --------------------------------------------------------------------------
 
-    def forward(self, now: float) -> Callable[[], dict[str, Estimate]]:
+    def forward(self, now: float, keep_going: Callable[[], bool] | None = None) -> Callable[[], dict[str, Estimate]]:
         """What a fresh estimate needs from the live session, taken now; the function it
         returns runs the copy forward (it may run in another thread: it touches only the
         copy)."""
@@ -56,7 +56,7 @@ class Insight:
 
         def run() -> dict[str, Estimate]:
             return estimate_starts(self.session, all_jobs, now, max_steps=self.max_steps,
-                                   use_jit=self.use_jit, prepared=fwd)
+                                   use_jit=self.use_jit, prepared=fwd, keep_going=keep_going)
 
         return run
 

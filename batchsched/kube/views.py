@@ -24,8 +24,11 @@ __all__ = ["SessionViews"]
 class SessionViews:
     """:class:`~batchsched.kube.endpoints.Views` over an :class:`Insight`."""
 
-    def __init__(self, insight: Insight, metrics: Metrics, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, insight: Insight, metrics: Metrics, *, budget: float = 10.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.insight = insight
+        #: seconds a forward run may take (it shares the process with scheduling)
+        self.budget = budget
         self.metrics = metrics
         self._clock = clock
         self._running: asyncio.Task[None] | None = None
@@ -41,8 +44,9 @@ class SessionViews:
 
     async def _estimate(self) -> None:
         now = self._clock()
-        run = self.insight.forward(now)
         t0 = time.perf_counter()
+        deadline = time.monotonic() + self.budget
+        run = self.insight.forward(now, keep_going=lambda: time.monotonic() < deadline)
         estimates = await asyncio.to_thread(run)
         self.metrics.estimate_duration.observe(time.perf_counter() - t0)
         self.insight.keep(estimates, now)

@@ -281,3 +281,20 @@ def test_a_job_held_since_the_last_estimate_shows_no_start() -> None:
     w.step(after=1)
     e = insight.explain(w.now, kind="podgroup", namespace="default", name="next")["job"]["estimate"]
     assert e["start"] is None and "held until a person acts" in e["basis"]
+
+
+def test_a_forward_run_cut_short_says_how_far_it_got() -> None:
+    w = World()
+    _two_jobs_behind_a_running_one(w)
+    asked = []
+
+    def once() -> bool:
+        asked.append(1)
+        return len(asked) <= 1  # one cycle of the copy, then stop
+
+    insight = Insight(w.session, use_jit=False)
+    insight.keep(insight.forward(w.now, keep_going=once)(), w.now)
+    e = insight.explain(w.now, kind="podgroup", namespace="default", name="third")["job"]["estimate"]
+    assert e["start"] is None and e["confidence"] == "none"
+    assert e["basis"].startswith("no start estimate: later than in about")
+    assert "after 1 cycles" in e["basis"]
