@@ -174,6 +174,8 @@ async def test_a_suspended_job_and_a_stopped_queue_say_so_and_resume(
         single = (await explained(sandbox, namespace, "pod", "single"))["job"]
         assert single["state"] == "queue-stopped"
         assert single["message"] == f"queue {team} is stopped (stopPolicy Hold): it admits no new work until its stopPolicy is None"
+        stopped = await events_for(kube, namespace, "single", "FailedScheduling")
+        assert [e["message"] for e in stopped] == [single["message"]]  # told once
         queue = await explained(sandbox, namespace, "queue", team)
         assert queue["queue"]["state"] == "Hold"
         text = await cli(sandbox, namespace, "queues")

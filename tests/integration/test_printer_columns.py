@@ -122,11 +122,11 @@ async def test_kubectl_get_shows_a_queues_use_and_a_gangs_phase(
         wide, rows = table(await kubectl(sandbox, "get", "queues", team, "-o", "wide"))
         assert wide == [*QUEUE_COLUMNS, "WEIGHT"] and rows[team]["WEIGHT"] == "1"
 
-        titles, rows = table(await kubectl(sandbox, "get", "podgroups", "-n", namespace))
+        titles, rows = table(await kubectl(sandbox, "get", "podgroups.scheduling.x-k8s.io", "-n", namespace))
         assert titles == PODGROUP_COLUMNS
         assert rows["train"] == {**rows["train"], "PHASE": "Running", "MINMEMBER": "3", "RUNNING": "3",
                                  "SCHEDULED": "True"}
-        wide, _ = table(await kubectl(sandbox, "get", "podgroups", "-n", namespace, "-o", "wide"))
+        wide, _ = table(await kubectl(sandbox, "get", "podgroups.scheduling.x-k8s.io", "-n", namespace, "-o", "wide"))
         assert wide == ["NAME", "PHASE", "MINMEMBER", "RUNNING", "SCHEDULED", "SUCCEEDED", "FAILED", "AGE"]
 
 
