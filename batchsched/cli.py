@@ -99,8 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _sandbox(args: argparse.Namespace) -> int:
     from batchsched.core.quantity import QuantityError, parse_quantity
-    from batchsched.sandbox.cluster import Sandbox, SandboxError
-    from batchsched.sandbox.nodes import NodeShape
 
     if args.action == "build":
         from batchsched.sandbox.build import BuildError, ensure_binaries
@@ -113,6 +111,10 @@ def _sandbox(args: argparse.Namespace) -> int:
         for field in dataclasses.fields(bins):
             print(f"{field.name}: {getattr(bins, field.name)}")
         return 0
+    # the running sandbox makes its TLS material: the sandbox extra
+    from batchsched.sandbox.cluster import Sandbox, SandboxError
+    from batchsched.sandbox.nodes import NodeShape
+
     try:
         box = Sandbox(args.name)
         if args.action == "up":
@@ -181,8 +183,25 @@ def kubectl_main() -> int:
     return main(sys.argv[1:], parser=parser)
 
 
+#: modules of the optional extras, and the extra that brings each
+EXTRAS = {"cryptography": "sandbox", "matplotlib": "perf"}
+
+
 def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
     args = (parser or build_parser()).parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ModuleNotFoundError as exc:
+        root = (exc.name or "").split(".")[0]
+        if root not in EXTRAS:
+            raise
+        extra = EXTRAS[root]
+        print(f"batchsched: error: `batchsched {args.command}` needs the {extra} extra ({root} is not "
+              f"installed): pip install 'batchsched[{extra}]'", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sandbox":
         return _sandbox(args)
     if args.command == "run":

@@ -41,8 +41,11 @@ def default_kubeconfig(given: str | None) -> str | None:
 
 
 async def credentials(kubeconfig: str | None) -> Credentials:
+    path = default_kubeconfig(kubeconfig)
+    if path is not None and not os.path.isfile(os.path.expanduser(path)):
+        raise ViewError(f"kubeconfig {path} does not exist")
     try:
-        return await load_credentials(default_kubeconfig(kubeconfig))
+        return await load_credentials(path)
     except Exception as exc:
         raise ViewError(f"cannot read the kubeconfig: {exc}") from None
 

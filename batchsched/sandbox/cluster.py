@@ -40,7 +40,9 @@ from batchsched.kube.errors import ConflictError, KubeError
 from batchsched.sandbox import build, pki
 from batchsched.sandbox.nodes import NodeShape, create_nodes, wait_nodes_ready
 
-MANIFESTS = Path(__file__).resolve().parent.parent.parent / "manifests"
+#: the CRDs, RBAC and PriorityClasses applied at start: the repository's manifests/, which
+#: the package carries as batchsched/manifests (a link to it in a checkout)
+MANIFESTS = Path(__file__).parent.parent / "manifests"
 KWOK_STAGES = Path(__file__).parent / "kwok-stages.yaml"
 SERVICE_CIDR = "10.0.0.0/24"
 
