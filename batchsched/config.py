@@ -86,6 +86,11 @@ class GangSection:
     report_delay_seconds: float = 1.0
     #: evictions in flight at once (gangs that timed out)
     eviction_concurrency: int = 8
+    #: a running gang that loses a member below its quorum (the member failed, its node went
+    #: away) is evicted whole at once, so the job restarts together, instead of holding its
+    #: GPUs for the schedule timeout; a PodGroup's annotation batchsched.io/whole-job-restart
+    #: ("true"/"false") overrides it
+    whole_job_restart: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -238,6 +243,7 @@ class Config:
             gang_default_timeout=gang.default_schedule_timeout_seconds,
             gang_initial_backoff=gang.initial_backoff_seconds,
             gang_max_backoff=gang.max_backoff_seconds,
+            gang_whole_job_restart=gang.whole_job_restart,
             gang_report_delay=gang.report_delay_seconds,
             queue_status_interval=self.queues.status_interval_seconds,
             scheduled_events=self.status.scheduled_events,

@@ -86,7 +86,7 @@ class Metrics:
         )
         self.evictions = Counter(
             "batchsched_evictions_total", "Pods evicted, by why: preempted, reclaimed, gang-timeout, "
-            "suspended, drained.", ["reason"], registry=r,
+            "restart (whole-job restart), suspended, drained.", ["reason"], registry=r,
         )
         self.suspended = Gauge(
             "batchsched_suspended_units", "Units held because they or their queue are suspended.", registry=r,

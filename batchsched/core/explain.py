@@ -318,3 +318,15 @@ def estimate_basis(declared: int, observed: int, unknown: int) -> str:
     if unknown:
         parts.append(f"{unknown} with no known end (taken to run on)")
     return "from the ends of the pods it waits for: " + "; ".join(parts) if parts else ""
+
+
+# -- whole-job restart --------------------------------------------------------------------------
+
+
+def whole_job_restart(placed: int, quorum: int, bound: int) -> str:
+    return (f"a running member was lost: {placed} of {quorum} required members remain; evicting the "
+            f"{bound} bound member(s) so the whole job restarts together (batchsched.io/whole-job-restart)")
+
+
+def whole_job_restart_eviction() -> str:
+    return "its job restarts whole after a member was lost"

@@ -153,7 +153,7 @@ class Session:
         self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation, cards=s.cards)
         self.groups = GroupBook(
             default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,
-            max_backoff=s.gang_max_backoff, levels=s.levels,
+            max_backoff=s.gang_max_backoff, levels=s.levels, whole_job_restart=s.gang_whole_job_restart,
         )
         self.queues = QueueBook(s.queues)
         self.volumes = VolumeBook()
@@ -1071,6 +1071,8 @@ class Session:
             self.reports.result(unit, result, holding=holding, now=now, out=out)
             if result is None:
                 continue
+            if result.status is UnitStatus.SCHEDULED:
+                self.groups.placed_whole(key)
             if result.status is UnitStatus.SCHEDULED or holding:
                 # placed, or it preempted others (or waits for them to go): tried next cycle
                 self._forget_gang(key)

@@ -33,6 +33,9 @@ class SessionSettings:
     gang_default_timeout: float = 60.0
     gang_initial_backoff: float = 5.0
     gang_max_backoff: float = 300.0
+    #: a running gang that loses a member below its quorum is evicted whole at once (its
+    #: PodGroup's batchsched.io/whole-job-restart annotation overrides this)
+    gang_whole_job_restart: bool = False
     #: a gang blocked before placement (members or its PodGroup still arriving) is told so
     #: only after this long
     gang_report_delay: float = 2.0

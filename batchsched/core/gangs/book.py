@@ -139,8 +139,13 @@ class GroupBook:
         initial_backoff: float = 10.0,
         max_backoff: float = 300.0,
         levels: TopologyLevels | None = None,
+        whole_job_restart: bool = False,
     ) -> None:
         self.default_timeout = default_timeout
+        #: the default of a group's whole-job restart (its annotation overrides it)
+        self.whole_job_restart = whole_job_restart
+        #: groups seen whole since they were placed (a loss below quorum is a lost member)
+        self._was_whole: set[GroupKey] = set()
         self.levels = levels if levels is not None else TopologyLevels()
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
@@ -318,6 +323,12 @@ class GroupBook:
         timer = self._timers.get(key)
         return timer is not None and now < timer.backoff_until
 
+    def placed_whole(self, key: str) -> None:
+        """A cycle placed the group's quorum: from now on, losing a member is a loss (a job
+        that restarts whole does so at once, not after the watch shows it whole)."""
+        if GroupKey(key) in self.groups:
+            self._was_whole.add(GroupKey(key))
+
     def evicting(self, key: GroupKey) -> set[PodUID]:
         timer = self._timers.get(key)
         return set() if timer is None else timer.evicting
@@ -460,6 +471,8 @@ class GroupBook:
             )
             # members all terminating already: nothing a timeout could evict, so no timer (it
             # would announce an eviction it cannot make, again after every back-off)
+            if whole:
+                self._was_whole.add(key)
             if whole or not t.holding or all(p.deleting for p in t.holding):
                 if timer is not None:
                     timer.partial_since = None
@@ -469,6 +482,14 @@ class GroupBook:
                 continue
             if timer is None:
                 timer = self._timers[key] = _Timer()
+            if key in self._was_whole and group.restarts_whole(self.whole_job_restart):
+                # a running job lost a member: the rest goes now, and it restarts whole
+                self._was_whole.discard(key)
+                out.notices.append(GroupNotice(group, "Warning", "WholeJobRestart", explain.whole_job_restart(
+                    t.placed, group.min_member, len(t.bound),
+                )))
+                self._evict(group, t, timer, out, explain.whole_job_restart_eviction(), cause="restart")
+                continue
             if now < timer.backoff_until:
                 # members bound after the timeout (their binding was in flight): evict them too
                 self._evict(group, t, timer, out, "it is backing off after a schedule timeout")
@@ -503,16 +524,18 @@ class GroupBook:
             self._evict(group, t, timer, out, "its gang timed out below quorum")
         for key in [k for k in self._timers if k not in self.groups]:
             del self._timers[key]
+        self._was_whole &= self.groups.keys()
         return out
 
-    def _evict(self, group: PodGroup, t: Tally, timer: _Timer, out: GangCheck, why: str) -> None:
+    def _evict(self, group: PodGroup, t: Tally, timer: _Timer, out: GangCheck, why: str,
+               *, cause: str = "gang-timeout") -> None:
         for pod in sorted(t.bound, key=_member_order):
             if pod.uid in timer.evicting or pod.deleting:
                 continue
             timer.evicting.add(pod.uid)
             out.evictions.append(Eviction(
                 uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
-                unit=group.key, reason=f"member of PodGroup {group.display}: {why}", cause="gang-timeout",
+                unit=group.key, reason=f"member of PodGroup {group.display}: {why}", cause=cause,
             ))
 
 

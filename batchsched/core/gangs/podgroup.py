@@ -54,6 +54,11 @@ ANNOTATION_TASK = "volcano.sh/task-spec"
 #: a PodGroup annotated ``"true"`` is suspended: none of its pods is placed, and members
 #: already running are evicted, the whole gang (the job holds, as Kueue's ``suspend``)
 SUSPEND_ANNOTATION = "batchsched.io/suspend"
+#: ``"true"``: when a running gang loses a member (it failed, or its node went away) and
+#: falls below its quorum, the rest is evicted at once so the whole job restarts together;
+#: ``"false"``: the gang waits out its schedule timeout for the member to come back (the
+#: default, unless ``gang.wholeJobRestart`` in the config says otherwise)
+WHOLE_JOB_RESTART_ANNOTATION = "batchsched.io/whole-job-restart"
 
 _ANY = "any"  # a kube-batch annotation: Volcano's group, else scheduler-plugins'
 _INT32_MAX = 2**31 - 1
@@ -116,6 +121,11 @@ class PodGroup:
     @property
     def suspended(self) -> bool:
         return self.annotations.get(SUSPEND_ANNOTATION, "").strip().lower() == "true"
+
+    def restarts_whole(self, default: bool) -> bool:
+        """Whether the job restarts whole when a running member is lost."""
+        value = self.annotations.get(WHOLE_JOB_RESTART_ANNOTATION, "").strip().lower()
+        return default if value not in ("true", "false") else value == "true"
 
     @property
     def api_version(self) -> str:

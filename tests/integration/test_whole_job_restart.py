@@ -1,0 +1,62 @@
+"""Whole-job restart on the real control plane: a gang whose PodGroup asks for it
+(``batchsched.io/whole-job-restart: "true"``) loses a member (its status turns Failed, as a
+crashed trainer's does); the rest is evicted at once, long before the schedule timeout, and
+the PodGroup gets a WholeJobRestart Event."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from batchsched.kube.client import KubeClient
+from tests.integration.helpers import (
+    XK8S,
+    create_pods,
+    events_for,
+    list_pods,
+    pod_body,
+    running_scheduler,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+async def test_a_lost_member_restarts_the_whole_job(
+    sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+) -> None:
+    pool = f"restart-{uuid.uuid4().hex[:6]}"
+    await make_nodes(count=2, gpus=8, labels={"pool": pool})
+    await kube.create(f"{XK8S}/namespaces/{namespace}/podgroups", {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": "train", "annotations": {"batchsched.io/whole-job-restart": "true"}},
+        "spec": {"minMember": 3},
+    })
+    members = [f"train-{i}" for i in range(3)]
+    async with running_scheduler(sandbox, namespace):  # the schedule timeout stays 300 s
+        await create_pods(kube, namespace, [
+            pod_body(name, gpu=4, metadata={"labels": {"scheduling.x-k8s.io/pod-group": "train"}},
+                     spec={"nodeSelector": {"pool": pool}}) for name in members
+        ])
+
+        async def bound() -> bool:
+            return sum(1 for p in await list_pods(kube, namespace) if p["spec"].get("nodeName")) == 3
+
+        await wait_for(bound, timeout=60)
+        failed = await kube.get(f"/api/v1/namespaces/{namespace}/pods/train-0")
+        failed["status"]["phase"] = "Failed"
+        await kube.replace(f"/api/v1/namespaces/{namespace}/pods/train-0/status", failed)
+        t0 = time.monotonic()
+
+        async def rest_gone() -> bool:
+            names = {p["metadata"]["name"] for p in await list_pods(kube, namespace)}
+            return not ({"train-1", "train-2"} & names)
+
+        await wait_for(rest_gone, timeout=60)
+        print(f"the other members were evicted {time.monotonic() - t0:.1f} s after train-0 failed")
+        [note] = await events_for(kube, namespace, "train", "WholeJobRestart")
+        assert note["message"].startswith("a running member was lost: 2 of 3 required members remain")
+        evicted = await events_for(kube, namespace, "train", "GangEvicted")
+        assert len(evicted) == 2 and all("restarts whole" in e["message"] for e in evicted)

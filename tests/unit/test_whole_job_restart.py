@@ -1,0 +1,62 @@
+"""Whole-job restart: a running gang that loses a member below its quorum is evicted whole
+at once when its PodGroup (or the config) asks for it; otherwise it waits out its schedule
+timeout, as before."""
+
+from __future__ import annotations
+
+from batchsched.core.model import parse_pod
+from batchsched.core.session import Session, SessionSettings
+from tests.unit.test_insight import World
+
+
+def _running_gang(w: World, **annotations: str) -> list[str]:
+    w.node("n0", 8)
+    w.node("n1", 8)
+    w.group("train", 3, **annotations)
+    members = [w.pod(f"train-{i}", 4, group="train") for i in range(3)]
+    w.step()
+    assert all(w.bound(u) for u in members)
+    return members
+
+
+def test_a_failed_member_evicts_the_rest_at_once_with_the_annotation() -> None:
+    w = World()
+    members = _running_gang(w, **{"batchsched.io/whole-job-restart": "true"})
+    w.pods[members[0]]["status"]["phase"] = "Failed"
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[members[0]]))
+    d = w.step(after=1)
+    assert sorted(e.uid for e in d.evictions) == sorted(members[1:])
+    assert {e.cause for e in d.evictions} == {"restart"}
+    [note] = [e for e in d.events if e.reason == "WholeJobRestart"]
+    assert note.message == (
+        "a running member was lost: 2 of 3 required members remain; evicting the 2 bound member(s) "
+        "so the whole job restarts together (batchsched.io/whole-job-restart)"
+    )
+    # its recreated members are placed whole again
+    again = [w.pod(f"train-{i}r", 4, group="train") for i in range(3)]
+    w.step(after=1)
+    assert all(w.bound(u) for u in again)
+
+
+def test_without_it_the_gang_waits_out_its_timeout() -> None:
+    w = World()
+    members = _running_gang(w)
+    w.pods[members[0]]["status"]["phase"] = "Failed"
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[members[0]]))
+    d = w.step(after=1)
+    assert d.evictions == []
+    assert [e.reason for e in d.events if e.reason in ("GangIncomplete", "WholeJobRestart")] == ["GangIncomplete"]
+
+
+def test_the_config_default_applies_and_the_annotation_overrides_it() -> None:
+    w = World()
+    w.session = Session(SessionSettings(gang_whole_job_restart=True))
+    members = _running_gang(w, **{"batchsched.io/whole-job-restart": "false"})
+    w.session.on_pod("DELETED", parse_pod(w.pods.pop(members[2])))
+    assert w.step(after=1).evictions == []
+
+    w2 = World()
+    w2.session = Session(SessionSettings(gang_whole_job_restart=True))
+    members = _running_gang(w2)
+    w2.session.on_pod("DELETED", parse_pod(w2.pods.pop(members[2])))  # its node went away
+    assert sorted(e.uid for e in w2.step(after=1).evictions) == sorted(members[:2])
