@@ -159,6 +159,15 @@ class TopologySection:
 
 
 @dataclass(slots=True, frozen=True)
+class KueueSection:
+    #: pods Kueue manages (label kueue.x-k8s.io/managed: "true", or kueue.x-k8s.io/podset)
+    #: are placed but charged to no Queue of ours; false: batchsched's preemption neither
+    #: evicts them nor lets them evict others (Kueue decides); true: they take part in it as
+    #: unqueued work
+    preemptible: bool = False
+
+
+@dataclass(slots=True, frozen=True)
 class ExplainSection:
     #: the views (/debug/jobs, /debug/explain, the web view at /ui/) need a token that the
     #: cluster accepts and RBAC lets get the path (ClusterRole batchsched-viewer)
@@ -193,6 +202,7 @@ class Config:
     topology: TopologySection = field(default_factory=TopologySection)
     gpu_sharing: GpuSharingSection = field(default_factory=GpuSharingSection)
     explain: ExplainSection = field(default_factory=ExplainSection)
+    kueue: KueueSection = field(default_factory=KueueSection)
     metrics_address: str = "127.0.0.1:10351"
     #: serve /debug/snapshot on the metrics address: every object the scheduler reads, to
     #: anyone who can reach that address (off unless turned on)
@@ -228,6 +238,7 @@ class Config:
             nomination_timeout=p.nomination_timeout_seconds,
             max_searches=p.max_searches_per_cycle,
             max_search_seconds=p.max_search_seconds_per_cycle,
+            kueue_preemptible=self.kueue.preemptible,
         )
 
     def session_settings(self) -> SessionSettings:

@@ -330,3 +330,8 @@ def whole_job_restart(placed: int, quorum: int, bound: int) -> str:
 
 def whole_job_restart_eviction() -> str:
     return "its job restarts whole after a member was lost"
+
+
+# -- Kueue ---------------------------------------------------------------------------------------
+
+KUEUE_DECIDES = "managed by Kueue, which decides when it stops"

@@ -116,6 +116,8 @@ class CyclePreemption:
         walk = self.walk
         if not walk.qi.preemption or lay.reqs is None:
             return False, ""
+        if walk.qi.may_preempt is not None and not walk.qi.may_preempt(unit.pods):
+            return False, ""  # its admission is another's to decide (Kueue)
         if self.candidates is None:
             self.candidates = Candidates(walk.load_running(), walk.tree)
         if not self.candidates.by_queue:

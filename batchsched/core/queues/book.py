@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from batchsched.core import explain
 from batchsched.core.disruption import DisruptionBook, DisruptionBudget
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
@@ -46,6 +47,7 @@ from batchsched.core.plan import (
 )
 from batchsched.core.queues.assign import QueueProblem, assign_queue
 from batchsched.core.queues.fair import UsageHistory
+from batchsched.core.queues.kueue import kueue_managed
 from batchsched.core.queues.running import RunningBook
 from batchsched.core.queues.spec import StopPolicy
 from batchsched.core.queues.tree import QueueTree
@@ -84,6 +86,8 @@ class QueueInput:
     #: the book ``running`` comes from, once called: each queue's summed running usage and
     #: which unit each pod is in (None: the cycle sums every unit itself)
     running_book: RunningBook | None = None
+    #: whether a unit of these pods may evict others (None: every unit may)
+    may_preempt: Callable[[Sequence[Pod]], bool] | None = None
 
 
 
@@ -108,6 +112,9 @@ class QueueSettings:
     nomination_timeout: float = 300.0
     max_searches: int = 64
     max_search_seconds: float = 0.5
+    #: pods Kueue manages (:mod:`batchsched.core.queues.kueue`) may be evicted by, and evict
+    #: others through, batchsched's preemption (as unqueued work); off: Kueue decides
+    kueue_preemptible: bool = False
 
 
 @dataclass(slots=True)
@@ -234,6 +241,8 @@ class QueueBook:
     def queue_of(
         self, pods: Sequence[Pod], group: PodGroup | None, tree: QueueTree
     ) -> QueueName | QueueProblem | None:
+        if kueue_managed(pods):
+            return None  # Kueue owns its quota: charged to none of ours
         labels: Mapping[str, str] = {}
         if group is not None and group.labels.get("batchsched.io/queue"):
             labels = group.labels
@@ -283,6 +292,7 @@ class QueueBook:
             max_searches=s.max_searches,
             max_search_seconds=s.max_search_seconds,
             running_book=self._running,
+            may_preempt=self.may_preempt,
         )
 
     def _live(self, state: ClusterState, now: float) -> dict[str, Nomination]:
@@ -321,8 +331,18 @@ class QueueBook:
         )
         return self._running.get(
             state=state, groups=groups, snap=snap, tree=tree, now=now, basis=basis,
-            queue_of=self.queue_of, protecting=self.budgets.protecting,
+            queue_of=self.queue_of, protecting=self._protecting,
         )
+
+    def _protecting(self, pods: Sequence[Pod]) -> str:
+        """Why running ``pods`` may not be evicted at all ("" when they may)."""
+        if not self.settings.kueue_preemptible and kueue_managed(pods):
+            return explain.KUEUE_DECIDES
+        return self.budgets.protecting(pods)
+
+    def may_preempt(self, pods: Sequence[Pod]) -> bool:
+        """Whether a unit of these pods may evict others to fit."""
+        return self.settings.kueue_preemptible or not kueue_managed(pods)
 
     def settle(self, plan: Plan, queue_of: Mapping[str, QueueName | QueueProblem | None]) -> None:
         """After a cycle: keep its nominations, and which units wait in which queue."""
