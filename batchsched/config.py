@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from batchsched.core.nodehealth import HEALTH_LABEL, NodeHealthSettings
 from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
@@ -159,6 +160,18 @@ class TopologySection:
 
 
 @dataclass(slots=True, frozen=True)
+class NodeHealthSection:
+    #: the node label saying how a node's GPUs tested (IBM Autopilot's); empty: off
+    label: str = HEALTH_LABEL
+    #: values whose node takes no new GPU work (a NoSchedule taint only GPU pods feel)
+    no_gpu_work: tuple[str, ...] = ("ERR", "TESTING", "EVICT")
+    #: values whose node is less preferred for GPU work (a PreferNoSchedule taint)
+    lower_score: tuple[str, ...] = ("WARN",)
+    #: values whose running GPU work is evicted, whole gangs, to restart elsewhere
+    evict: tuple[str, ...] = ("EVICT",)
+
+
+@dataclass(slots=True, frozen=True)
 class KueueSection:
     #: pods Kueue manages (label kueue.x-k8s.io/managed: "true", or kueue.x-k8s.io/podset)
     #: are placed but charged to no Queue of ours; false: batchsched's preemption neither
@@ -203,6 +216,7 @@ class Config:
     gpu_sharing: GpuSharingSection = field(default_factory=GpuSharingSection)
     explain: ExplainSection = field(default_factory=ExplainSection)
     kueue: KueueSection = field(default_factory=KueueSection)
+    node_health: NodeHealthSection = field(default_factory=NodeHealthSection)
     metrics_address: str = "127.0.0.1:10351"
     #: serve /debug/snapshot on the metrics address: every object the scheduler reads, to
     #: anyone who can reach that address (off unless turned on)
@@ -263,6 +277,10 @@ class Config:
                 max_hold=self.reservation.max_hold_seconds,
             ),
             cards=self.card_policy(),
+            node_health=NodeHealthSettings(
+                label=self.node_health.label, no_gpu_work=tuple(self.node_health.no_gpu_work),
+                lower_score=tuple(self.node_health.lower_score), evict=tuple(self.node_health.evict),
+            ),
         )
 
     def document(self) -> dict[str, Any]:

@@ -335,3 +335,10 @@ def whole_job_restart_eviction() -> str:
 # -- Kueue ---------------------------------------------------------------------------------------
 
 KUEUE_DECIDES = "managed by Kueue, which decides when it stops"
+
+
+# -- node health ----------------------------------------------------------------------------------
+
+
+def health_eviction(node: str, label: str, value: str) -> str:
+    return f"node {node}'s GPUs are marked {label}={value}: the job restarts elsewhere"

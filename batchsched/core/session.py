@@ -63,6 +63,7 @@ from batchsched.core.gangs import (
 )
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Node, Pod, PodUID, Term
+from batchsched.core.nodehealth import tolerating_health, with_health
 from batchsched.core.placement.topology import (
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_PREFERRED_ANNOTATION,
@@ -221,13 +222,18 @@ class Session:
         self.runtimes = RunTimes()
         #: pods seen to succeed since the last step: (like key, start), timed at the step
         self._succeeded: list[tuple[str, float]] = []
-        #: pods evicted because their gang is suspended or their queue drained
+        #: pods evicted because their gang is suspended, their queue drained or their node's
+        #: GPU health says evict
         self._held_evicting: set[PodUID] = set()
+        #: nodes whose GPU health label says: evict what runs there
+        self._health_evict: set[str] = set()
 
     # -- event intake ------------------------------------------------------------------------
 
     def on_nodes_listed(self, nodes: Iterable[Node]) -> None:
-        nodes = list(nodes)
+        health = self.settings.node_health
+        nodes = [with_health(n, health) for n in nodes]
+        self._health_evict = {n.name for n in nodes if health.evicts(n)}
         self.state.replace_nodes(nodes)
         for node in nodes:
             self._tell_unreadable(node)
@@ -249,6 +255,11 @@ class Session:
         )))
 
     def on_node(self, kind: str, node: Node) -> None:
+        node = with_health(node, self.settings.node_health)
+        if kind != "DELETED" and self.settings.node_health.evicts(node):
+            self._health_evict.add(node.name)
+        else:
+            self._health_evict.discard(node.name)
         if kind == "DELETED":
             self._unreadable_told.pop(node.name, None)
         else:
@@ -260,7 +271,8 @@ class Session:
 
     def on_pods_listed(self, pods: list[Pod]) -> None:
         self._claiming.clear()
-        pods = [self._with_volumes("ADDED", p) for p in pods]
+        health = self.settings.node_health
+        pods = [self._with_volumes("ADDED", tolerating_health(p, health)) for p in pods]
         self.state.replace_pods(pods)
         self.groups.replace_pods(pods)
         self.singles.clear()
@@ -316,7 +328,7 @@ class Session:
         self._claims_changed(self.volumes.class_event(kind, *storage_class))
 
     def on_pod(self, kind: str, pod: Pod) -> None:
-        pod = self._with_volumes(kind, pod)
+        pod = self._with_volumes(kind, tolerating_health(pod, self.settings.node_health))
         state = self.state
         before = state.capacity_generation
         was_pending = state.pending.get(pod.uid)
@@ -777,28 +789,13 @@ class Session:
         out.evictions.extend(check.evictions)
 
     def _hold_running(self, now: float, out: Decisions) -> None:
-        """Evict, whole, the running gangs of suspended PodGroups and the running work of
-        queues stopped with ``HoldAndDrain`` (each pod once; its job holds when recreated)."""
+        """Evict, whole, the running gangs of suspended PodGroups, the running work of queues
+        stopped with ``HoldAndDrain``, and GPU work on nodes whose health label says evict
+        (each pod once; its job holds, or restarts elsewhere, when recreated)."""
         if now - self._last_hold_check < GANG_CHECK_SECONDS:
             return
         self._last_hold_check = now
-        evict: list[tuple[Pod, str, str, str]] = []
-        for group in self.groups.groups.values():
-            if group.suspended:
-                for uid in self.groups.member_uids(group):
-                    pod = self.state.pods.get(uid)
-                    if pod is not None and pod.holds_resources:
-                        evict.append((pod, group.key, explain.suspended_eviction(group.display), "suspended"))
-        if self.queues.draining():
-            snap = self.state.snapshot()
-            tree = self.queues.tree(snap.columns)
-            for unit in self.queues.running(state=self.state, groups=self.groups, snap=snap, tree=tree, now=now):
-                if unit.queue is not None and tree.stop_policy(unit.queue) is StopPolicy.HOLD_AND_DRAIN:
-                    for rp in unit.pods:
-                        pod = self.state.pods.get(PodUID(rp.uid))
-                        if pod is not None:
-                            evict.append((pod, unit.key, explain.drained_eviction(unit.queue), "drained"))
-        for pod, unit_key, why, cause in evict:
+        for pod, unit_key, why, cause in [*self._suspended_work(), *self._unhealthy_work(), *self._drained_work(now)]:
             if pod.deleting or pod.uid in self._held_evicting:
                 continue
             self._held_evicting.add(pod.uid)
@@ -806,6 +803,44 @@ class Session:
                 uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
                 unit=unit_key, reason=why, cause=cause,
             ))
+
+    def _running_members(self, group: PodGroup) -> list[Pod]:
+        return [p for uid in self.groups.member_uids(group)
+                if (p := self.state.pods.get(uid)) is not None and p.holds_resources]
+
+    def _suspended_work(self) -> list[tuple[Pod, str, str, str]]:
+        return [(pod, group.key, explain.suspended_eviction(group.display), "suspended")
+                for group in self.groups.groups.values() if group.suspended
+                for pod in self._running_members(group)]
+
+    def _unhealthy_work(self) -> list[tuple[Pod, str, str, str]]:
+        health, out = self.settings.node_health, []
+        for name in sorted(self._health_evict):
+            node = self.state.nodes.get(name)
+            why = explain.health_eviction(name, health.label, health.value(node) if node is not None else "")
+            for pod in list(self.state.pods_on(name)):
+                if not pod.card_asks or not pod.holds_resources:
+                    continue  # CPU work stays: only the GPUs are unhealthy
+                gang = self.groups.group_of(pod.uid)
+                if gang is None:
+                    out.append((pod, pod.key, why, "node-health"))
+                else:
+                    out.extend((p, gang.key, why, "node-health") for p in self._running_members(gang))
+        return out
+
+    def _drained_work(self, now: float) -> list[tuple[Pod, str, str, str]]:
+        if not self.queues.draining():
+            return []
+        out = []
+        snap = self.state.snapshot()
+        tree = self.queues.tree(snap.columns)
+        for unit in self.queues.running(state=self.state, groups=self.groups, snap=snap, tree=tree, now=now):
+            if unit.queue is not None and tree.stop_policy(unit.queue) is StopPolicy.HOLD_AND_DRAIN:
+                for rp in unit.pods:
+                    pod = self.state.pods.get(PodUID(rp.uid))
+                    if pod is not None:
+                        out.append((pod, unit.key, explain.drained_eviction(unit.queue), "drained"))
+        return out
 
     # -- what the views read ---------------------------------------------------------------------
 

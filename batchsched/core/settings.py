@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchsched.core.nodehealth import NodeHealthSettings
 from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import TopologyLevels
@@ -46,3 +47,5 @@ class SessionSettings:
     reservation: ReservationSettings = field(default_factory=ReservationSettings)
     #: how GPU shares are placed on cards
     cards: CardPolicy = field(default_factory=CardPolicy)
+    #: GPU node health labels (IBM Autopilot's): see :mod:`batchsched.core.nodehealth`
+    node_health: NodeHealthSettings = field(default_factory=NodeHealthSettings)

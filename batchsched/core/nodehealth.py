@@ -1,0 +1,71 @@
+"""GPU node health as IBM Autopilot reports it: a node label (``autopilot.ibm.com/gpuhealth``)
+whose value says how the node's GPUs tested.
+
+The rule, applied where nodes and pods come in (:class:`~batchsched.core.session.Session`):
+
+- a node whose value is one of ``no_gpu_work`` (``ERR``, ``TESTING``, ``EVICT``) takes no new
+  GPU work: it gets the taint ``<label>=<value>:NoSchedule``;
+- a node whose value is one of ``lower_score`` (``WARN``) is less preferred for it: the
+  taint ``<label>=<value>:PreferNoSchedule`` (the TaintToleration score);
+- a pod that asks for no GPU tolerates those taints, so CPU work still goes there;
+- running work with a pod on a node whose value is one of ``evict`` (``EVICT``) is evicted
+  whole by the session, so a gang restarts elsewhere.
+
+So the filters, scores and messages that already handle taints handle health too: a GPU pod
+told ``untolerated taint autopilot.ibm.com/gpuhealth=ERR`` knows why a node was left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from batchsched.core.model import Node, Pod, Taint, Toleration
+
+__all__ = ["HEALTH_LABEL", "NodeHealthSettings", "tolerating_health", "with_health"]
+
+HEALTH_LABEL = "autopilot.ibm.com/gpuhealth"
+
+
+@dataclass(slots=True, frozen=True)
+class NodeHealthSettings:
+    """The ``nodeHealth`` section of the config (empty ``label``: off)."""
+
+    label: str = HEALTH_LABEL
+    no_gpu_work: tuple[str, ...] = ("ERR", "TESTING", "EVICT")
+    lower_score: tuple[str, ...] = ("WARN",)
+    evict: tuple[str, ...] = ("EVICT",)
+
+    def value(self, node: Node) -> str:
+        return node.labels.get(self.label, "") if self.label else ""
+
+    def evicts(self, node: Node) -> bool:
+        return bool(self.label) and self.value(node) in self.evict
+
+
+def with_health(node: Node, settings: NodeHealthSettings) -> Node:
+    """``node`` with the taint its health label calls for (none when healthy)."""
+    value = settings.value(node)
+    if not value:
+        return node
+    effect = "NoSchedule" if value in settings.no_gpu_work else "PreferNoSchedule" if value in settings.lower_score else ""
+    if not effect:
+        return node
+    taint = Taint(key=settings.label, value=value, effect=effect)
+    if taint in node.taints:
+        return node
+    return dataclasses.replace(node, taints=(*node.taints, taint))
+
+
+def asks_gpu(pod: Pod) -> bool:
+    return bool(pod.card_asks)
+
+
+def tolerating_health(pod: Pod, settings: NodeHealthSettings) -> Pod:
+    """A pod that asks for no GPU, with a toleration of the health taints (GPU pods as they are)."""
+    if not settings.label or asks_gpu(pod):
+        return pod
+    toleration = Toleration(key=settings.label, operator="Exists")
+    if toleration in pod.tolerations:
+        return pod
+    return dataclasses.replace(pod, tolerations=(*pod.tolerations, toleration))
