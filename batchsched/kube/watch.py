@@ -3,7 +3,8 @@
 Errors are told apart by class (:mod:`batchsched.kube.errors`): 410 relists at once; a
 resource type that is not served (404, an optional CRD not installed) or not allowed (403)
 is looked at again now and then, as an operator may fix it; anything else backs off under
-:func:`~batchsched.kube.retry.watches` until a watch runs to its end again.
+:func:`~batchsched.kube.retry.watches` until a watch runs to its end again, or has been
+running for :data:`HEALTHY_WATCH_SECONDS` when it fails.
 
 A :class:`Reflector` keeps one collection mirrored: ``on_list`` receives every object of a
 (re)list, ``on_event`` each watch event after it. Bookmarks only move the resourceVersion.
@@ -35,6 +36,9 @@ log = logging.getLogger("batchsched.watch")
 # How long to wait before looking again at a resource type not served, or not allowed.
 _NOT_SERVED_WAIT = 30.0
 _FORBIDDEN_WAIT = 10.0
+#: a watch that ran this long before it failed was healthy: its failure is retried at the
+#: first back-off, not after those of failures long past (as client-go's reflector resets)
+HEALTHY_WATCH_SECONDS = 10.0
 
 
 class Reflector:
@@ -67,6 +71,7 @@ class Reflector:
         #: when the last successful list began (its view is at least that recent)
         self.listed_at = 0.0
         self._relist_asked = asyncio.Event()
+        self._clock: Callable[[], float] = time.monotonic
         self._fresh = asyncio.Event()
         self._unavailable = False  # its last list was refused as not served or not allowed
 
@@ -129,13 +134,15 @@ class Reflector:
         return False
 
     async def run(self) -> None:
-        failures = 0  # in a row, since the last watch that ran to its end
+        failures = 0  # in a row, since the last watch that ran to its end or for a while
         need_list = True
         while True:
+            watching_since: float | None = None
             try:
                 if need_list or self._relist_asked.is_set():
                     await self._list()
                     need_list = False
+                watching_since = self._clock()
                 if await self._watch_until_asked():
                     continue  # a relist was asked for
                 failures = 0
@@ -159,6 +166,8 @@ class Reflector:
                 self._nothing_to_list()
                 await self.retry.sleep(_FORBIDDEN_WAIT)
             except KubeError as exc:
+                if watching_since is not None and self._clock() - watching_since >= HEALTHY_WATCH_SECONDS:
+                    failures = 0  # it had been watching fine: a cut is a first failure, not the next
                 delay = self.retry.delay(failures)
                 failures += 1
                 log.warning("%s: %s; retrying in %.1f s", self.name, exc, delay)

@@ -157,6 +157,8 @@ def _relists(world: World, name: str) -> int:
 
 
 WATCH_CACHE_OFF = "--watch-cache-sizes=pods#0"
+#: how long after the heal the replica's relist is waited for
+RELIST_WAIT_SECONDS = 60.0
 
 
 async def _churn(world: World) -> None:
@@ -203,7 +205,9 @@ async def watch_expired(world: World, *, partition_for: float = 3.0) -> Injected
         proxy.heal()
         healed = time.time()
         await churn
-        deadline = time.monotonic() + 30
+        # a watch cut by the partition waits out its retry back-off (up to about 25 s after
+        # the faults before this one) before it resumes and meets the compaction
+        deadline = time.monotonic() + RELIST_WAIT_SECONDS
         while _relists(world, leader) <= before and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         relisted = _relists(world, leader) > before

@@ -1,0 +1,48 @@
+"""A watch's retry back-off grows with failures in a row, but a watch that had been running
+fine when it was cut starts again from the first back-off: after an apiserver's bad minute,
+a later cut must not leave the mirror stale for the grown (up to 30 s) back-off."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+
+from batchsched.kube.errors import TemporaryError
+from batchsched.kube.fake import FakeKube, FakeSleep
+from batchsched.kube.watch import HEALTHY_WATCH_SECONDS, Reflector
+from tests.unit.test_kube_writers import with_task
+
+
+def _delays(watch_runs_for: float) -> list[float]:
+    async def main() -> list[float]:
+        kube = FakeKube()
+        kube.fail["WATCH /api/v1/pods"] = [TemporaryError(500, "InternalError", "cut") for _ in range(4)]
+        reflector = Reflector(kube, "/api/v1/pods", on_list=lambda items: None, on_event=lambda kind, obj: None)
+        sleep = FakeSleep()
+        reflector.retry = dataclasses.replace(reflector.retry, sleep=sleep, draw=lambda: 0.0)
+        ticks = itertools.count()
+        # each read of the clock is ``watch_runs_for`` later: every watch ran that long
+        reflector._clock = lambda: next(ticks) * watch_runs_for
+
+        async def body() -> None:
+            for _ in range(100):
+                if len(sleep.delays) >= 4:
+                    return
+                await asyncio.sleep(0)
+
+        await with_task(reflector.run(), body)
+        return sleep.delays
+
+    return asyncio.run(main())
+
+
+def test_failures_in_a_row_back_off_further() -> None:
+    delays = _delays(0.0)
+    assert delays == sorted(delays) and delays[-1] > delays[0]
+
+
+def test_a_watch_cut_after_running_a_while_retries_at_the_first_back_off() -> None:
+    delays = _delays(HEALTHY_WATCH_SECONDS)
+    assert len(delays) == 4 and len(set(delays)) == 1
+    assert delays[0] == _delays(0.0)[0]
