@@ -21,7 +21,6 @@ order the cycle tries them within a queue (higher priority first, then older).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ from batchsched.core.gangs import GroupKey, PodGroup
 from batchsched.core.model import Pod
 from batchsched.core.quantity import MILLI_RESOURCES
 from batchsched.core.queues import QueueName, QueueProblem, QueueTree, StopPolicy
+from batchsched.core.queues.running import natural
 from batchsched.core.session import Session
 
 __all__ = ["Job", "amount", "jobs", "node_rows", "queue_rows"]
@@ -312,7 +312,7 @@ def node_rows(session: Session) -> list[dict[str, Any]]:
     pairs = card_columns_of(col)
     anywhere = col.get(CARDS_ANY)
     rows = []
-    for name in sorted(state.nodes, key=_natural):
+    for name in sorted(state.nodes, key=natural):
         node = state.nodes[name]
         r = state.node_row.get(name)
         cards: list[dict[str, Any]] = []
@@ -333,10 +333,6 @@ def node_rows(session: Session) -> list[dict[str, Any]]:
             "cards": cards, "gpus": len(cards), "gpusUsed": round(sum(c["used"] for c in cards), 3),
         })
     return rows
-
-
-def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdecimal() else p for p in re.split(r"(\d+)", name))
 
 
 def group_of(session: Session, key: str) -> PodGroup | None:

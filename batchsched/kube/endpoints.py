@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from batchsched.kube.auth import RequestAuth
 
-__all__ = ["Views", "serve_endpoints"]
+__all__ = ["Views", "bound_port", "serve_endpoints"]
 
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".svg": "image/svg+xml"}
 
@@ -135,6 +135,10 @@ async def serve_endpoints(
     host, _, port = address.rpartition(":")
     site = web.TCPSite(runner, host, int(port))
     await site.start()
+    return runner, bound_port(site)
+
+
+def bound_port(site: web.TCPSite) -> int | None:
+    """The port a started site listens on (it was asked for port 0: any free one)."""
     server = getattr(site, "_server", None)
-    bound = int(server.sockets[0].getsockname()[1]) if server is not None and server.sockets else None
-    return runner, bound
+    return int(server.sockets[0].getsockname()[1]) if server is not None and server.sockets else None

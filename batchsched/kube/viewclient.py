@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from batchsched.kube.client import Credentials, KubeClient, load_credentials
+from batchsched.kube.endpoints import bound_port
 from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.leader import ENDPOINT_ANNOTATION
 
@@ -124,6 +125,4 @@ async def serve_proxy(creds: Credentials, server: str, *, port: int, host: str =
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server_ = getattr(site, "_server", None)
-    bound = int(server_.sockets[0].getsockname()[1]) if server_ is not None and server_.sockets else port
-    return runner, bound
+    return runner, bound_port(site) or port
