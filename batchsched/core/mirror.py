@@ -114,6 +114,9 @@ class ClusterState:
         self.assumed: dict[PodUID, str] = {}
         #: pods of ours waiting for a node (not bound, not assumed, not finished)
         self.pending: dict[PodUID, Pod] = {}
+        #: namespaces being deleted: the apiserver refuses any Binding in them, so their
+        #: pods are not pending (placing them would hold room for nothing)
+        self.closed_namespaces: frozenset[str] = frozenset()
         #: bumps whenever capacity may have grown (a node added or changed, a pod gone)
         self.capacity_generation = 0
         #: bumps whenever a charged pod is charged, uncharged or changed (what runs where)
@@ -308,7 +311,7 @@ class ClusterState:
             # a card assignment from a binding that did not happen: not placed until removed
             self.stale[uid] = pod
             self.pending.pop(uid, None)
-        elif self.ours(pod) and not pod.deleting:
+        elif self.ours(pod) and not pod.deleting and pod.namespace not in self.closed_namespaces:
             for name in pod.requests:
                 self.column(name)
             self.pending[uid] = pod

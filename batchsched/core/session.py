@@ -32,7 +32,7 @@ stops.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from batchsched.core import explain
@@ -112,6 +112,16 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
         group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
         group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
     )
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _closing(namespace: Mapping[str, Any]) -> bool:
+    """Whether a Namespace is being deleted (it takes no new content, Bindings included)."""
+    status = namespace.get("status") or {}
+    return bool((namespace.get("metadata") or {}).get("deletionTimestamp")) or status.get("phase") == "Terminating"
 
 
 def _smallest(unit: Unit) -> dict[str, int]:
@@ -422,11 +432,27 @@ class Session:
         before = self.queues.generation
         self.queues.replace_namespaces(items)
         self._queues_changed(before)
+        self._close_namespaces({_name(o) for o in items if _closing(o)})
 
     def on_namespace(self, kind: str, obj: Mapping[str, Any]) -> None:
         before = self.queues.generation
         self.queues.namespace_event(kind, obj)
         self._queues_changed(before)
+        name = _name(obj)
+        closed = self.state.closed_namespaces - {name}
+        self._close_namespaces(closed | {name} if kind != "DELETED" and _closing(obj) else closed)
+
+    def _close_namespaces(self, closed: Set[str]) -> None:
+        """The namespaces being deleted are ``closed``: the pods of those newly closed are no
+        longer pending (the apiserver would refuse their Bindings), and any reopened (a
+        namespace recreated under its name) are looked at again."""
+        changed = closed ^ self.state.closed_namespaces
+        if not changed:
+            return
+        self.state.closed_namespaces = frozenset(closed)
+        for uid, pod in list(self.state.pods.items()):
+            if pod.namespace in changed and not pod.node_name:
+                self.on_pod("MODIFIED", self._claiming.get(uid, pod))
 
     def on_budgets_listed(self, budgets: Iterable[DisruptionBudget]) -> None:
         self.queues.replace_budgets(budgets)
