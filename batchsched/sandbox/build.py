@@ -141,6 +141,21 @@ def _module_binaries(module: str, packages: dict[str, str], what: str) -> dict[s
     return paths
 
 
+def module_binary(module: str, name: str, package: str, what: str) -> Path:
+    """The binary ``name`` of Go package ``package``, pinned by the wrapper module
+    ``gomod/<module>`` (its go.mod and go.sum), built once and cached."""
+    return _module_binaries(module, {name: package}, what)[name]
+
+
+def cached_module_binary(module: str, name: str) -> Path | None:
+    """That binary if it is already built, else None (never builds)."""
+    try:
+        path = _module_out(module, _go()) / name
+    except (BuildError, OSError, subprocess.CalledProcessError):
+        return None
+    return path if path.exists() else None
+
+
 def kube_binaries() -> dict[str, Path]:
     """kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, built if missing."""
     return _module_binaries(
@@ -190,20 +205,15 @@ def scheduler_plugins_binary() -> Path:
     do not need it never pay for it. See ``gomod/scheduler-plugins/go.mod`` for the pinned
     release and the Kubernetes version it is built against.
     """
-    return _module_binaries(
-        "scheduler-plugins",
-        {SCHEDULER_PLUGINS: "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
+    return module_binary(
+        "scheduler-plugins", SCHEDULER_PLUGINS, "sigs.k8s.io/scheduler-plugins/cmd/scheduler",
         "scheduler-plugins scheduler",
-    )[SCHEDULER_PLUGINS]
+    )
 
 
 def cached_scheduler_plugins_binary() -> Path | None:
     """The scheduler-plugins binary if it is already built, else None (never builds)."""
-    try:
-        path = _module_out("scheduler-plugins", _go()) / SCHEDULER_PLUGINS
-    except (BuildError, OSError, subprocess.CalledProcessError):
-        return None
-    return path if path.exists() else None
+    return cached_module_binary("scheduler-plugins", SCHEDULER_PLUGINS)
 
 
 def ensure_binaries() -> Binaries:
