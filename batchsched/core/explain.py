@@ -262,6 +262,17 @@ def queue_stopped(queue: str, policy: str) -> str:
     return f"queue {queue} is stopped (stopPolicy {policy}): it admits no new work until its stopPolicy is None"
 
 
+def capacity_withheld(amounts: Mapping[str, int]) -> str:
+    """A root queue's nominal that healthy nodes cannot back (see ``QueueTree.withhold``)."""
+    parts = ", ".join(f"{format_units(r, v)} {r}" for r, v in sorted(amounts.items()))
+    return (f"{parts} of its nominal is withheld: the nodes that could back it failed their GPU "
+            "health checks; its queues are admitted, and lend, that much less until they recover")
+
+
+def withheld_note(root: str, amount: int, resource: str) -> str:
+    return f"{format_units(resource, amount)} {resource} of {root}'s nominal is withheld for nodes that failed GPU health checks"
+
+
 def drained_eviction(queue: str) -> str:
     return f"its queue {queue} is drained (stopPolicy HoldAndDrain)"
 

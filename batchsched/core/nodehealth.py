@@ -9,7 +9,11 @@ The rule, applied where nodes and pods come in (:class:`~batchsched.core.session
   taint ``<label>=<value>:PreferNoSchedule`` (the TaintToleration score);
 - a pod that asks for no GPU tolerates those taints, so CPU work still goes there;
 - running work with a pod on a node whose value is one of ``evict`` (``EVICT``) is evicted
-  whole by the session, so a gang restarts elsewhere.
+  whole by the session, so a gang restarts elsewhere;
+- the GPUs left free on nodes that take no new GPU work are capacity lost: where the root
+  queues' nominal GPUs add up to more than the rest, their nominal shrinks
+  (:func:`lost_gpus`, :meth:`~batchsched.core.queues.tree.QueueTree.withhold`), as a
+  "slack" queue kept by hand would do.
 
 So the filters, scores and messages that already handle taints handle health too: a GPU pod
 told ``untolerated taint autopilot.ibm.com/gpuhealth=ERR`` knows why a node was left out.
@@ -18,11 +22,16 @@ told ``untolerated taint autopilot.ibm.com/gpuhealth=ERR`` knows why a node was 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
+from batchsched.core.devices import NVIDIA_GPU
 from batchsched.core.model import Node, Pod, Taint, Toleration
 
-__all__ = ["HEALTH_LABEL", "NodeHealthSettings", "tolerating_health", "with_health"]
+__all__ = ["HEALTH_LABEL", "NodeHealthSettings", "lost_gpus", "tolerating_health", "with_health"]
 
 HEALTH_LABEL = "autopilot.ibm.com/gpuhealth"
 
@@ -69,3 +78,26 @@ def tolerating_health(pod: Pod, settings: NodeHealthSettings) -> Pod:
     if toleration in pod.tolerations:
         return pod
     return dataclasses.replace(pod, tolerations=(*pod.tolerations, toleration))
+
+
+def lost_gpus(
+    settings: NodeHealthSettings,
+    *,
+    columns: Sequence[str],
+    nodes: Sequence[Node],
+    alloc: npt.NDArray[np.int64],
+    used: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(capacity, lost)`` over ``columns``, for ``nodes`` with their rows of ``alloc`` and
+    ``used``: every node's allocatable, and the GPUs (``nvidia.com/gpu``) left free on
+    nodes that take no new GPU work. What runs there stays charged to its queue; only the
+    free part is lost."""
+    capacity = alloc.sum(axis=0) if len(nodes) else np.zeros(len(columns), dtype=np.int64)
+    lost = np.zeros(len(columns), dtype=np.int64)
+    if not settings.label or NVIDIA_GPU not in columns:
+        return capacity, lost
+    col = list(columns).index(NVIDIA_GPU)
+    for row, node in enumerate(nodes):
+        if settings.value(node) in settings.no_gpu_work:
+            lost[col] += max(0, int(alloc[row, col] - used[row, col]))
+    return capacity, lost

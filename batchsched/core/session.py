@@ -166,7 +166,7 @@ class Session:
             default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,
             max_backoff=s.gang_max_backoff, levels=s.levels, whole_job_restart=s.gang_whole_job_restart,
         )
-        self.queues = QueueBook(s.queues)
+        self.queues = QueueBook(s.queues, node_health=s.node_health)
         self.volumes = VolumeBook()
         self.reports = GroupReports(self.groups, s.levels)
         #: pending pods with claims, as parsed (their claims are applied again on a change)

@@ -1,5 +1,5 @@
-"""Queue status: what users read of a queue (nominal, used, borrowed, lent, pending, admitted,
-conditions), coalesced like PodGroup status (:mod:`batchsched.kube.groupstatus`).
+"""Queue status: what users read of a queue (nominal, used, borrowed, lent, unavailable, pending,
+admitted, conditions), coalesced like PodGroup status (:mod:`batchsched.kube.groupstatus`).
 
 The loop computes each Queue's desired ``status`` (:meth:`QueueTree.status
 <batchsched.core.queues.QueueTree.status>`, without condition times) and calls
@@ -33,7 +33,7 @@ from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
 __all__ = ["QUEUES_PATH", "QueueStatusWriter"]
 
 QUEUES_PATH = "/apis/batchsched.io/v1alpha1/queues"
-_MAPS = ("nominal", "used", "borrowed", "lent")
+_MAPS = ("nominal", "used", "borrowed", "lent", "unavailable")
 
 
 class QueueStatusWriter:
@@ -106,8 +106,10 @@ class QueueStatusWriter:
             new = dict(status.get(field) or {})
             for res in old:
                 new.setdefault(res, None)
-            if field in status or old:
+            if field in status:
                 out[field] = new
+            elif old:
+                out[field] = None  # a map no longer shown (unavailable, once nothing is)
         return {"status": out}
 
     async def _write(self, name: str, status: JSON) -> bool:

@@ -76,3 +76,96 @@ def test_gpu_work_on_an_evict_node_is_evicted_whole() -> None:
     assert all(e.reason == f"node {bad}'s GPUs are marked {LABEL}=EVICT: the job restarts elsewhere" for e in d.evictions)
     assert not on_bad or cpu not in {e.uid for e in d.evictions}
     assert w.step(after=1).evictions == []  # each once
+
+
+# -- capacity lost to unhealthy nodes -----------------------------------------------------------
+
+
+def _cohort(w: World, **nominal: int) -> None:
+    objs: list[dict[str, Any]] = [{"metadata": {"name": "org", "uid": "q-org", "resourceVersion": "1"}, "spec": {}}]
+    for name, gpus in nominal.items():
+        objs.append({"metadata": {"name": name, "uid": f"q-{name}", "resourceVersion": "1"},
+                     "spec": {"parent": "org", "resources": [{"name": GPU, "nominal": str(gpus)}]}})
+    w.session.on_queues_listed(objs)
+
+
+def _queued_pod(w: World, name: str, gpus: int, queue: str) -> str:
+    obj: dict[str, Any] = make_pod(name).req(cpu="1", **{GPU: str(gpus)}).created(w.now).label(
+        {"batchsched.io/queue": queue}).obj()
+    w.pods[obj["metadata"]["uid"]] = obj
+    w.session.on_pod("ADDED", parse_pod(obj))
+    return str(obj["metadata"]["uid"])
+
+
+def _statuses(w: World) -> dict[str, dict[str, Any]]:
+    d = w.step(after=60)
+    return dict(d.queue_statuses)
+
+
+def test_the_gpus_an_unhealthy_node_cannot_give_are_withheld_from_the_cohort() -> None:
+    w = World()
+    for name in ("n0", "n1", "n2"):
+        node(w, name)
+    _cohort(w, a=8, b=16)  # the quotas promise all 24 GPUs
+    running = _queued_pod(w, "a-job", 4, "a")
+    w.step()
+    where = node_of(w, running)
+    assert "unavailable" not in _statuses(w)["org"]
+
+    sick = next(n for n in ("n0", "n1", "n2") if n != where)
+    node(w, sick, "ERR")
+    org = _statuses(w)["org"]
+    assert org["nominal"] == {GPU: "24"}  # the nominal as given
+    assert org["unavailable"] == {GPU: "8"}
+    [cond] = [c for c in org["conditions"] if c["type"] == "CapacityReduced"]
+    assert cond["reason"] == "UnhealthyNodes"
+    assert cond["message"].startswith("8 nvidia.com/gpu of its nominal is withheld")
+
+    # what runs on an unhealthy node stays charged where it is: only its free GPUs are lost
+    node(w, where, "ERR")
+    assert _statuses(w)["org"]["unavailable"] == {GPU: "12"}  # 8 + (8 - 4)
+
+    node(w, sick, "PASS")
+    node(w, where, "PASS")
+    org = _statuses(w)["org"]
+    assert "unavailable" not in org and not [c for c in org["conditions"] if c["type"] == "CapacityReduced"]
+
+
+def test_a_cohort_lends_no_more_than_healthy_nodes_can_back() -> None:
+    w = World()
+    for name in ("n0", "n1", "n2", "n3"):
+        node(w, name)
+    _cohort(w, a=8, b=16)  # 24 promised of 32 GPUs
+    node(w, "n3", "ERR")  # 24 healthy: nothing withheld
+    assert "unavailable" not in _statuses(w)["org"]
+    node(w, "n2", "TESTING")  # 16 healthy of 24 promised
+    assert _statuses(w)["org"]["unavailable"] == {GPU: "8"}
+    # a borrows b's idle quota only as far as the healthy capacity goes: 16, not 24
+    first = _queued_pod(w, "a-1", 8, "a")
+    second = _queued_pod(w, "a-2", 8, "a")
+    w.step(after=1)
+    assert w.bound(first) and w.bound(second)
+    third = _queued_pod(w, "a-3", 1, "a")
+    d = w.step(after=1)
+    assert not w.bound(third)
+    [why] = [c.message for c in d.unschedulable if c.ref.name == "a-3"]
+    assert why == (
+        "queue a: needs 1 nvidia.com/gpu; nominal 8, in use 16, may borrow 0 (cohort org lends none); "
+        "8 nvidia.com/gpu of org's nominal is withheld for nodes that failed GPU health checks"
+    ), why
+
+
+def test_each_root_gives_up_its_share_of_what_is_lost() -> None:
+    from batchsched.core.queues import QueueTree
+
+    columns = ("cpu", GPU)
+    tree = QueueTree.from_objects([
+        {"metadata": {"name": "x"}, "spec": {"resources": [{"name": GPU, "nominal": "16"}]}},
+        {"metadata": {"name": "y"}, "spec": {"resources": [{"name": GPU, "nominal": "8"}]}},
+    ], columns)
+    import numpy as np
+    tree.withhold(np.array([0, 24]), np.array([0, 6]))  # 18 healthy of 24 promised
+    assert tree.report("x").unavailable == {GPU: 4} and tree.report("y").unavailable == {GPU: 2}
+    assert tree.report("x").nominal == {GPU: 16}
+    assert tree.admissible("x", np.array([0, 12])) is None
+    assert tree.admissible("x", np.array([0, 13])) is not None

@@ -37,6 +37,7 @@ from batchsched.core.disruption import DisruptionBook, DisruptionBudget
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod, PodUID
+from batchsched.core.nodehealth import NodeHealthSettings, lost_gpus
 from batchsched.core.plan import (
     Nomination,
     Plan,
@@ -139,8 +140,9 @@ class _Waiting:
 class QueueBook:
     """Queues, namespace labels, disruption budgets and nominations (one writer)."""
 
-    def __init__(self, settings: QueueSettings | None = None) -> None:
+    def __init__(self, settings: QueueSettings | None = None, *, node_health: NodeHealthSettings | None = None) -> None:
         self.settings = settings or QueueSettings()
+        self.node_health = node_health or NodeHealthSettings()
         self.queue_objects: dict[str, Mapping[str, Any]] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.budgets = DisruptionBook()
@@ -268,6 +270,7 @@ class QueueBook:
     ) -> QueueInput:
         """The cycle's queue input for ``units`` (``now``: wall-clock seconds)."""
         tree = self.tree(snap.columns)
+        tree.withhold(*lost_gpus(self.node_health, columns=snap.columns, nodes=snap.nodes, alloc=snap.alloc, used=snap.used))
         queue_of: dict[str, QueueName | QueueProblem | None] = {}
         for u in units:
             if u.blocked:

@@ -28,12 +28,13 @@ Everything here is synchronous and deterministic: the time is always passed in.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from batchsched.core import explain
 from batchsched.core.plan import QueueName
 from batchsched.core.quantity import MILLI_RESOURCES, format_units
 from batchsched.core.queues.spec import Queue, QueueError, ReclaimPolicy, StopPolicy, parse_queue
@@ -67,6 +68,9 @@ class QueueReport:
     used: Mapping[str, int]
     borrowed: Mapping[str, int]
     lent: Mapping[str, int]
+    #: of a root's nominal, what the cluster's healthy capacity cannot back now
+    #: (:meth:`QueueTree.withhold`); empty elsewhere
+    unavailable: Mapping[str, int] = field(default_factory=dict)
 
 
 class QueueTree(_TreeStructure):
@@ -113,6 +117,8 @@ class QueueTree(_TreeStructure):
         # the leaves charged or released, in order (see changes_since); trimmed when long
         self._log: list[int] = []
         self._log_base = 0
+        #: root index -> per quota column, the nominal withheld (see :meth:`withhold`)
+        self._withheld: dict[int, list[int]] = {}
 
     # -- construction
 
@@ -214,6 +220,39 @@ class QueueTree(_TreeStructure):
 
     def queue_generation(self, name: str) -> int:
         return self._node(name).generation
+
+    # -- capacity the cluster cannot back
+
+    def withhold(self, capacity: IntArray, lost: IntArray) -> None:
+        """The cluster has ``capacity`` per column, of which ``lost`` sits on nodes that take
+        no work of that kind now (GPUs that failed their health checks). Where the roots'
+        nominal quotas, summed, promise more than the rest, each root's nominal shrinks by
+        its share of the difference (in proportion to its nominal; remainders by name
+        order), so no cohort lends, and no queue is admitted into, capacity that is not
+        there. Once per tree, before anything is charged; the report shows the nominal as
+        given and what was withheld.
+        """
+        for k, c in enumerate(self._qcols):
+            if c >= len(lost) or lost[c] <= 0:
+                continue
+            roots = [i for i, n in enumerate(self._nodes)
+                     if n.parent < 0 and self._managed[i][k] and 0 < n.nominal[k] < UNLIMITED]
+            promised = sum(self._nodes[i].nominal[k] for i in roots)
+            over = min(promised - int(capacity[c] - lost[c]), promised)
+            if over <= 0:
+                continue
+            shares = {i: over * self._nodes[i].nominal[k] // promised for i in roots}
+            left = over - sum(shares.values())
+            for i in sorted(roots, key=lambda i: self._nodes[i].queue.name)[:left]:
+                shares[i] += 1
+            for i, share in shares.items():
+                self._nodes[i].nominal[k] -= share
+                self._withheld.setdefault(i, [0] * len(self._qcols))[k] = share
+
+    def _given(self, i: int) -> list[int]:
+        """Queue ``i``'s nominal as its spec gives it (before :meth:`withhold`)."""
+        node, held = self._nodes[i], self._withheld.get(i)
+        return node.nominal if held is None else [n + h for n, h in zip(node.nominal, held, strict=True)]
 
     # -- usage
 
@@ -366,6 +405,15 @@ class QueueTree(_TreeStructure):
         return len(rows) if len(rows) >= min_count else 0
 
     def _reason(self, i: int, k: int, need: int, avail: int) -> str:
+        reason = self._quota_reason(i, k, need, avail)
+        root = self._nodes[i].root
+        held = self._withheld.get(root)
+        if held is not None and held[k] > 0:
+            res = self.columns[self._qcols[k]]
+            return f"{reason}; {explain.withheld_note(self._nodes[root].queue.name, held[k], res)}"
+        return reason
+
+    def _quota_reason(self, i: int, k: int, need: int, avail: int) -> str:
         node = self._nodes[i]
         res = self.columns[self._qcols[k]]
         name = node.queue.name
@@ -373,7 +421,7 @@ class QueueTree(_TreeStructure):
         def f(v: int) -> str:
             return format_units(res, v)
 
-        nominal, used = node.nominal[k], node.usage[k]
+        nominal, used = self._given(i)[k], node.usage[k]
         head = f"queue {name}: needs {f(need)} {res}; nominal {f(nominal)}, in use {f(used)}"
         a = max(0, avail)
         may_borrow = max(0, a - max(0, nominal - used))  # beyond what it uses or its nominal
@@ -405,8 +453,9 @@ class QueueTree(_TreeStructure):
 
     def borrowed(self, name: str) -> dict[str, int]:
         """How far ``name`` is above its nominal, per managed resource."""
-        node = self._node(name)
-        return self._dict(node.root, [max(0, d - n) for d, n in zip(node.demand, node.nominal, strict=True)])
+        i = self._index[QueueName(name)]
+        node = self._nodes[i]
+        return self._dict(node.root, [max(0, d - n) for d, n in zip(node.demand, self._given(i), strict=True)])
 
     def lent(self, name: str) -> dict[str, int]:
         """The part of ``name``'s idle, lendable nominal that other queues of its cohort use.
@@ -443,12 +492,15 @@ class QueueTree(_TreeStructure):
         return self._dict(node.root, out)
 
     def report(self, name: str) -> QueueReport:
-        node = self._node(name)
+        i = self._index[QueueName(name)]
+        node = self._nodes[i]
+        held = self._withheld.get(i)
         return QueueReport(
-            nominal=self._dict(node.root, node.nominal),
+            nominal=self._dict(node.root, self._given(i)),
             used=self.usage(name),
             borrowed=self.borrowed(name),
             lent=self.lent(name),
+            unavailable={r: v for r, v in self._dict(node.root, held).items() if v} if held else {},
         )
 
     def status(self, name: str, *, pending: int, admitted: int, misplaced: int = 0) -> dict[str, Any]:
@@ -473,7 +525,12 @@ class QueueTree(_TreeStructure):
                 f"{kids}; only leaf queues hold work",
             })
         r = self.report(name)
-        return {
+        if r.unavailable:
+            conditions.append({
+                "type": "CapacityReduced", "status": "True", "reason": "UnhealthyNodes",
+                "message": explain.capacity_withheld(r.unavailable),
+            })
+        status: dict[str, Any] = {
             "nominal": _quantities(r.nominal),
             "used": _quantities(r.used),
             "borrowed": _quantities(r.borrowed),
@@ -482,12 +539,15 @@ class QueueTree(_TreeStructure):
             "admitted": admitted,
             "conditions": conditions,
         }
+        if r.unavailable:
+            status["unavailable"] = _quantities(r.unavailable)
+        return status
 
     def check(self) -> None:
         """Raise :class:`QuotaBookkeepingError` unless every queue keeps its limits and the
         bookkeeping matches a recomputation from the leaves' usage."""
         width = len(self._qcols)
-        for node in sorted(self._nodes, key=lambda n: -n.depth):
+        for i, node in sorted(enumerate(self._nodes), key=lambda e: -e[1].depth):
             if node.children:
                 kids = [self._nodes[c] for c in node.children]
                 demand = [sum(max(c.demand[k], c.kept[k]) for c in kids) for k in range(width)]
@@ -498,7 +558,7 @@ class QueueTree(_TreeStructure):
                 raise QuotaBookkeepingError(f"queue {node.queue.name}: usage bookkeeping is off")
             managed = self._managed[node.root]
             for k in range(width):
-                if managed[k] and node.demand[k] > node.nominal[k] + node.borrow[k]:
+                if managed[k] and node.demand[k] > self._given(i)[k] + node.borrow[k]:
                     raise QuotaBookkeepingError(f"queue {node.queue.name}: above nominal + borrowing limit")
 
     # -- fair share
