@@ -72,7 +72,9 @@ def pod_ref(pod: Pod | Binding | Eviction) -> ObjectRef:
 
 
 def group_ref(group: PodGroup) -> ObjectRef:
+    """What Events about ``group`` are about: its PodGroup, or for a group read from its
+    pods (Kueue's) the Workload Kueue made for it, which bears the group's name."""
     return ObjectRef(
-        kind="PodGroup", api_version=group.api_version, namespace=group.namespace,
-        name=group.name, uid=group.uid,
+        kind="Workload" if group.from_pods else "PodGroup", api_version=group.api_version,
+        namespace=group.namespace, name=group.name, uid=group.uid,
     )

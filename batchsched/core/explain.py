@@ -230,7 +230,8 @@ def min_resources_short(group: str, short: Iterable[tuple[str, int, int, int]]) 
 
 
 def invalid_group(group: str, why: str) -> str:
-    return f"PodGroup {group} is invalid, its pods are not scheduled: {why}"
+    """``group``: as :attr:`PodGroup.described` names it."""
+    return f"{group} is invalid, its pods are not scheduled: {why}"
 
 
 # -- GPU cards ------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ class GroupReports:
                 self._reported_invalid[key] = group.invalid
                 out.events.append(EventNote(
                     group_ref(group), "Warning", "InvalidPodGroup",
-                    explain.invalid_group(group.display, group.invalid),
+                    explain.invalid_group(group.described, group.invalid),
                 ))
             tally = self.groups.tally(group, state)
             if not tally.ours:
@@ -167,6 +167,8 @@ class GroupReports:
             elif backing_off:
                 reason = "GangBackoff"
                 message = self.groups.blocked_message(group, now)
+            if group.from_pods:
+                continue  # no object of its own: its pods are told (a status has nowhere to go)
             status = desired_status(
                 group, tally, waiting=message, reason=reason, admitted=admitted,
                 schedule_start=self._schedule_start.get(key, ""),

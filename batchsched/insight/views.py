@@ -113,7 +113,7 @@ def _state(session: Session, key: str, pods: list[Pod], group: PodGroup | None, 
     pending = [p for p in pods if not p.node_name]
     told = session.last_word(key) or ("", "")
     if group is not None and group.invalid:
-        return "invalid", "InvalidPodGroup", explain.invalid_group(group.display, group.invalid)
+        return "invalid", "InvalidPodGroup", explain.invalid_group(group.described, group.invalid)
     bad = next((p for p in pods if p.invalid), None)
     if bad is not None:
         return "invalid", "InvalidPod", explain.invalid_pod(bad.key, bad.invalid)

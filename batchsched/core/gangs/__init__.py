@@ -1,10 +1,13 @@
-"""Gangs: PodGroups of scheduler-plugins, Volcano and kube-batch, their members, quorum,
+"""Gangs: PodGroups of scheduler-plugins, Volcano and kube-batch, Kueue's pod groups, their members, quorum,
 timeouts and status."""
 
 from batchsched.core.gangs.book import GangCheck, GroupBook, GroupNotice, Room, free_capacity
 from batchsched.core.gangs.podgroup import (
     ANNOTATION_GROUP,
+    ANNOTATION_KUEUE_TOTAL,
     ANNOTATION_TASK,
+    KUEUE,
+    LABEL_KUEUE_GROUP,
     LABEL_VOLCANO,
     LABEL_XK8S,
     SUSPEND_ANNOTATION,
@@ -21,7 +24,10 @@ from batchsched.core.gangs.status import Tally, condition_type, desired_status
 
 __all__ = [
     "ANNOTATION_GROUP",
+    "ANNOTATION_KUEUE_TOTAL",
     "ANNOTATION_TASK",
+    "KUEUE",
+    "LABEL_KUEUE_GROUP",
     "LABEL_VOLCANO",
     "LABEL_XK8S",
     "SUSPEND_ANNOTATION",

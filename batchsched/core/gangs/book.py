@@ -40,9 +40,11 @@ from batchsched.core.gangs.podgroup import (
     _ANY,
     _SHORT,
     ANNOTATION_TASK,
+    KUEUE,
     GroupKey,
     PodGroup,
     group_ref,
+    kueue_group,
 )
 from batchsched.core.gangs.status import Tally
 from batchsched.core.mirror import ClusterState, Snapshot
@@ -158,6 +160,8 @@ class GroupBook:
         #: (namespace, API, name) -> the pods naming the group that way
         self._by_ref: dict[tuple[str, str, str], set[PodUID]] = {}
         self._timers: dict[GroupKey, _Timer] = {}
+        #: Kueue pod groups (read from their pods): each member's view of its group
+        self._kueue_views: dict[GroupKey, dict[PodUID, PodGroup]] = {}
         #: bumps whenever a group or a priority class changes
         self.version = 0
         #: (namespace, name) of groups whose members or spec changed since the last
@@ -208,6 +212,8 @@ class GroupBook:
         for r in (old, new):
             if r is not None:
                 self._mark((r[0], r[2]))
+        if new is not None and new[1] == KUEUE:
+            self._kueue_member(pod, pod.uid, new)
         if old == new:
             return
         if old is not None:
@@ -216,6 +222,25 @@ class GroupBook:
             self._refs[pod.uid] = new
             self._named.setdefault((new[0], new[2]), set()).add(pod.uid)
             self._by_ref.setdefault(new, set()).add(pod.uid)
+
+    def _kueue_member(self, pod: Pod | None, uid: PodUID, ref: tuple[str, str, str]) -> None:
+        """A member of a Kueue pod group came, changed (``pod``) or left (None): the group
+        is as its oldest member describes it, and gone with its last member."""
+        key = GroupKey(f"kueue:{ref[0]}/{ref[2]}")
+        views = self._kueue_views.setdefault(key, {})
+        if pod is None:
+            views.pop(uid, None)
+        else:
+            views[uid] = kueue_group(pod)
+        known = self.groups.get(key)
+        if not views:
+            del self._kueue_views[key]
+            if known is not None:
+                self.group_event("DELETED", known)
+            return
+        group = min(views.values(), key=lambda g: g.created)
+        if group != known:
+            self.group_event("MODIFIED", group)
 
     def touch(self, uid: PodUID) -> None:
         """The pod's state changed outside :meth:`pod_event` (assumed bound, or its
@@ -251,6 +276,8 @@ class GroupBook:
             by_ref.discard(uid)
             if not by_ref:
                 del self._by_ref[old]
+        if old[1] == KUEUE:
+            self._kueue_member(None, uid, old)
 
     def in_group(self, uid: PodUID) -> bool:
         """Whether the pod names a group (existing or not): it is never placed alone."""
@@ -415,7 +442,7 @@ class GroupBook:
     def _blocked_reason(self, group: PodGroup, t: Tally, now: float) -> tuple[str, str]:
         """``(condition reason, message)`` of why the group may not be placed now, or ("", "")."""
         if group.invalid:
-            return "InvalidPodGroup", f"PodGroup {group.display} is invalid: {group.invalid}"
+            return "InvalidPodGroup", f"{group.described} is invalid: {group.invalid}"
         if group.suspended:
             return "Suspended", explain.suspended(group.display)
         timer = self._timers.get(group.key)

@@ -9,7 +9,12 @@ Three ways a pod says it belongs to a gang, all recognised without changing the 
   ``scheduling.k8s.io/group-name: NAME`` or labelled ``scheduling.volcano.sh/group-name``;
 - the old kube-batch annotation ``scheduling.k8s.io/group-name`` alone, resolved against
   the PodGroup of that name in the pod's namespace: Volcano's if there is one, else
-  scheduler-plugins'.
+  scheduler-plugins';
+- Kueue's plain pod groups: pods labelled ``kueue.x-k8s.io/pod-group-name: NAME`` and
+  annotated ``kueue.x-k8s.io/pod-group-total-count: N``. There is no PodGroup object: the
+  group is read from its pods (:func:`kueue_group`), its size is the total count, and what
+  batchsched says of it goes to the pods and, as Events, to the Workload Kueue made for it
+  (named after the group), never to a status of its own.
 
 :func:`parse_podgroup` reads either PodGroup API into a :class:`PodGroup` and never raises
 on an object the apiserver accepted; :func:`group_ref` reads which group a pod names. The
@@ -27,8 +32,11 @@ from batchsched.core.quantity import QuantityError, QuantityRangeError, to_units
 
 __all__ = [
     "ANNOTATION_GROUP",
+    "ANNOTATION_KUEUE_TOTAL",
     "ANNOTATION_TASK",
     "API_VERSIONS",
+    "KUEUE",
+    "LABEL_KUEUE_GROUP",
     "LABEL_VOLCANO",
     "LABEL_XK8S",
     "VOLCANO",
@@ -37,6 +45,7 @@ __all__ = [
     "GroupStatus",
     "PodGroup",
     "group_ref",
+    "kueue_group",
     "parse_podgroup",
 ]
 
@@ -44,13 +53,17 @@ GroupKey = NewType("GroupKey", str)
 
 XK8S = "scheduling.x-k8s.io"
 VOLCANO = "scheduling.volcano.sh"
-API_VERSIONS = {XK8S: f"{XK8S}/v1alpha1", VOLCANO: f"{VOLCANO}/v1beta1"}
-_SHORT = {XK8S: "x-k8s", VOLCANO: "volcano"}
+#: Kueue's plain pod groups (no PodGroup object; see :func:`kueue_group`)
+KUEUE = "kueue.x-k8s.io"
+API_VERSIONS = {XK8S: f"{XK8S}/v1alpha1", VOLCANO: f"{VOLCANO}/v1beta1", KUEUE: f"{KUEUE}/v1beta2"}
+_SHORT = {XK8S: "x-k8s", VOLCANO: "volcano", KUEUE: "kueue"}
 
 LABEL_XK8S = "scheduling.x-k8s.io/pod-group"
 LABEL_VOLCANO = "scheduling.volcano.sh/group-name"
 ANNOTATION_GROUP = "scheduling.k8s.io/group-name"
 ANNOTATION_TASK = "volcano.sh/task-spec"
+LABEL_KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+ANNOTATION_KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 #: a PodGroup annotated ``"true"`` is suspended: none of its pods is placed, and members
 #: already running are evicted, the whole gang (the job holds, as Kueue's ``suspend``)
 SUSPEND_ANNOTATION = "batchsched.io/suspend"
@@ -130,6 +143,16 @@ class PodGroup:
     @property
     def api_version(self) -> str:
         return API_VERSIONS.get(self.api, self.api)
+
+    @property
+    def described(self) -> str:
+        """How messages name it: ``PodGroup ns/name``, or ``Kueue pod group ns/name``."""
+        return f"{'Kueue pod group' if self.from_pods else 'PodGroup'} {self.display}"
+
+    @property
+    def from_pods(self) -> bool:
+        """A group read from its pods' labels (Kueue's): it has no object to write status to."""
+        return self.api == KUEUE
 
 
 def _positive_int(value: Any, what: str) -> tuple[int, str]:
@@ -263,5 +286,23 @@ def group_ref(pod: Pod) -> tuple[str, str] | None:
     name = pod.annotations.get(ANNOTATION_GROUP)
     if name:
         return _ANY, name
+    name = pod.labels.get(LABEL_KUEUE_GROUP)
+    if name:
+        return KUEUE, name
     return None
+
+
+def kueue_group(pod: Pod) -> PodGroup:
+    """The Kueue pod group ``pod`` is a member of, as the pod describes it: its size is the
+    pod's ``kueue.x-k8s.io/pod-group-total-count`` (Kueue gives every member the same one),
+    its age the pod's. A count that is missing or not a positive integer makes it invalid."""
+    raw = pod.annotations.get(ANNOTATION_KUEUE_TOTAL)
+    count: Any = raw
+    if raw is not None and raw.strip().isdigit():
+        count = int(raw.strip())
+    size, problem = _positive_int(count, f"annotation {ANNOTATION_KUEUE_TOTAL} of pod {pod.name}")
+    return PodGroup(
+        api=KUEUE, namespace=pod.namespace, name=pod.labels[LABEL_KUEUE_GROUP], created=pod.created,
+        min_member=size or 1, invalid=problem,
+    )
 

@@ -111,7 +111,7 @@ def desired_status(
     else:
         phase = "Pending"
     if group.invalid:
-        message, why = f"PodGroup {group.display} is invalid: {group.invalid}", "InvalidPodGroup"
+        message, why = f"{group.described} is invalid: {group.invalid}", "InvalidPodGroup"
         placed = False
     elif placed:
         why = "Scheduled"
