@@ -60,3 +60,13 @@ def test_the_config_default_applies_and_the_annotation_overrides_it() -> None:
     members = _running_gang(w2)
     w2.session.on_pod("DELETED", parse_pod(w2.pods.pop(members[2])))  # its node went away
     assert sorted(e.uid for e in w2.step(after=1).evictions) == sorted(members[:2])
+
+
+def test_a_suspend_or_restart_annotation_that_is_not_true_or_false_makes_the_group_invalid() -> None:
+    from batchsched.core.gangs import XK8S, parse_podgroup
+    from tests.builders import make_group
+
+    for name in ("batchsched.io/suspend", "batchsched.io/whole-job-restart"):
+        group = parse_podgroup(XK8S, make_group("job").min_member(2).annotate({name: "yes"}).obj())
+        assert group.invalid == f'annotation {name} must be "true" or "false", got \'yes\''
+        assert not parse_podgroup(XK8S, make_group("job").min_member(2).annotate({name: " False"}).obj()).invalid

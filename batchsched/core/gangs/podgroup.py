@@ -196,8 +196,10 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
     """A PodGroup of either API; never raises on an object the apiserver accepted.
 
     A malformed spec (``minMember`` missing, zero, negative or not an integer; a
-    ``minResources`` quantity that does not parse; a negative ``minTaskMember``) makes the
-    group :attr:`PodGroup.invalid`.
+    ``minResources`` quantity that does not parse; a negative ``minTaskMember``), or a
+    suspend or whole-job-restart annotation that is neither ``"true"`` nor ``"false"``
+    (a job meant to hold must not run because of a typo), makes the group
+    :attr:`PodGroup.invalid`.
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -244,6 +246,11 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
             problems.append(f"spec.scheduleTimeoutSeconds must be an integer, got {raw_timeout!r}")
         elif raw_timeout > 0:
             timeout = float(raw_timeout)
+    annotations = _strings(meta.get("annotations"))
+    for name in (SUSPEND_ANNOTATION, WHOLE_JOB_RESTART_ANNOTATION):
+        value = annotations.get(name)
+        if value is not None and value.strip().lower() not in ("true", "false"):
+            problems.append(f"annotation {name} must be \"true\" or \"false\", got {value!r}")
     return PodGroup(
         api=api,
         namespace=str(meta.get("namespace") or ""),
@@ -260,7 +267,7 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
         invalid="; ".join(problems),
         observed=_observed(status if isinstance(status, Mapping) else {}),
         labels=_strings(meta.get("labels")),
-        annotations=_strings(meta.get("annotations")),
+        annotations=annotations,
     )
 
 
