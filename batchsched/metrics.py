@@ -1,6 +1,6 @@
 """Prometheus metrics, all named ``batchsched_*``, on a registry passed in (never global).
 
-The dashboard and alert rules in ``manifests/monitoring/`` name only metrics defined here;
+The dashboard and alert rules in ``manifests/overlays/with-monitoring/`` name only metrics defined here;
 a test holds them to a running scheduler's ``/metrics``.
 """
 

@@ -101,11 +101,11 @@ class BindWatch:
 
 
 async def check_podgroup_crd(client: KubeClient) -> None:
-    """The x-k8s PodGroup CRD comes from manifests/ (the sandbox applies it at start)."""
+    """The x-k8s PodGroup CRD comes from manifests/base/ (the sandbox applies it at start)."""
     try:
         await client.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/podgroups.scheduling.x-k8s.io")
     except NotFoundError:
-        raise RunError("the scheduling.x-k8s.io PodGroup CRD is missing from manifests/") from None
+        raise RunError("the scheduling.x-k8s.io PodGroup CRD is missing from manifests/base/") from None
 
 
 async def create_all(client: KubeClient, items: Iterable[tuple[str, dict[str, Any]]], concurrency: int = CREATE_CONCURRENCY) -> None:

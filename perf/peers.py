@@ -23,7 +23,7 @@ peer runs against the same apiserver). Settings, as issue 6 asks:
   ``scheduling.x-k8s.io/pod-group`` pod label.
 
 batchsched declares gangs the scheduler-plugins way too (the PodGroup CRD of
-``manifests/crd-podgroups-x-k8s.yaml``, KubeRay's format); :data:`BATCHSCHED_GANG_STYLE`
+``manifests/base/crd-podgroups-x-k8s.yaml``, KubeRay's format); :data:`BATCHSCHED_GANG_STYLE`
 is the one line to change if it reads another.
 """
 

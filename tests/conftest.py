@@ -7,7 +7,7 @@ without having run them.
 
 batchsched runs in these tests as it runs in a cluster: under its own ServiceAccount
 (``batchsched-system/batchsched``), bound to exactly the ClusterRole of
-``manifests/rbac.yaml``, so a permission missing there fails a test instead of hiding
+``manifests/base/rbac.yaml``, so a permission missing there fails a test instead of hiding
 behind the admin kubeconfig. The tests' own client (creating nodes, pods, queues) stays
 admin. The apiserver keeps an audit log of that ServiceAccount's requests, which
 ``tests/integration/test_rbac.py`` reads to find refused requests and unused grants.
@@ -35,8 +35,8 @@ from batchsched.kube.errors import NotFoundError
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 ROOT = Path(__file__).resolve().parent.parent
-RBAC = ROOT / "manifests" / "rbac.yaml"
-#: where manifests/deploy/batchsched.yaml runs the scheduler, and as whom
+RBAC = ROOT / "manifests" / "base" / "rbac.yaml"
+#: where manifests/base/deployment.yaml runs the scheduler, and as whom
 SCHEDULER_NAMESPACE = "batchsched-system"
 SCHEDULER_ACCOUNT = "batchsched"
 SCHEDULER_USER = f"system:serviceaccount:{SCHEDULER_NAMESPACE}:{SCHEDULER_ACCOUNT}"

@@ -5,7 +5,7 @@ or a ServiceAccount gives it. The token is checked with the TokenReview API and 
 names is asked about with SubjectAccessReview, for the verb ``get`` on the request's path as
 a non-resource URL, as kube-scheduler and the other kube components do for theirs. So RBAC
 grants access: a ClusterRole with ``nonResourceURLs: ["/debug/*", "/ui", "/ui/*"]``
-(``batchsched-viewer`` in manifests/rbac.yaml). The scheduler needs ``create`` on
+(``batchsched-viewer`` in manifests/base/rbac.yaml). The scheduler needs ``create`` on
 ``tokenreviews`` and ``subjectaccessreviews`` for this (what ``system:auth-delegator``
 grants).
 

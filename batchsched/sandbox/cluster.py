@@ -2,7 +2,7 @@
 
 ``Sandbox(name).up(...)`` starts the four processes (each in its own session, with its log
 under the sandbox's state folder), waits for the apiserver's ``/readyz``, applies the
-project's CRDs and example PriorityClasses from ``manifests/``, creates the requested fake
+project's CRDs and example PriorityClasses from ``manifests/base/``, creates the requested fake
 nodes and waits until every one is Ready with the admission-time ``not-ready`` taint lifted
 by the controller manager. ``down()`` stops exactly the processes ``up`` started, by PID
 (checked against the binary each PID was started from), and removes the state.
@@ -40,9 +40,10 @@ from batchsched.kube.errors import ConflictError, KubeError
 from batchsched.sandbox import build, pki
 from batchsched.sandbox.nodes import NodeShape, create_nodes, wait_nodes_ready
 
-#: the CRDs, RBAC and PriorityClasses applied at start: the repository's manifests/, which
-#: the package carries as batchsched/manifests (a link to it in a checkout)
-MANIFESTS = Path(__file__).parent.parent / "manifests"
+#: the CRDs, RBAC and PriorityClasses applied at start: the kustomize base of the
+#: repository's manifests/, which the package carries as batchsched/manifests (a link to it
+#: in a checkout); its kustomization.yaml is no object to apply
+MANIFESTS = Path(__file__).parent.parent / "manifests" / "base"
 KWOK_STAGES = Path(__file__).parent / "kwok-stages.yaml"
 SERVICE_CIDR = "10.0.0.0/24"
 
@@ -439,7 +440,7 @@ class Sandbox:
     async def _bootstrap(self, st: SandboxState, shapes: list[NodeShape], *, timeout: float) -> None:
         client = await KubeClient.connect(st.kubeconfig)
         try:
-            await apply_manifests(client, sorted(MANIFESTS.glob("*.yaml")) if MANIFESTS.exists() else [])
+            await apply_manifests(client, sorted(p for p in MANIFESTS.glob("*.yaml") if p.name != "kustomization.yaml"))
             if shapes:
                 names = await create_nodes(client, shapes)
                 await self._while_alive(st, wait_nodes_ready(client, names, timeout=timeout))

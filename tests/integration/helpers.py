@@ -2,7 +2,7 @@
 as a process of its own), create pods and PodGroups, wait, inspect.
 
 batchsched is started with the ``sandbox`` fixture, never with a kubeconfig path: it then
-runs under its own ServiceAccount, with exactly the rights of ``manifests/rbac.yaml``
+runs under its own ServiceAccount, with exactly the rights of ``manifests/base/rbac.yaml``
 (:func:`scheduler_kubeconfig`), while the test's ``kube`` client stays admin."""
 
 from __future__ import annotations

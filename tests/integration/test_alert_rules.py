@@ -1,4 +1,4 @@
-"""The alert rules of ``manifests/monitoring/alerts.yaml`` checked and unit-tested by
+"""The alert rules of ``manifests/overlays/with-monitoring/alerts.yaml`` checked and unit-tested by
 Prometheus's own ``promtool`` (Debian's ``prometheus`` package): the rules load, and each
 alert fires on the made-up series of ``alerts.test.yaml`` it is meant for and stays quiet
 where it must not. (The rules' metrics are held to a running scheduler by
@@ -14,7 +14,7 @@ import yaml
 
 from tests.debian import debian_tool
 
-MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
+MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "overlays" / "with-monitoring"
 
 
 def test_promtool_loads_the_rules_and_their_unit_tests_pass(tmp_path: Path) -> None:

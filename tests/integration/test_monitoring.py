@@ -1,4 +1,4 @@
-"""The dashboard and alert rules of ``manifests/monitoring/`` against a running scheduler's
+"""The dashboard and alert rules of ``manifests/overlays/with-monitoring/`` against a running scheduler's
 ``/metrics``: every metric they read is exported, and the per-queue series carry the
 queue's values once work has run in it.
 

@@ -1,5 +1,5 @@
 """What ``kubectl get queues`` and ``kubectl get podgroups`` show, read with the sandbox's
-own kubectl against the CRDs of ``manifests/`` (the sandbox applies them at start).
+own kubectl against the CRDs of ``manifests/base/`` (the sandbox applies them at start).
 
 A user's first look at a queue or a gang is that table, so the test reads it as a user
 does: by column title, after batchsched has placed a gang in a queue that borrows and

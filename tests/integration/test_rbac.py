@@ -1,4 +1,4 @@
-"""batchsched's ClusterRole (``manifests/rbac.yaml``) is what it needs, and nothing more.
+"""batchsched's ClusterRole (``manifests/base/rbac.yaml``) is what it needs, and nothing more.
 
 Every integration test runs the scheduler under its own ServiceAccount, bound to that role
 alone, and the sandbox's apiserver writes an audit log of that account's requests (see

@@ -1,4 +1,4 @@
-"""The monitoring manifests (``manifests/monitoring/``) against the metrics batchsched
+"""The monitoring manifests (``manifests/overlays/with-monitoring/``) against the metrics batchsched
 defines: a dashboard or an alert that names a metric or a label that does not exist shows
 nothing, or never fires, and nobody notices until the day it was needed.
 
@@ -27,12 +27,12 @@ from prometheus_client.metrics import MetricWrapperBase
 from batchsched.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-MONITORING = ROOT / "manifests" / "monitoring"
+MONITORING = ROOT / "manifests" / "overlays" / "with-monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 ALERTS = MONITORING / "alerts.yaml"
 ALERT_TESTS = MONITORING / "alerts.test.yaml"
 SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
-DEPLOYMENT = ROOT / "manifests" / "deploy" / "batchsched.yaml"
+DEPLOYMENT = ROOT / "manifests" / "base" / "deployment.yaml"
 
 #: labels Prometheus adds to every scraped series (the target's, from the ServiceMonitor)
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "service", "endpoint", "container"})
