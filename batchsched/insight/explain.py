@@ -183,8 +183,11 @@ def queue_summary(queue: dict[str, Any], rows: list[dict[str, Any]]) -> list[str
         lines.append(f"  cohort: {queue['parent']}; weight {queue['weight']}; fair share {queue['fairShare']}")
     for r in queue["resources"]:
         nominal = "unlimited" if r["nominal"] is None else _gpus(r["nominal"])
-        lines.append(f"  {r['name']}: used {_gpus(r['used'])} of nominal {nominal}, "
-                     f"borrowed {_gpus(r['borrowed'])}, lent {_gpus(r['lent'])}")
+        line = (f"  {r['name']}: used {_gpus(r['used'])} of nominal {nominal}, "
+                f"borrowed {_gpus(r['borrowed'])}, lent {_gpus(r['lent'])}")
+        if r.get("unavailable"):
+            line += f"; {_gpus(r['unavailable'])} withheld (nodes that failed GPU health checks)"
+        lines.append(line)
     lines.append(f"  jobs: {queue['pending']} waiting, {queue['admitted']} running")
     for r in rows[:10]:
         when = ""

@@ -286,17 +286,21 @@ def _up(tree: QueueTree, queue: str) -> list[str]:
 def _resources(quotas: Mapping[str, Any], charged: QueueTree | None, name: str) -> list[dict[str, Any]]:
     report = charged.report(name) if charged is not None and name in charged.names else None
     out = []
-    gpu_first = sorted(quotas, key=lambda r: (_unit_name(r) != "cards", r))
+    # its own quotas, and for a cohort that lists none, its children's sum as the tree has it
+    listed = set(quotas) | (set(report.nominal) if report is not None else set())
+    gpu_first = sorted(listed, key=lambda r: (_unit_name(r) != "cards", r))
     for r in gpu_first:
-        q = quotas[r]
+        q = quotas.get(r)
+        nominal = q.nominal if q is not None else report.nominal.get(r) if report is not None else None
         out.append({
             "name": r, "unit": _unit_name(r),
-            "nominal": amount(r, q.nominal),
+            "nominal": amount(r, nominal),
             "used": amount(r, report.used.get(r, 0) if report else 0),
             "borrowed": amount(r, report.borrowed.get(r, 0) if report else 0),
             "lent": amount(r, report.lent.get(r, 0) if report else 0),
-            "borrowingLimit": amount(r, q.borrowing_limit),
-            "lendingLimit": amount(r, q.lending_limit),
+            "unavailable": amount(r, report.unavailable.get(r, 0) if report else 0),
+            "borrowingLimit": amount(r, q.borrowing_limit) if q is not None else None,
+            "lendingLimit": amount(r, q.lending_limit) if q is not None else None,
         })
     return out
 

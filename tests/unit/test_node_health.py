@@ -169,3 +169,18 @@ def test_each_root_gives_up_its_share_of_what_is_lost() -> None:
     assert tree.report("x").nominal == {GPU: 16}
     assert tree.admissible("x", np.array([0, 12])) is None
     assert tree.admissible("x", np.array([0, 13])) is not None
+
+
+def test_the_queue_views_show_what_is_withheld() -> None:
+    from batchsched.insight.explain import Insight
+
+    w = World()
+    for name in ("n0", "n1"):
+        node(w, name)
+    _cohort(w, a=8, b=8)
+    node(w, "n1", "ERR")
+    _statuses(w)
+    rows = {q["name"]: q for q in Insight(w.session, use_jit=False).queues(w.now)["queues"]}
+    [gpu] = [r for r in rows["org"]["resources"] if r["name"] == GPU]
+    assert (gpu["nominal"], gpu["unavailable"]) == (16, 8)
+    assert [r["unavailable"] for r in rows["a"]["resources"]] == [0]

@@ -118,12 +118,14 @@ function quotaBar(r) {
   let text = nominal === null ? `${formatAmount(r.used, u)} used, no quota` : `${formatAmount(r.used, u)} / ${formatAmount(nominal, u)}`;
   if (borrowed > 0) text += `, ${formatAmount(borrowed, u)} borrowed`;
   if ((r.lent || 0) > 0) text += `, ${formatAmount(r.lent, u)} lent`;
+  if ((r.unavailable || 0) > 0) text += `, ${formatAmount(r.unavailable, u)} withheld (unhealthy nodes)`;
   const title = [
     `${r.name}${u ? ` (${u})` : ""}`,
     `used ${formatAmount(r.used, u)}`,
     `nominal ${nominal === null ? "none" : formatAmount(nominal, u)}`,
     `borrowed ${formatAmount(borrowed, u)}`,
     `lent ${formatAmount(r.lent || 0, u)}`,
+    `withheld for unhealthy nodes ${formatAmount(r.unavailable || 0, u)}`,
     `borrowing limit ${r.borrowingLimit === null || r.borrowingLimit === undefined ? "none" : formatAmount(r.borrowingLimit, u)}`,
     `lending limit ${r.lendingLimit === null || r.lendingLimit === undefined ? "none" : formatAmount(r.lendingLimit, u)}`,
   ].join("\n");
