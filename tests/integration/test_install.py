@@ -56,7 +56,7 @@ def test_a_wheel_without_extras_runs_and_every_verb_works_or_names_its_extra(tmp
 
     # the package carries what the sandbox applies and what the web view serves
     files = run(bin_ / "python", "-c", "import importlib.resources as r, batchsched; "
-                "p = r.files('batchsched'); print(sorted(f.name for f in (p / 'manifests').iterdir())); "
+                "p = r.files('batchsched'); print(sorted(f.name for f in (p / 'manifests' / 'base').iterdir())); "
                 "print((p / 'insight' / 'web' / 'index.html').is_file())")
     assert files.returncode == 0, files.stderr
     listed, web = files.stdout.strip().splitlines()
