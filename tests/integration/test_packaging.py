@@ -210,6 +210,10 @@ def test_the_chart_renders_the_rules_crds_and_configuration_of_the_base(helm: Pa
         pod["volumes"][0]["configMap"]["name"] = "config"
         pod["containers"][0].pop("imagePullPolicy", None)
     assert chart_pod == base_pod
+    # a key with a value of its own is refused under config (it would be overwritten)
+    refused = subprocess.run([str(helm), "template", "x", str(CHART), "--set", "config.schedulerNames={a}"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "not config.schedulerNames" in refused.stderr, refused.stderr
 
 
 def test_the_chart_renders_the_monitoring_of_the_overlay(helm: Path, kubectl: Path) -> None:
