@@ -296,9 +296,13 @@ class Installer:
         assert self.present(docs) == {key(d) for d in docs}
 
     def remove(self) -> None:
-        if self.created:
-            run(self.kubectl, "--kubeconfig", self.kubeconfig, "delete", "--ignore-not-found",
-                "--wait=false", "-f", self._file(self.created))
+        if not self.created:
+            return
+        run(self.kubectl, "--kubeconfig", self.kubeconfig, "delete", "--ignore-not-found",
+            "--wait=false", "-f", self._file(self.created))
+        # cluster-scoped objects outlive the test's namespace: they must be gone at once
+        cluster_scoped = [d for d in self.created if not d["metadata"].get("namespace") and d["kind"] != "Namespace"]
+        assert not cluster_scoped or not self.present(cluster_scoped), "cluster-scoped objects left behind"
 
 
 def key(obj: dict[str, Any]) -> tuple[str, str, str]:
