@@ -61,4 +61,5 @@ def test_a_wheel_without_extras_runs_and_every_verb_works_or_names_its_extra(tmp
     assert files.returncode == 0, files.stderr
     listed, web = files.stdout.strip().splitlines()
     assert "crd-queues.yaml" in listed and "rbac.yaml" in listed and "crd-podgroups-x-k8s.yaml" in listed
+    assert "kustomization.yaml" in listed and "config" in listed  # the whole kustomize base
     assert web == "True"
