@@ -34,6 +34,7 @@ from tests.integration.helpers import (
     QUEUES,
     XK8S,
     assert_no_overcommit,
+    condition,
     events_for,
     get_group,
     list_pods,
@@ -310,19 +311,37 @@ async def test_a_high_priority_pytorchjob_preempts_a_running_low_priority_one_wh
             f"preempting 4 pod(s) of {namespace}/pretrain to place its 4 pod(s) on node(s) "
         ), preempting["message"]
         # the operator creates the evicted pods again; they wait, whole, told why
+        waiting = (f"gang {namespace}/pretrain needs minResources the cluster does not have free: "
+                   f"32 {GPU} (free: 0)")
+
         async def replaced_and_waiting() -> list[dict[str, Any]] | None:
             pods = live(await list_pods(kube, namespace), "pretrain")
             fresh = [p for p in pods if p["metadata"]["uid"] not in {v["metadata"]["uid"] for v in victims}]
-            told = [p for p in fresh if any(c.get("type") == "PodScheduled" and c.get("status") == "False"
-                                            for c in (p.get("status") or {}).get("conditions") or [])]
+            told = [p for p in fresh if any(
+                (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+                == ("PodScheduled", "False", "InsufficientMinResources", waiting)
+                for c in (p.get("status") or {}).get("conditions") or [])]
             return fresh if len(fresh) == 4 and len(told) == 4 else None
 
         fresh = await wait_for(replaced_and_waiting, timeout=60)
         assert not [p for p in fresh if p["spec"].get("nodeName")]
         group = await get_group(kube, XK8S, namespace, "pretrain")
-        assert (group.get("status") or {}).get("phase") != "Running"
+        assert group["status"]["phase"] == "Pending" and group["status"]["running"] == 0
+        assert (condition(group)["reason"], condition(group)["message"]) == ("InsufficientMinResources", waiting)
+        # the PodGroup as the operator writes it: every replica, the templates' requests summed
+        urgent = await get_group(kube, XK8S, namespace, "urgent")
+        assert urgent["spec"] == {"minMember": 4, "minResources": {"cpu": "4", "memory": "4Gi", GPU: "32"}}
+        assert urgent["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
+        assert (urgent["status"]["phase"], urgent["status"]["running"]) == ("Running", 4)
         await asyncio.sleep(2)
         assert not [p for p in live(await list_pods(kube, namespace), "pretrain") if p["spec"].get("nodeName")]
+        await assert_no_overcommit(kube)
+        # the urgent job is suspended (the operator deletes its pods): the preempted one runs
+        # again, whole
+        await kube.patch(f"{PYTORCHJOBS.format(namespace=namespace)}/urgent", {"spec": {"runPolicy": {"suspend": True}}})
+        await wait_for(lambda: job_condition(kube, namespace, "urgent", "Suspended"), timeout=30)
+        again = await wait_for(lambda: whole(kube, namespace, "pretrain", 4), timeout=90)
+        assert {p["metadata"]["uid"] for p in again} == {p["metadata"]["uid"] for p in fresh}
         await assert_no_overcommit(kube)
 
 
@@ -350,11 +369,16 @@ async def test_pytorchjobs_in_two_queues_each_within_its_quota(
         message = await wait_for(waiting_message, timeout=30)
         quota_reason = f"queue {speech}: needs 16 {GPU}; nominal 8, in use 0, may borrow 0 (no cohort)"
         assert message == quota_reason
-        pods = live(await list_pods(kube, namespace), "whisper")
-        assert len(pods) == 2 and not [p for p in pods if p["spec"].get("nodeName")]
-        for pod in pods:
-            cond = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
-            assert (cond["status"], cond["message"]) == ("False", quota_reason)
+
+        async def pods_told() -> list[dict[str, Any]] | None:
+            pods = live(await list_pods(kube, namespace), "whisper")
+            told = [p for p in pods if any(
+                (c.get("type"), c.get("status"), c.get("message")) == ("PodScheduled", "False", quota_reason)
+                for c in (p.get("status") or {}).get("conditions") or [])]
+            return pods if len(told) == 2 else None
+
+        pods = await wait_for(pods_told, timeout=30)
+        assert not [p for p in pods if p["spec"].get("nodeName")]
 
         async def used(name: str, gpus: str) -> bool:
             st = (await kube.get(f"{QUEUES}/{name}")).get("status") or {}
