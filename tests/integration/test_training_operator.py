@@ -43,7 +43,9 @@ from tests.integration.helpers import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+# the first test here may build the operator (a few minutes on a fresh machine), inside
+# its fixture, which pytest-timeout counts as part of that test
+pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.timeout(1200)]
 
 GPU = "nvidia.com/gpu"
 PYTORCHJOBS = "/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs"
