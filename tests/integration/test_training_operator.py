@@ -398,3 +398,54 @@ async def test_pytorchjobs_in_two_queues_each_within_its_quota(
 async def _is(value: Any) -> Any:
     return value
 
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "whole-job restart misses a member the operator replaces at once: a cycle within 0.5 s of "
+    "the last (throttled) gang check tops the gang up before the check sees the loss; and once "
+    "seen, members placed while the restart's evictions are in flight make it restart again"
+))
+async def test_a_pytorchjob_that_restarts_whole_restarts_every_replica_when_one_fails(
+    sandbox, training_operator, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+) -> None:
+    pool = uuid.uuid4().hex[:6]
+    await make_nodes(count=4, gpus=8, labels={"pool": pool})
+    # the operator copies the job's annotations onto the PodGroup it creates; with the
+    # ExitCode restart policy it deletes a replica that failed with a retryable code and
+    # creates it again at once
+    body = pytorchjob("finetune", pool=pool, workers=2)
+    body["metadata"]["annotations"] = {"batchsched.io/whole-job-restart": "true"}
+    for replica in body["spec"]["pytorchReplicaSpecs"].values():
+        replica["restartPolicy"] = "ExitCode"
+    async with running_scheduler(sandbox, namespace):
+        await create_job(kube, namespace, body)
+        first = await wait_for(lambda: whole(kube, namespace, "finetune", 3), timeout=60)
+        group = await get_group(kube, XK8S, namespace, "finetune")
+        assert group["metadata"]["annotations"] == {"batchsched.io/whole-job-restart": "true"}
+        # a worker's trainer is killed (exit code 137, as the kubelet reports it)
+        [crashed] = [p for p in first if p["metadata"]["name"] == "finetune-worker-0"]
+        crashed["status"]["phase"] = "Failed"
+        crashed["status"]["containerStatuses"] = [{
+            "name": "pytorch", "image": "pytorch", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "Error",
+                                     "startedAt": crashed["status"]["startTime"],
+                                     "finishedAt": crashed["status"]["startTime"]}},
+        }]
+        await kube.replace(f"/api/v1/namespaces/{namespace}/pods/finetune-worker-0/status", crashed)
+        # the whole job restarts: the master and the other worker are evicted too, and the
+        # three replicas the operator creates again are placed together
+        [note] = await wait_for(lambda: events_for(kube, namespace, "finetune", "WholeJobRestart"), timeout=30)
+        assert note["message"].startswith("a running member was lost: 2 of 3 required members remain")
+        old = {p["metadata"]["uid"] for p in first}
+
+        async def restarted() -> list[dict[str, Any]] | None:
+            pods = live(await list_pods(kube, namespace), "finetune")
+            fresh = [p for p in pods if p["metadata"]["uid"] not in old and p["spec"].get("nodeName")]
+            return fresh if len(fresh) == 3 and len(pods) == 3 else None
+
+        again = await wait_for(restarted, timeout=60)
+        # and it stays so: one failure, one restart
+        await asyncio.sleep(3)
+        now = live(await list_pods(kube, namespace), "finetune")
+        assert {p["metadata"]["uid"] for p in now} == {p["metadata"]["uid"] for p in again}, _where(now)
+        assert len(await events_for(kube, namespace, "finetune", "WholeJobRestart")) == 1
