@@ -229,6 +229,11 @@ def min_resources_short(group: str, short: Iterable[tuple[str, int, int, int]]) 
     return f"gang {group} needs minResources the cluster cannot free for it: " + ", ".join(parts)
 
 
+def gang_evicting(group: str, count: int) -> str:
+    return (f"gang {group} waits for its {count} member(s) being evicted to go before any member is "
+            "placed again, so that it restarts whole")
+
+
 def invalid_group(group: str, why: str) -> str:
     """``group``: as :attr:`PodGroup.described` names it."""
     return f"{group} is invalid, its pods are not scheduled: {why}"

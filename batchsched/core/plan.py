@@ -344,7 +344,7 @@ class Plan:
 _HOLDING = ("Preempting", "WaitingForPreemption")
 
 #: reasons a unit is held back before placement that time alone resolves
-_WAITING_REASONS = frozenset({"GangBackoff", "WaitingForMembers", "PodGroupNotFound"})
+_WAITING_REASONS = frozenset({"GangBackoff", "GangEvicting", "WaitingForMembers", "PodGroupNotFound"})
 #: reasons that need the user to change an object
 _UNRESOLVABLE_REASONS = frozenset({"InvalidPodGroup", "InvalidTopology", "Suspended"})
 

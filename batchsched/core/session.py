@@ -807,7 +807,7 @@ class Session:
 
     def _check_gangs(self, now: float, out: Decisions) -> None:
         """Gangs below quorum: start their timers, evict those that ran out of time."""
-        if now - self._last_gang_check < GANG_CHECK_SECONDS:
+        if now - self._last_gang_check < GANG_CHECK_SECONDS and not self.groups.lost:
             return
         self._last_gang_check = now
         check = self.groups.check(self.state, now)

@@ -399,12 +399,6 @@ async def _is(value: Any) -> Any:
     return value
 
 
-
-@pytest.mark.xfail(strict=True, reason=(
-    "whole-job restart misses a member the operator replaces at once: a cycle within 0.5 s of "
-    "the last (throttled) gang check tops the gang up before the check sees the loss; and once "
-    "seen, members placed while the restart's evictions are in flight make it restart again"
-))
 async def test_a_pytorchjob_that_restarts_whole_restarts_every_replica_when_one_fails(
     sandbox, training_operator, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:

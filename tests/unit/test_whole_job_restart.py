@@ -70,3 +70,45 @@ def test_a_suspend_or_restart_annotation_that_is_not_true_or_false_makes_the_gro
         group = parse_podgroup(XK8S, make_group("job").min_member(2).annotate({name: "yes"}).obj())
         assert group.invalid == f'annotation {name} must be "true" or "false", got \'yes\''
         assert not parse_podgroup(XK8S, make_group("job").min_member(2).annotate({name: " False"}).obj()).invalid
+
+
+def _running_gang_of_whole_nodes(w: World) -> list[str]:
+    for n in ("n0", "n1", "n2"):
+        w.node(n, 8)
+    w.group("train", 3, **{"batchsched.io/whole-job-restart": "true"})
+    members = [w.pod(f"train-{i}", 8, group="train") for i in range(3)]
+    w.step()
+    assert all(w.bound(u) for u in members)
+    return members
+
+
+def test_a_member_its_operator_replaces_at_once_still_restarts_the_job() -> None:
+    # the training operator (restartPolicy ExitCode) recreates a failed replica at once
+    w = World()
+    members = _running_gang_of_whole_nodes(w)
+    w.pods[members[0]]["status"]["phase"] = "Failed"
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[members[0]]))
+    first = w.step(after=0.1)  # sooner after the last step than gangs are checked on a timer
+    w.session.on_pod("DELETED", parse_pod(w.pods.pop(members[0])))
+    w.pod("train-0", 8, group="train")
+    second = w.step(after=0.1)
+    assert sorted(e.uid for d in (first, second) for e in d.evictions) == sorted(members[1:])
+
+
+def test_no_member_is_placed_while_the_restart_evicts_the_rest() -> None:
+    w = World()
+    members = _running_gang_of_whole_nodes(w)
+    w.pods[members[0]]["status"]["phase"] = "Failed"
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[members[0]]))
+    w.session.on_pod("DELETED", parse_pod(w.pods.pop(members[0])))
+    new = w.pod("train-0", 8, group="train")
+    d = w.session.step(w.now + 1)  # the evictions are sent, not yet carried out
+    assert sorted(e.uid for e in d.evictions) == sorted(members[1:])
+    assert d.binds == []
+    for e in d.evictions:  # the evicted members go; their replacements come
+        w.session.on_evict_result(e, "evicted")
+        w.session.on_pod("DELETED", parse_pod(w.pods.pop(e.uid)))
+    again = [new, *(w.pod(f"train-{i}", 8, group="train") for i in (1, 2))]
+    events = [e.reason for e in w.step(after=2).events]
+    assert all(w.bound(u) for u in again)
+    assert events.count("WholeJobRestart") == 0  # one failure, one restart

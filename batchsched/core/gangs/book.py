@@ -148,6 +148,9 @@ class GroupBook:
         self.whole_job_restart = whole_job_restart
         #: groups seen whole since they were placed (a loss below quorum is a lost member)
         self._was_whole: set[GroupKey] = set()
+        #: a member of a group seen whole failed or went since the last :meth:`check`: the
+        #: next step checks at once (a replacement must not be placed into the remainder)
+        self.lost = False
         self.levels = levels if levels is not None else TopologyLevels()
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
@@ -208,6 +211,10 @@ class GroupBook:
         """Keep the index of which pod names which group (call it next to the state's)."""
         ref = None if kind == "DELETED" else group_ref(pod)
         old = self._refs.get(pod.uid)
+        if old is not None and (kind == "DELETED" or pod.terminal):
+            group = self.resolve(*old)
+            if group is not None and group.key in self._was_whole:
+                self.lost = True  # a running gang lost a member: check it before any cycle
         new = None if ref is None else (pod.namespace, ref[0], ref[1])
         for r in (old, new):
             if r is not None:
@@ -448,6 +455,9 @@ class GroupBook:
         timer = self._timers.get(group.key)
         if timer is not None and now < timer.backoff_until:
             return "GangBackoff", timer.backoff_message
+        if timer is not None and any(p.uid in timer.evicting for p in t.bound):
+            # placed now, new members would join the remainder being evicted
+            return "GangEvicting", explain.gang_evicting(group.display, sum(p.uid in timer.evicting for p in t.bound))
         schedulable = t.schedulable
         exist = t.placed + len(schedulable)
         gated = len(t.pending) - len(schedulable)
@@ -485,9 +495,12 @@ class GroupBook:
     def check(self, state: ClusterState, now: float) -> GangCheck:
         """Start, run out and enforce the timers of groups placed below their quorum."""
         out = GangCheck()
+        self.lost = False
         dirty, self._dirty = self._dirty, set()
         for key, group in self.groups.items():
             timer = self._timers.get(key)
+            if timer is not None and timer.evicting:
+                timer.evicting.intersection_update(u for u in list(timer.evicting) if u in state.pods)
             if group.invalid or (timer is None and dirty is not None and (group.namespace, group.name) not in dirty):
                 continue  # unchanged since it was last found whole or holding nothing
             t = self.tally(group, state)
