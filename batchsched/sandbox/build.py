@@ -71,7 +71,8 @@ def _locked(name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _go() -> str:
+def go_command() -> str:
+    """The Go toolchain's `go`: on PATH, or where the official archive installs it."""
     go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
     if not go:
         raise BuildError("the Go toolchain is not on PATH; it is needed to build the control plane")
@@ -118,7 +119,7 @@ def _module_out(module: str, go: str) -> Path:
 
 def _module_binaries(module: str, packages: dict[str, str], what: str) -> dict[str, Path]:
     """Build ``packages`` (binary name -> Go package) in the wrapper module ``gomod/<module>``."""
-    go = _go()
+    go = go_command()
     mod = GOMOD / module
     out = _module_out(module, go)
     paths = {name: out / name for name in packages}
@@ -150,7 +151,7 @@ def module_binary(module: str, name: str, package: str, what: str) -> Path:
 def cached_module_binary(module: str, name: str) -> Path | None:
     """That binary if it is already built, else None (never builds)."""
     try:
-        path = _module_out(module, _go()) / name
+        path = _module_out(module, go_command()) / name
     except (BuildError, OSError, subprocess.CalledProcessError):
         return None
     return path if path.exists() else None
@@ -167,7 +168,7 @@ def kube_binaries() -> dict[str, Path]:
 
 def kwok_binary() -> Path:
     """kwok at :data:`KWOK_VERSION`, built if missing."""
-    go = _go()
+    go = go_command()
     out = cache_dir() / "bin" / f"kwok-{KWOK_VERSION}-{_key(_go_version(go))}"
     path = out / "kwok"
     if path.exists():

@@ -174,7 +174,7 @@ def _admin_token(st: SandboxState) -> str:
     return str(kc["users"][0]["user"]["token"])
 
 
-def _log_tail(path: str, lines: int = 8) -> str:
+def log_tail(path: str, lines: int = 8) -> str:
     try:
         text = Path(path).read_text(errors="replace").strip().splitlines()
     except OSError:
@@ -406,7 +406,7 @@ class Sandbox:
     def _check_alive(self, st: SandboxState) -> None:
         for p in st.processes:
             if not pid_runs(p.pid, p.binary):
-                raise SandboxError(f"{p.name} exited during start-up: {_log_tail(p.log)}")
+                raise SandboxError(f"{p.name} exited during start-up: {log_tail(p.log)}")
 
     def _wait_http(self, st: SandboxState, url: str, what: str, *, timeout: float) -> None:
         import urllib.request
@@ -552,4 +552,4 @@ async def _wait_crd(client: KubeClient, name: str, timeout: float = 30.0) -> Non
     raise SandboxError(f"CRD {name} was not established within {timeout:.0f} s")
 
 
-__all__ = ["KubeError", "Sandbox", "SandboxError", "SandboxState", "apply_manifests"]
+__all__ = ["KubeError", "Sandbox", "SandboxError", "SandboxState", "apply_manifests", "free_port", "log_tail"]

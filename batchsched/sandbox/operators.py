@@ -54,9 +54,9 @@ from batchsched.sandbox import build
 from batchsched.sandbox.cluster import (
     SandboxError,
     SandboxState,
-    _log_tail,
     apply_manifests,
     free_port,
+    log_tail,
 )
 
 #: the wrapper module under gomod/ that pins the operator
@@ -84,7 +84,7 @@ def operator_binary() -> Path:
 def operator_crds() -> Path:
     """The folder of the operator's CRDs in the Go module cache (the build downloads the
     module; on a machine where only the binary is cached, it is downloaded here)."""
-    go = build._go()
+    go = build.go_command()
     cwd = build.GOMOD / MODULE
 
     def folder() -> Path | None:
@@ -200,7 +200,7 @@ class TrainingOperator:
                     break
                 if time.monotonic() > deadline:
                     raise SandboxError("the training operator wrote no certificates into its Secret "
-                                       f"{NAMESPACE}/{WEBHOOK_SECRET}: {_log_tail(str(self.log))}")
+                                       f"{NAMESPACE}/{WEBHOOK_SECRET}: {log_tail(str(self.log))}")
                 await asyncio.sleep(0.2)
         finally:
             await client.close()
@@ -216,12 +216,12 @@ class TrainingOperator:
                 if resp.status == 200:
                     return
             if time.monotonic() > deadline:
-                raise SandboxError(f"the training operator was not ready in time: {_log_tail(str(self.log))}")
+                raise SandboxError(f"the training operator was not ready in time: {log_tail(str(self.log))}")
             time.sleep(0.2)
 
     def _check_alive(self) -> None:
         if self.process is None or self.process.poll() is not None:
-            raise SandboxError(f"the training operator exited: {_log_tail(str(self.log))}")
+            raise SandboxError(f"the training operator exited: {log_tail(str(self.log))}")
 
 
 async def _create(client: KubeClient, collection: str, body: dict[str, Any]) -> None:
