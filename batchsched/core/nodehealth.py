@@ -12,7 +12,7 @@ The rule, applied where nodes and pods come in (:class:`~batchsched.core.session
   whole by the session, so a gang restarts elsewhere;
 - the GPUs left free on nodes that take no new GPU work are capacity lost: where the root
   queues' nominal GPUs add up to more than the rest, their nominal shrinks
-  (:func:`lost_gpus`, :meth:`~batchsched.core.queues.tree.QueueTree.withhold`), as a
+  (:func:`sick_rows`, :func:`lost_gpus`, :meth:`~batchsched.core.queues.tree.QueueTree.withhold`), as a
   "slack" queue kept by hand would do.
 
 So the filters, scores and messages that already handle taints handle health too: a GPU pod
@@ -31,7 +31,7 @@ import numpy.typing as npt
 from batchsched.core.devices import NVIDIA_GPU
 from batchsched.core.model import Node, Pod, Taint, Toleration
 
-__all__ = ["HEALTH_LABEL", "NodeHealthSettings", "lost_gpus", "tolerating_health", "with_health"]
+__all__ = ["HEALTH_LABEL", "NodeHealthSettings", "lost_gpus", "sick_rows", "tolerating_health", "with_health"]
 
 HEALTH_LABEL = "autopilot.ibm.com/gpuhealth"
 
@@ -80,24 +80,28 @@ def tolerating_health(pod: Pod, settings: NodeHealthSettings) -> Pod:
     return dataclasses.replace(pod, tolerations=(*pod.tolerations, toleration))
 
 
+def sick_rows(settings: NodeHealthSettings, nodes: Sequence[Node]) -> npt.NDArray[np.intp]:
+    """The positions in ``nodes`` of those that take no new GPU work."""
+    if not settings.label:
+        return np.zeros(0, dtype=np.intp)
+    sick = settings.no_gpu_work
+    return np.fromiter((i for i, n in enumerate(nodes) if settings.value(n) in sick), dtype=np.intp)
+
+
 def lost_gpus(
-    settings: NodeHealthSettings,
     *,
     columns: Sequence[str],
-    nodes: Sequence[Node],
+    sick: npt.NDArray[np.intp],
     alloc: npt.NDArray[np.int64],
     used: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """``(capacity, lost)`` over ``columns``, for ``nodes`` with their rows of ``alloc`` and
-    ``used``: every node's allocatable, and the GPUs (``nvidia.com/gpu``) left free on
-    nodes that take no new GPU work. What runs there stays charged to its queue; only the
+    """``(capacity, lost)`` over ``columns``, for nodes with their rows of ``alloc`` and
+    ``used``: every node's allocatable, and the GPUs (``nvidia.com/gpu``) left free on the
+    ``sick`` rows (:func:`sick_rows`). What runs there stays charged to its queue; only the
     free part is lost."""
-    capacity = alloc.sum(axis=0) if len(nodes) else np.zeros(len(columns), dtype=np.int64)
+    capacity = alloc.sum(axis=0) if len(alloc) else np.zeros(len(columns), dtype=np.int64)
     lost = np.zeros(len(columns), dtype=np.int64)
-    if not settings.label or NVIDIA_GPU not in columns:
-        return capacity, lost
-    col = list(columns).index(NVIDIA_GPU)
-    for row, node in enumerate(nodes):
-        if settings.value(node) in settings.no_gpu_work:
-            lost[col] += max(0, int(alloc[row, col] - used[row, col]))
+    if len(sick) and NVIDIA_GPU in columns:
+        col = list(columns).index(NVIDIA_GPU)
+        lost[col] = int(np.maximum(alloc[sick, col] - used[sick, col], 0).sum())
     return capacity, lost

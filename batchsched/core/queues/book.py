@@ -37,7 +37,7 @@ from batchsched.core.disruption import DisruptionBook, DisruptionBudget
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod, PodUID
-from batchsched.core.nodehealth import NodeHealthSettings, lost_gpus
+from batchsched.core.nodehealth import NodeHealthSettings, lost_gpus, sick_rows
 from batchsched.core.plan import (
     Nomination,
     Plan,
@@ -160,6 +160,8 @@ class QueueBook:
         self._running = RunningBook()
         #: the queue tree's structure (no usage), at a generation of the queues
         self._structure: tuple[int, QueueTree] | None = None
+        #: the snapshot rows of nodes that take no GPU work, at a node generation
+        self._sick: tuple[int, npt.NDArray[np.intp]] = (-1, np.zeros(0, dtype=np.intp))
 
     # -- mirror ----------------------------------------------------------------------------
 
@@ -270,7 +272,9 @@ class QueueBook:
     ) -> QueueInput:
         """The cycle's queue input for ``units`` (``now``: wall-clock seconds)."""
         tree = self.tree(snap.columns)
-        tree.withhold(*lost_gpus(self.node_health, columns=snap.columns, nodes=snap.nodes, alloc=snap.alloc, used=snap.used))
+        if self._sick[0] != snap.node_generation:  # which nodes are sick changes with the nodes only
+            self._sick = (snap.node_generation, sick_rows(self.node_health, snap.nodes))
+        tree.withhold(*lost_gpus(columns=snap.columns, sick=self._sick[1], alloc=snap.alloc, used=snap.used))
         queue_of: dict[str, QueueName | QueueProblem | None] = {}
         for u in units:
             if u.blocked:
