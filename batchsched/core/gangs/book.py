@@ -38,11 +38,13 @@ import numpy as np
 from batchsched.core import explain
 from batchsched.core.gangs.podgroup import (
     _ANY,
-    _SHORT,
     ANNOTATION_TASK,
     KUEUE,
+    VOLCANO,
+    XK8S,
     GroupKey,
     PodGroup,
+    group_key,
     group_ref,
     kueue_group,
 )
@@ -233,7 +235,7 @@ class GroupBook:
     def _kueue_member(self, pod: Pod | None, uid: PodUID, ref: tuple[str, str, str]) -> None:
         """A member of a Kueue pod group came, changed (``pod``) or left (None): the group
         is as its oldest member describes it, and gone with its last member."""
-        key = GroupKey(f"kueue:{ref[0]}/{ref[2]}")
+        key = group_key(KUEUE, ref[0], ref[2])
         views = self._kueue_views.setdefault(key, {})
         if pod is None:
             views.pop(uid, None)
@@ -293,10 +295,8 @@ class GroupBook:
     def resolve(self, namespace: str, api: str, name: str) -> PodGroup | None:
         groups = self.groups
         if api == _ANY:
-            return groups.get(GroupKey(f"volcano:{namespace}/{name}")) or groups.get(
-                GroupKey(f"x-k8s:{namespace}/{name}")
-            )
-        return groups.get(GroupKey(f"{_SHORT.get(api, api)}:{namespace}/{name}"))
+            return groups.get(group_key(VOLCANO, namespace, name)) or groups.get(group_key(XK8S, namespace, name))
+        return groups.get(group_key(api, namespace, name))
 
     def group_of(self, uid: PodUID) -> PodGroup | None:
         ref = self._refs.get(uid)
@@ -455,9 +455,10 @@ class GroupBook:
         timer = self._timers.get(group.key)
         if timer is not None and now < timer.backoff_until:
             return "GangBackoff", timer.backoff_message
-        if timer is not None and any(p.uid in timer.evicting for p in t.bound):
+        evicting = sum(p.uid in timer.evicting for p in t.bound) if timer is not None else 0
+        if evicting:
             # placed now, new members would join the remainder being evicted
-            return "GangEvicting", explain.gang_evicting(group.display, sum(p.uid in timer.evicting for p in t.bound))
+            return "GangEvicting", explain.gang_evicting(group.display, evicting)
         schedulable = t.schedulable
         exist = t.placed + len(schedulable)
         gated = len(t.pending) - len(schedulable)
@@ -500,7 +501,7 @@ class GroupBook:
         for key, group in self.groups.items():
             timer = self._timers.get(key)
             if timer is not None and timer.evicting:
-                timer.evicting.intersection_update(u for u in list(timer.evicting) if u in state.pods)
+                timer.evicting &= state.pods.keys()  # those gone are done
             if group.invalid or (timer is None and dirty is not None and (group.namespace, group.name) not in dirty):
                 continue  # unchanged since it was last found whole or holding nothing
             t = self.tally(group, state)

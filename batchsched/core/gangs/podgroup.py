@@ -44,6 +44,7 @@ __all__ = [
     "GroupKey",
     "GroupStatus",
     "PodGroup",
+    "group_key",
     "group_ref",
     "kueue_group",
     "parse_podgroup",
@@ -125,7 +126,7 @@ class PodGroup:
 
     @property
     def key(self) -> GroupKey:
-        return GroupKey(f"{_SHORT.get(self.api, self.api)}:{self.namespace}/{self.name}")
+        return group_key(self.api, self.namespace, self.name)
 
     @property
     def display(self) -> str:
@@ -153,6 +154,11 @@ class PodGroup:
     def from_pods(self) -> bool:
         """A group read from its pods' labels (Kueue's): it has no object to write status to."""
         return self.api == KUEUE
+
+
+def group_key(api: str, namespace: str, name: str) -> GroupKey:
+    """The key of the group of ``api`` named ``namespace/name`` (:attr:`PodGroup.key`)."""
+    return GroupKey(f"{_SHORT.get(api, api)}:{namespace}/{name}")
 
 
 def _positive_int(value: Any, what: str) -> tuple[int, str]:

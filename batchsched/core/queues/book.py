@@ -274,7 +274,8 @@ class QueueBook:
         tree = self.tree(snap.columns)
         if self._sick[0] != snap.node_generation:  # which nodes are sick changes with the nodes only
             self._sick = (snap.node_generation, sick_rows(self.node_health, snap.nodes))
-        tree.withhold(*lost_gpus(columns=snap.columns, sick=self._sick[1], alloc=snap.alloc, used=snap.used))
+        if len(self._sick[1]):  # (with every node healthy, nothing is withheld)
+            tree.withhold(*lost_gpus(columns=snap.columns, sick=self._sick[1], alloc=snap.alloc, used=snap.used))
         queue_of: dict[str, QueueName | QueueProblem | None] = {}
         for u in units:
             if u.blocked:

@@ -556,9 +556,9 @@ class QueueTree(_TreeStructure):
                     raise QuotaBookkeepingError(f"queue {node.queue.name}: usage bookkeeping is off")
             elif node.demand != node.usage:
                 raise QuotaBookkeepingError(f"queue {node.queue.name}: usage bookkeeping is off")
-            managed = self._managed[node.root]
+            managed, given = self._managed[node.root], self._given(i)
             for k in range(width):
-                if managed[k] and node.demand[k] > self._given(i)[k] + node.borrow[k]:
+                if managed[k] and node.demand[k] > given[k] + node.borrow[k]:
                     raise QuotaBookkeepingError(f"queue {node.queue.name}: above nominal + borrowing limit")
 
     # -- fair share
