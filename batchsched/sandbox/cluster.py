@@ -27,7 +27,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +172,21 @@ def _component(st: SandboxState, name: str) -> ProcessInfo:
 def _admin_token(st: SandboxState) -> str:
     kc = yaml.safe_load(Path(st.kubeconfig).read_text())
     return str(kc["users"][0]["user"]["token"])
+
+
+def http_ok(url: str, *, deadline: float, alive: Callable[[], None], interval: float = 0.1) -> bool:
+    """Ask ``url`` until it answers 200 (True) or the monotonic ``deadline`` passes (False);
+    ``alive()`` is called before each try and raises when the process serving it died."""
+    import urllib.request
+
+    while True:
+        alive()
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+            if resp.status == 200:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
 
 
 def log_tail(path: str, lines: int = 8) -> str:
@@ -409,16 +424,8 @@ class Sandbox:
                 raise SandboxError(f"{p.name} exited during start-up: {log_tail(p.log)}")
 
     def _wait_http(self, st: SandboxState, url: str, what: str, *, timeout: float) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._check_alive(st)
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-            time.sleep(0.1)
-        raise SandboxError(f"{what} did not become healthy within {timeout:.0f} s")
+        if not http_ok(url, deadline=time.monotonic() + timeout, alive=lambda: self._check_alive(st)):
+            raise SandboxError(f"{what} did not become healthy within {timeout:.0f} s")
 
     def _wait_ready(self, st: SandboxState, token: str, *, timeout: float) -> None:
         import ssl
@@ -552,4 +559,4 @@ async def _wait_crd(client: KubeClient, name: str, timeout: float = 30.0) -> Non
     raise SandboxError(f"CRD {name} was not established within {timeout:.0f} s")
 
 
-__all__ = ["KubeError", "Sandbox", "SandboxError", "SandboxState", "apply_manifests", "free_port", "log_tail"]
+__all__ = ["KubeError", "Sandbox", "SandboxError", "SandboxState", "apply_manifests", "free_port", "http_ok", "log_tail"]

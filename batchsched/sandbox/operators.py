@@ -43,7 +43,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,6 +55,7 @@ from batchsched.sandbox.cluster import (
     SandboxState,
     apply_manifests,
     free_port,
+    http_ok,
     log_tail,
 )
 
@@ -210,14 +210,8 @@ class TrainingOperator:
 
     def _wait_ready(self, deadline: float) -> None:
         url = f"http://127.0.0.1:{self.probe_port}/readyz"
-        while True:
-            self._check_alive()
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise SandboxError(f"the training operator was not ready in time: {log_tail(str(self.log))}")
-            time.sleep(0.2)
+        if not http_ok(url, deadline=deadline, alive=self._check_alive, interval=0.2):
+            raise SandboxError(f"the training operator was not ready in time: {log_tail(str(self.log))}")
 
     def _check_alive(self) -> None:
         if self.process is None or self.process.poll() is not None:
