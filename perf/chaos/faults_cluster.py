@@ -156,6 +156,19 @@ def _relists(world: World, name: str) -> int:
     return sum(1 for line in text.splitlines() if "batchsched.watch: pods: resourceVersion" in line and "expired" in line)
 
 
+async def _leading_again(world: World, name: str, *, timeout: float) -> None:
+    """Wait until replica ``name``'s log says it leads (as often as it says it stopped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = world.schedulers.log(name).read_text(errors="replace")
+        except OSError:
+            text = ""
+        if text.count(" is the leader") > text.count(" stopped leading"):
+            return
+        await asyncio.sleep(0.2)
+
+
 WATCH_CACHE_OFF = "--watch-cache-sizes=pods#0"
 #: how long after the heal the replica's relist is waited for
 RELIST_WAIT_SECONDS = 60.0
@@ -194,6 +207,10 @@ async def watch_expired(world: World, *, partition_for: float = 3.0) -> Injected
     while attempt < 3:
         attempt += 1
         leader = world.schedulers.leader() or "a"
+        # a replica that lost its lease to the apiserver's restart above starts afresh (a
+        # list, after its watches' back-off): the fault is made once it leads again, with
+        # watches that resume, or there is no watch to expire
+        await _leading_again(world, leader, timeout=120)
         before = _relists(world, leader)
         restarts = world.schedulers.replicas[leader].restarts
         proxy = world.schedulers.proxy
