@@ -60,7 +60,9 @@ class StatusSection:
 @dataclass(slots=True, frozen=True)
 class LeaderElectionSection:
     enabled: bool = True
-    namespace: str = "kube-system"
+    #: where the kustomize base runs the scheduler and the chart's README installs it: the
+    #: Lease sits next to its Deployment, and `batchsched explain` looks here by default
+    namespace: str = "batchsched-system"
     lease_name: str = "batchsched"
     lease_duration_seconds: float = 15.0
     renew_deadline_seconds: float = 10.0
