@@ -468,10 +468,22 @@ class Session:
             self.wants_step = True
 
     def on_priority_classes_listed(self, classes: Mapping[str, int]) -> None:
+        before = self.groups.priority_classes
         self.groups.replace_priority_classes(classes)
+        self._priorities_changed({n for n in before.keys() | classes.keys() if before.get(n) != classes.get(n)})
 
     def on_priority_class(self, kind: str, name: str, value: int) -> None:
         self.groups.priority_class_event(kind, name, value)
+        self._priorities_changed({name})
+
+    def _priorities_changed(self, names: Set[str]) -> None:
+        """The gangs whose PodGroup names one of these PriorityClasses have a new priority
+        (a pod's is fixed at its admission): tried again at once, they may now preempt or
+        go first."""
+        for group in self.groups.groups.values():
+            if group.priority_class in names:
+                self._forget_gang(group.key)
+                self.wants_step = True
 
     # -- result intake -------------------------------------------------------------------------
 
