@@ -289,10 +289,12 @@ class Session:
         pods = [self._with_volumes("ADDED", tolerating_health(self._arrived(p), health)) for p in pods]
         self.state.replace_pods(pods)
         self.groups.replace_pods(pods)
+        read = self.singles.read
         self.singles.clear()
         for pod in pods:
             self.singles.reads(pod)
-        self._classes_keyed_anew()
+        if self.singles.read != read:
+            self._classes_keyed_anew()
         self._told.clear()
         for uid in self.state.pending:
             self._sync(uid)

@@ -108,6 +108,18 @@ def test_a_guard_arriving_after_its_victims_splits_their_class() -> None:
     assert told(c, a) == "0/2 nodes fit: 2 node(s) didn't satisfy existing pods anti-affinity rules."
 
 
+def test_a_guard_seen_first_in_a_relist_splits_the_class() -> None:
+    c = cluster(("n1", "z1"))
+    a = c.pod(pod("a", {"app": "x"}, created=T0 - 60))
+    b = c.pod(pod("b", {"app": "y"}, created=T0 - 30))
+    guard = running(anti(pod("guard", {"app": "guard"}), {"matchLabels": {"app": "x"}}), "n1")
+    c.pods[guard["metadata"]["uid"]] = guard
+    c.session.on_pods_listed([parse_pod(o) for o in c.pods.values()])
+    c.step()
+    assert c.node_of(b) == "n1"
+    assert not c.node_of(a) and told(c, a) == EXISTING
+
+
 def test_a_gang_is_not_held_back_by_a_lookalike_gang_a_running_pods_anti_affinity_selects() -> None:
     """Gangs of the same shape are one class; their members' labels make them two."""
     c = cluster(("n1", "z1"), ("n2", "z1"))

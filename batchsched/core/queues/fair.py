@@ -5,8 +5,10 @@ their queue's nominal go first; then the next unit comes from the queue with the
 weighted dominant-resource share, ``max over managed resources of
 (U + w_h * past) / max(N, 1)``, divided by the queue's weight, where ``past`` is the
 time-decayed usage kept by :class:`UsageHistory` (optional). Unqueued work has share 0.
-Within a queue: priority, then age, then UID; a unit that waited longer than ``max_wait``
-goes first. Ties between queues: share, priority, creation time, UID.
+Within a queue: priority, then age, then arrival (first come, first served among units
+created in the same second: :attr:`~batchsched.core.plan.Unit.arrival`; the UID only keeps
+the order total); a unit that waited longer than ``max_wait`` goes first. Ties between
+queues: share, priority, creation time, arrival.
 """
 
 from __future__ import annotations
