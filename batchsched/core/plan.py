@@ -79,6 +79,9 @@ class RunningUnit:
     protected: str = ""
     """Why it may not be evicted at all (a PodDisruptionBudget that allows no disruption,
     pods already terminating); empty when it may. Such units are never victims."""
+    arrival: int = 0
+    """Its place in line within its creation second (:attr:`Unit.arrival`): which of two
+    alike units is the newer."""
 
     @property
     def gpus(self) -> float:

@@ -313,3 +313,19 @@ def test_between_two_queues_at_equal_share_the_first_arrival_goes_first() -> Non
     c.step()
     assert c.node_of(first) == "g1"
     assert not c.node_of(second)
+
+
+def test_a_later_arrival_of_the_same_second_does_not_preempt_the_earlier_as_newer() -> None:
+    """``withinQueue: LowerOrNewerEqualPriority`` evicts only work that came after the
+    preemptor: the pod served first (it came first) is not "newer" because of its UID."""
+    c = gpu_cluster()
+    queue = _queue("qa", 8)
+    queue["spec"]["preemption"] = {"withinQueue": "LowerOrNewerEqualPriority"}
+    c.session.on_queues_listed([queue])
+    first = c.pod(gpu_pod("first", "uid-z", 6, rv=100, queue="qa"))
+    c.step()
+    assert c.node_of(first) == "g1"
+    second = c.pod(gpu_pod("second", "uid-a", 6, rv=101, queue="qa"))
+    d = c.step(after=1)
+    assert not d.evictions
+    assert not c.node_of(second)
