@@ -19,6 +19,7 @@ from batchsched.core.model import parse_node, parse_pod
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
 from batchsched.core.session import Session, SessionSettings
+from batchsched.insight.views import jobs
 from tests.builders import make_group, make_node, make_pod
 from tests.unit.test_session import T0, Cluster
 
@@ -329,3 +330,15 @@ def test_a_later_arrival_of_the_same_second_does_not_preempt_the_earlier_as_newe
     d = c.step(after=1)
     assert not d.evictions
     assert not c.node_of(second)
+
+
+def test_the_views_show_the_same_order_as_the_scheduler_serves() -> None:
+    """``batchsched explain`` tells a job its place in line: the first delivered is first."""
+    c = gpu_cluster()
+    c.pod(running(gpu_pod("blocker", "uid-0", 8), "g1"))
+    first = c.pod(gpu_pod("zz-first", "uid-z", 6, rv=100))
+    second = c.pod(gpu_pod("aa-second", "uid-a", 4, rv=101))
+    c.step()
+    waiting = {j.pods[0].uid: j for j in jobs(c.session, c.now) if j.waiting}
+    assert waiting[first].position == 1
+    assert waiting[second].position == 2 and waiting[second].ahead == ["default/zz-first"]
