@@ -259,3 +259,30 @@ def test_a_queue_of_gangs_reclaims_its_nominal_once_and_is_given_it_back_when_it
     assert w.gpus("b") == 4 and len(w.gangs) == 2
     assert len(w.evicted) == 4, "b reclaimed, by evicting a's new pods, what it should have been given"
     assert set(partial) == {0}, "a gang ran partly"
+
+
+def test_a_fair_turn_that_fails_evicts_nobody_and_tells_nothing_new() -> None:
+    """b may not borrow: when a's runs end, b's class, ahead of a in the fair order, is
+    tried on its fair turn and refused by its quota. Its own tries (every 10 s) search for
+    victims and say so; its turns in between neither search nor tell its pods otherwise."""
+    w = FairWorld()
+    w.node("n0", 8)
+    w.node("n1", 8)
+    w.session.on_queues_listed([
+        {"metadata": {"name": "org"}, "spec": {}},
+        {"metadata": {"name": "a"}, "spec": {"parent": "org", "resources": [{"name": GPU, "nominal": "4"}]}},
+        {"metadata": {"name": "b"}, "spec": {"parent": "org", "resources": [
+            {"name": GPU, "nominal": "4", "borrowingLimit": "0"}]}},
+        {"metadata": {"name": "lender"}, "spec": {"parent": "org", "resources": [{"name": GPU, "nominal": "8"}]}},
+    ])
+    _backlog(w, Job("b", runtime=3600), 8)
+    w.step()
+    _backlog(w, Job("a", runtime=7, spread=0.5), 16)
+    w.run(30)
+    assert (w.gpus("a"), w.gpus("b")) == (12, 4)
+    told: list[tuple[str, str]] = []
+    for _ in range(60):
+        d = w.step()
+        told.extend((c.reason, c.message) for c in d.unschedulable if c.ref.name.startswith("b-"))
+    assert w.evicted == []
+    assert told == [], "b's pods were told something new while nothing about them changed"
