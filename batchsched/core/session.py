@@ -1104,11 +1104,13 @@ class Session:
         """Classes of single pods that failed sleep; their members the cycle was not handed
         are told the same (once per change of message)."""
         for ckey, (reason, message, pod) in failed.items():
+            if ckey in self._turned_classes:
+                # a fair turn that failed: its back-off runs on to its own try (with its
+                # victim search), and its members keep what they were told
+                continue
             if ckey not in awake:
                 self.waits.sleep(("class", ckey), now, pod.requests, quota=self._quota_root(pod.key, plan),
                                  queue=self._waits_in(pod.key))
-            if ckey in self._turned_classes:
-                continue  # a fair turn that failed: its members keep what they were told
             cut = self._cut.get(ckey)
             before = self._class_told.get(ckey)
             told_at = before[2] if before is not None else -1e18
@@ -1174,11 +1176,12 @@ class Session:
                 shared = UnitResult(UnitStatus.UNSCHEDULABLE, "Unschedulable", explain.behind(f"gang {first.display}"))
             else:
                 shared = UnitResult(result.status, result.reason, explain.like_gang(first.display, result.message))
+            if first.key in self._turned:
+                continue  # a fair turn that failed: they wait for their own try, as they did
             quota, queue = self._quota_root(first.key, plan), self._waits_in(first.key)
             for key in keys:
                 self.waits.sleep(key, now, self._gang_class[key][2], quota=quota, queue=queue)
-            if first.key not in self._turned:
-                self._tell_cut_gangs(keys, shared, now, out)
+            self._tell_cut_gangs(keys, shared, now, out)
 
     def _tell_cut_gangs(self, keys: list[str], result: UnitResult, now: float, out: Decisions) -> None:
         """The PodGroups and pending pods of gangs that share a class's outcome."""
@@ -1242,8 +1245,9 @@ class Session:
                 self._blocked_since.pop(key, None)
             result = plan.results.get(key)
             holding = result is not None and result.holding
-            if not (key in self._turned and result is not None and result.failed):
-                self.reports.result(unit, result, holding=holding, now=now, out=out)
+            if key in self._turned and result is not None and result.failed:
+                continue  # a fair turn that failed: its back-off runs on to its own try
+            self.reports.result(unit, result, holding=holding, now=now, out=out)
             if result is None:
                 continue
             if result.status is UnitStatus.SCHEDULED:
