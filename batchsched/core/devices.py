@@ -116,6 +116,15 @@ def internal(column: str) -> bool:
     return column.startswith(("batchsched.io/ask-", "batchsched.io/card-"))
 
 
+def gpu_column(column: str) -> bool:
+    """A column that counts cards or what is on them, any of which a quota may name: the
+    device plugins' resources (``nvidia.com/gpu``, ``elasticgpu.io/gpu-core`` and
+    ``-memory``), the card compute total (``batchsched.io/gpu``), each card's compute and
+    memory and the cards handed out by count. Not the request-only ask columns, which no
+    node runs short of."""
+    return column in (NVIDIA_GPU, ELASTIC_CORE, ELASTIC_MEMORY, GPU_SHARES) or column.startswith("batchsched.io/card-")
+
+
 def shown(amounts: Mapping[str, int]) -> dict[str, int]:
     """``amounts`` as users are told them: no internal column, and the card compute total
     only when no GPU resource the pod named says the same."""

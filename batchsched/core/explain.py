@@ -142,6 +142,14 @@ def nomination_expired(nodes: Iterable[str], timeout: float) -> str:
     )
 
 
+def nomination_stopped(nodes: Iterable[str], queue: str, policy: str) -> str:
+    """A preemptor's held capacity given up because its queue was stopped meanwhile."""
+    return (
+        f"gave up the capacity held for it on node(s) {_nodes(nodes)}: queue {queue} is stopped "
+        f"(stopPolicy {policy}); it is tried again once its queue admits work"
+    )
+
+
 # -- reservations ------------------------------------------------------------------------------
 
 

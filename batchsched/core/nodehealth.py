@@ -10,8 +10,9 @@ The rule, applied where nodes and pods come in (:class:`~batchsched.core.session
 - a pod that asks for no GPU tolerates those taints, so CPU work still goes there;
 - running work with a pod on a node whose value is one of ``evict`` (``EVICT``) is evicted
   whole by the session, so a gang restarts elsewhere;
-- the GPUs left free on nodes that take no new GPU work are capacity lost: where the root
-  queues' nominal GPUs add up to more than the rest, their nominal shrinks
+- the GPUs left free on nodes that take no new GPU work are capacity lost, in every GPU
+  resource a quota may name: where the root queues' nominal add up to more than the rest,
+  their nominal shrinks
   (:func:`sick_rows`, :func:`lost_gpus`, :meth:`~batchsched.core.queues.tree.QueueTree.withhold`), as a
   "slack" queue kept by hand would do.
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from batchsched.core.devices import NVIDIA_GPU
+from batchsched.core.devices import gpu_column
 from batchsched.core.model import Node, Pod, Taint, Toleration
 
 __all__ = ["HEALTH_LABEL", "NodeHealthSettings", "lost_gpus", "sick_rows", "tolerating_health", "with_health"]
@@ -96,12 +97,15 @@ def lost_gpus(
     used: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """``(capacity, lost)`` over ``columns``, for nodes with their rows of ``alloc`` and
-    ``used``: every node's allocatable, and the GPUs (``nvidia.com/gpu``) left free on the
-    ``sick`` rows (:func:`sick_rows`). What runs there stays charged to its queue; only the
-    free part is lost."""
+    ``used``: every node's allocatable, and what is left free on the ``sick`` rows
+    (:func:`sick_rows`) of every GPU column (:func:`~batchsched.core.devices.gpu_column`):
+    whichever of them a quota names (whole GPUs, exact card compute, elastic GPU cores or
+    memory, single cards), it loses the same cards. What runs there stays charged to its
+    queue; only the free part is lost."""
     capacity = alloc.sum(axis=0) if len(alloc) else np.zeros(len(columns), dtype=np.int64)
     lost = np.zeros(len(columns), dtype=np.int64)
-    if len(sick) and NVIDIA_GPU in columns:
-        col = list(columns).index(NVIDIA_GPU)
-        lost[col] = int(np.maximum(alloc[sick, col] - used[sick, col], 0).sum())
+    gpu = np.fromiter((c for c, name in enumerate(columns) if gpu_column(name)), dtype=np.intp)
+    if len(sick) and len(gpu):
+        rows = np.ix_(sick, gpu)
+        lost[gpu] = np.maximum(alloc[rows] - used[rows], 0).sum(axis=0)
     return capacity, lost

@@ -1064,11 +1064,7 @@ class Session:
         if not self._restored:
             self._restored = True
             self._restore_nominations(units, snap, now)
-        for n in self.queues.expired(self.state, now):
-            message = explain.nomination_expired(n.nodes, self.settings.queues.nomination_timeout)
-            for ref in self._preemptor_refs.get(n.unit, []):
-                out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
-            self._clear_nominated(n.pods, out)
+        self._give_up_nominations(now, out)
         queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
         queues.turns = frozenset(self._turned)
         def classes(unit: Unit) -> Any:
@@ -1248,6 +1244,20 @@ class Session:
         for n in restored_nominations(units, self.state, self.groups, self.queues, snap, now):
             self.queues.restore(n)
             self._preemptor_refs[n.unit] = self._refs(n.unit, [self.state.pods[PodUID(uid)] for uid in n.pods])
+
+    def _give_up_nominations(self, now: float, out: Decisions) -> None:
+        """The nominations the cycle is about to give up, told to their preemptors (their
+        ``nominatedNodeName`` cleared): those that timed out, and those of stopped queues."""
+        for n in self.queues.expired(self.state, now):
+            message = explain.nomination_expired(n.nodes, self.settings.queues.nomination_timeout)
+            for ref in self._preemptor_refs.get(n.unit, []):
+                out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
+            self._clear_nominated(n.pods, out)
+        for n, stop in self.queues.stopped(self.state, now):
+            message = explain.nomination_stopped(n.nodes, str(n.queue), stop.value)
+            for ref in self._preemptor_refs.get(n.unit, []):
+                out.events.append(EventNote(ref, "Warning", "NominationDropped", message))
+            self._clear_nominated(n.pods, out)
 
     def _refs(self, key: str, pods: Iterable[Pod]) -> list[ObjectRef]:
         """What a unit's Events go to: its PodGroup, or its pods when it has none."""

@@ -16,7 +16,8 @@ the usage history of fair share. Each cycle it builds the :class:`~batchsched.co
   ``minMember`` and every ``minTaskMember``, the last started first), and whether it is
   protected from eviction (a pod terminating, or a PodDisruptionBudget without room);
 - the nominations still worth holding: a nomination is given up when it is older than the
-  timeout or a member of its unit is no longer pending (bound, deleted).
+  timeout, its queue is stopped, or a member of its unit is no longer pending (bound,
+  deleted).
 
 Pure, like the rest of :mod:`batchsched.core`: the time is passed in.
 """
@@ -334,8 +335,9 @@ class QueueBook:
     def _live(self, state: ClusterState, now: float) -> dict[str, Nomination]:
         out: dict[str, Nomination] = {}
         timeout = self.settings.nomination_timeout
+        tree = self.structure()
         for key, n in self.nominations.items():
-            if now - n.since > timeout:
+            if now - n.since > timeout or self._stop_of(n, tree) is not StopPolicy.NONE:
                 continue
             if not all(PodUID(uid) in state.pending for uid in n.pods):
                 continue
@@ -349,6 +351,25 @@ class QueueBook:
             n for n in self.nominations.values()
             if now - n.since > timeout and all(PodUID(u) in state.pending for u in n.pods)
         ]
+
+    def stopped(self, state: ClusterState, now: float) -> list[tuple[Nomination, StopPolicy]]:
+        """The nominations the next :meth:`prepare` gives up because their queue (or a cohort
+        above it) is stopped, each with that policy (those that also timed out are left to
+        :meth:`expired`). A stopped queue admits nothing: not even a preemptor whose victims
+        are gone, so the capacity held for it is freed at once."""
+        tree = self.structure()
+        timeout = self.settings.nomination_timeout
+        out: list[tuple[Nomination, StopPolicy]] = []
+        for n in self.nominations.values():
+            stop = self._stop_of(n, tree)
+            if stop is not StopPolicy.NONE and now - n.since <= timeout and all(
+                    PodUID(u) in state.pending for u in n.pods):
+                out.append((n, stop))
+        return out
+
+    @staticmethod
+    def _stop_of(n: Nomination, tree: QueueTree) -> StopPolicy:
+        return tree.stop_policy(n.queue) if n.queue is not None else StopPolicy.NONE
 
     def running(
         self,
