@@ -80,7 +80,7 @@ def pod_class(pod: Pod) -> Hashable:
         return ClassKey(("pod", pod.uid))
     notes = pod.annotations
     return ClassKey((
-        pod.namespace, pod.priority, tuple(sorted(pod.requests.items())), pod.constraint_key(),
+        pod.namespace, pod.priority, pod.never_preempts, tuple(sorted(pod.requests.items())), pod.constraint_key(),
         pod.card_asks, pod.active_deadline, pod.labels.get(QUEUE_LABEL, ""),
         tuple(notes.get(k) for k in READ_ANNOTATIONS),
     ))
@@ -100,8 +100,8 @@ def unit_class(unit: Unit, of_pod: Any = pod_class) -> Hashable:
         return single
     if unit.blocked or unit.placed_on:
         return ClassKey(("unit", unit.key))
-    return ClassKey(("gang", unit.min_count, unit.priority, unit.topology_level, unit.topology_required,
-                     tuple(of_pod(p) for p in unit.pods)))
+    return ClassKey(("gang", unit.min_count, unit.priority, unit.never_preempts, unit.topology_level,
+                     unit.topology_required, tuple(of_pod(p) for p in unit.pods)))
 
 
 def gang_like(key: Hashable) -> bool:

@@ -467,11 +467,12 @@ class Session:
             self.waits.forget_all()
             self.wants_step = True
 
-    def on_priority_classes_listed(self, classes: Mapping[str, int]) -> None:
-        self.groups.replace_priority_classes(classes)
+    def on_priority_classes_listed(self, classes: Mapping[str, int], never: Iterable[str] = ()) -> None:
+        """``never``: the classes whose ``preemptionPolicy`` is ``Never``."""
+        self.groups.replace_priority_classes(classes, never)
 
-    def on_priority_class(self, kind: str, name: str, value: int) -> None:
-        self.groups.priority_class_event(kind, name, value)
+    def on_priority_class(self, kind: str, name: str, value: int, never: bool = False) -> None:
+        self.groups.priority_class_event(kind, name, value, never)
 
     # -- result intake -------------------------------------------------------------------------
 
