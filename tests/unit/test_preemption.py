@@ -5,6 +5,8 @@ leaves a victim queue below its nominal, no queue above its limits, no node over
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,6 +20,7 @@ from batchsched.core.placement import kernels, reference
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import RunningPod, RunningUnit, VictimKind
 from batchsched.core.preemption import NoPreemption, Preemption, Preemptor, select_victims
+from batchsched.core.preemption.victims import EXHAUSTIVE_PIECES
 from batchsched.core.queues import QueueName, QueueTree
 
 COLUMNS = ("cpu", "memory", "pods", "nvidia.com/gpu")
@@ -181,6 +184,28 @@ def test_victims_that_are_not_needed_are_dropped() -> None:
     w.run("big", "q", [1], gpus=8, start=NOW - 20)
     # greedy takes small, then big; big alone suffices, so small is dropped again
     assert victims(w.select(preemptor("p", "q", [8], nodes=2, priority=1))) == [("big", 1)]
+
+
+def test_one_node_cheap_to_free_beats_many_pods_that_ran_long_elsewhere() -> None:
+    # one 8-GPU pod started an hour ago (8 GPU-hours) against eight 1-GPU pods that ran
+    # 7 hours each (56 GPU-hours): each of the eight is cheaper than the one alone
+    w = World([8, 8], one_queue())
+    w.run("fresh", "q", [0], gpus=8, start=NOW - 3600)
+    for i in range(8):
+        w.run(f"old-{i}", "q", [1], gpus=1, start=NOW - 7 * 3600)
+    result = w.select(preemptor("p", "q", [8], nodes=2, priority=1))
+    assert victims(result) == [("fresh", 1)]
+    assert isinstance(result, Preemption) and result.nodes == (0,) and result.gpu_hours == pytest.approx(8.0)
+
+
+def test_on_one_node_the_cheapest_set_is_not_the_cheapest_pieces_first() -> None:
+    # 4 GPUs to free: cheapest first takes 1 GPU (1 h) then 3 GPUs (3.6 h): 4.6 GPU-hours;
+    # the 4-GPU pod alone costs 3.8
+    w = World([8], one_queue())
+    w.run("four", "q", [0], gpus=4, start=NOW - 0.95 * 3600)
+    w.run("one", "q", [0], gpus=1, start=NOW - 3600)
+    w.run("three", "q", [0], gpus=3, start=NOW - 1.2 * 3600)
+    assert victims(w.select(preemptor("p", "q", [4], nodes=1, priority=1))) == [("four", 1)]
 
 
 def test_victims_on_nodes_it_cannot_use_are_not_taken() -> None:
@@ -429,3 +454,86 @@ def check_invariants(world: World, p: Preemptor) -> None:
         back = world.select(as_preemptor(v.unit, v.pods, len(world.gpus_per_node)))
         if isinstance(back, Preemption):
             assert p.key not in {x.unit.key for x in back.victims}, (v.unit.key, back)
+
+
+# -- the cheapest set, against a brute-force twin -------------------------------------------
+
+
+def pieces_of(unit: RunningUnit) -> list[tuple[RunningPod, ...]]:
+    """What may be evicted of ``unit``: all of it, or its elastic extras alone."""
+    extras = tuple(pod for pod in unit.pods if pod.elastic)
+    return [unit.pods, extras] if extras and len(extras) < len(unit.pods) else [unit.pods]
+
+
+def brute_force(world: World, p: Preemptor) -> tuple[float, int] | None:
+    """The cheapest valid set (GPU-hours, pods), by trying every set of what ``p`` may evict
+    (a world of one queue whose quota never binds: only priority decides who may be
+    evicted, only the nodes whether the quorum fits); sets of extras alone first."""
+    allowed = [w for w in world.running
+               if w.priority < p.priority and (w.queue is None or w.queue == p.queue)]
+    core = np.ascontiguousarray(p.reqs[: p.min_count])
+    best: dict[bool, tuple[float, int]] = {}
+    for combo in itertools.product(*([None, *pieces_of(w)] for w in allowed)):
+        chosen = [(w, pods) for w, pods in zip(allowed, combo, strict=True) if pods is not None]
+        if not chosen:
+            continue
+        scratch = world.used.copy()
+        for _, pods in chosen:
+            for pod in pods:
+                scratch[pod.node] -= pod.req
+        out = np.full(p.min_count, -1, dtype=np.int64)
+        placed = kernels.place_members(
+            world.alloc, scratch, core, np.ascontiguousarray(p.sig[: p.min_count]), p.masks, p.static_score,
+            SCORING.weights, SCORING.scalar, SCORING.shape_u, SCORING.shape_s, SCORING.strategy, p.min_count,
+            out, SCORING.device,
+        )
+        if placed < p.min_count:
+            continue
+        hours = round(math.fsum(sum(pod.gpus for pod in pods) * (NOW - w.start) / 3600 for w, pods in chosen), 9)
+        cost = (hours, sum(len(pods) for _, pods in chosen))
+        extras_only = all(len(pods) < len(w.pods) for w, pods in chosen)
+        for key in {extras_only, False}:
+            if key not in best or cost < best[key]:
+                best[key] = cost
+    return best.get(True) or best.get(False)
+
+
+@st.composite
+def priority_worlds(draw: st.DrawFn) -> tuple[World, Preemptor]:
+    """Two or three full-ish nodes, work of one queue (whose quota never binds) and
+    unqueued work with various ages, and a preemptor of a higher priority than some."""
+    tree = QueueTree.from_objects([queue_obj("q", nominal=100)], COLUMNS)
+    world = World(draw(st.lists(st.sampled_from([4, 8, 8]), min_size=2, max_size=3)), tree)
+    small = draw(st.sampled_from([2, 4]))  # many small pods (many candidates) or fewer larger
+    for i in range(draw(st.integers(4, 16))):
+        start_unit(draw, world, f"r{i}", draw(st.sampled_from(["q", "q", None])),
+                   draw(st.lists(st.integers(1, small), min_size=1, max_size=3)))
+    members = draw(st.lists(st.integers(2, 4), min_size=1, max_size=3))
+    p = preemptor("p", draw(st.sampled_from(["q", "q", None])), members, nodes=len(world.gpus_per_node),
+                  priority=draw(st.sampled_from([2, 4, 4])))
+    return world, p
+
+
+@settings(PROPERTY, max_examples=200)
+@given(case=priority_worlds())
+def test_the_search_finds_the_cheapest_set(case: tuple[World, Preemptor]) -> None:
+    """Exact for a single pod and for few candidates; for a gang among many, a valid set
+    whenever there is one."""
+    world, p = case
+    result = world.select(p)
+    twin = brute_force(world, p)
+    if twin is None:
+        assert isinstance(result, NoPreemption) or not result.victims
+        return
+    assert isinstance(result, Preemption)
+    if not result.victims:
+        return  # it fits as it is
+    event("preemption")
+    allowed = [w for w in world.running if w.priority < p.priority and (w.queue is None or w.queue == p.queue)]
+    pieces = sum(len(pieces_of(w)) for w in allowed)
+    exact = p.min_count == 1 or pieces <= EXHAUSTIVE_PIECES
+    event("exact" if exact else "gang among many")
+    event("few candidates" if pieces <= EXHAUSTIVE_PIECES else "many candidates")
+    got = (round(math.fsum(v.gpu_hours for v in result.victims), 9), sum(len(v.pods) for v in result.victims))
+    if exact:
+        assert got == twin, (got, twin, [(v.unit.key, len(v.pods)) for v in result.victims])
