@@ -1,8 +1,8 @@
 """Equivalence classes: pods (and gangs) the scheduler may decide for all at once.
 
 Two pending single pods are *equivalent* when everything placement reads of them is the
-same: namespace (which queue it defaults to), priority, requests, what decides the nodes it
-may use (:meth:`Pod.constraint_key`: selectors, affinity, tolerations, spread and inter-pod
+same: namespace (which queue it defaults to), priority and preemption policy, requests,
+what decides the nodes it may use (:meth:`Pod.constraint_key`: selectors, affinity, tolerations, spread and inter-pod
 terms with the labels they read), its card asks, its deadline and the annotations placement
 reads (:data:`READ_ANNOTATIONS`), and its ``batchsched.io/queue`` label. Pods from one
 template (a Job's, a PyTorchJob replica's, a RayCluster worker group's) are equivalent; two

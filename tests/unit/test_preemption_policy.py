@@ -199,3 +199,22 @@ def test_a_higher_priority_never_pod_does_not_take_capacity_a_reservation_holds(
     assert plan is not None and plan.results["x-k8s:default/g"].reason == RESERVED
     assert never not in {b.uid for b in d.binds}
     assert "is reserved for" in message(c, "default/never")
+
+
+def test_a_never_gangs_min_resources_counts_no_preemptible_work() -> None:
+    # minResources is weighed against what the gang could have: free capacity, plus what
+    # it may preempt; with Never it may preempt nothing
+    s = Session(SessionSettings(gang_report_delay=0.0))
+    c = Cluster(s)
+    c.node("n0", 8)
+    c.node("n1", 8)
+    [c.pod(pod(f"low-{i}", 8)) for i in range(2)]
+    c.step()
+    s.on_priority_classes_listed({"urgent-never": 1000}, ["urgent-never"])
+    s.on_groups_listed("scheduling.x-k8s.io", [
+        make_group("g").min_member(2).min_resources(gpu=16).priority_class("urgent-never").build()])
+    [c.pod(pod(f"g-{i}", 8, group="g")) for i in range(2)]
+    d = c.step(after=1.0)
+    assert d.evictions == []
+    assert message(c, "x-k8s:default/g").startswith(
+        "gang default/g needs minResources the cluster does not have free: 16 nvidia.com/gpu (free: 0)")

@@ -540,7 +540,8 @@ def _rank_nodes(
     (cheapest first), ranked by what freeing room for ``need`` there costs when their work
     is evicted cheapest first (an upper bound of the node's cheapest set); nodes where that
     frees too little are left out. Array arithmetic over all (piece, node) pairs at once:
-    this runs for every search at any cluster size."""
+    this runs after every search that found a set among many candidates, at any cluster
+    size."""
     rows: list[int] = []
     ranks: list[int] = []
     vecs: list[IntArray] = []
