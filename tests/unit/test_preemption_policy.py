@@ -107,9 +107,9 @@ def test_a_gang_takes_the_policy_from_its_priority_class() -> None:
     assert NEVER_TAIL in message(c, "x-k8s:default/g")
     assert "it would preempt 2 pod(s) of default/low-0, default/low-1" in message(c, "x-k8s:default/g")
 
-    # the class is edited to preempt: the same gang now evicts both
+    # the class is edited to preempt: the same gang, woken at once, now evicts both
     s.on_priority_class("MODIFIED", "urgent-never", 1000, False)
-    d = c.step(after=60.0)
+    d = c.step(after=1.0)
     assert sorted(e.uid for e in d.evictions) == sorted(lows)
 
 
