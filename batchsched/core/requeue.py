@@ -24,6 +24,20 @@ budgets (what a person does to unblock work) makes it worth trying at once.
 
 Over-waking costs one evaluation of the class; missing a wake costs up to the retry
 interval of waiting, so every rule above errs on the side of waking.
+
+Back-off saves futile retries; it never gives a turn away. Capacity freed in a cohort is
+taken by whoever the cycle is handed, so a queue whose classes back off would lose what the
+fair order owes it to a queue whose class just placed pods (and so is awake), and then
+reclaim it by eviction, or never get it when it asks beyond its nominal. Hence the *fair
+turn* (``Session._fair_turns``): when a step hands the cycle a unit of a queue, a sleeper an
+event woke that waits out its back-off in another queue of the same cohort is handed over
+too when the fair order puts it first (:func:`~batchsched.core.queues.fair.queue_rank`: it
+would not borrow where the other would, or its queue's share with it admitted is lower).
+What keeps it cheap with a large backlog: only sleepers that free capacity could hold now
+(:func:`~batchsched.core.equivalence.fit_count`), only the first of each queue (by
+priority, then age), only while a unit of another queue of the cohort is awake (else the
+first back-off to end brings the rest); and a fair turn takes free capacity only: its
+victim search, and what its pods are told if it fails, wait for its own try.
 """
 
 from __future__ import annotations
@@ -60,6 +74,8 @@ class Sleeper:
     quota: str | None = None
     failures: int = 1
     woken: bool = False
+    #: the leaf queue it waits in (None: unqueued, or not known)
+    queue: str | None = None
 
     def backoff(self) -> float:
         return float(min(MAX_BACKOFF, INITIAL_BACKOFF * 2.0 ** (self.failures - 1)))
@@ -83,10 +99,11 @@ class WaitBook:
     def __contains__(self, key: object) -> bool:
         return key in self.sleepers
 
-    def sleep(self, key: object, now: float, need: Mapping[str, int], *, quota: str | None = None) -> None:
+    def sleep(self, key: object, now: float, need: Mapping[str, int], *, quota: str | None = None,
+              queue: str | None = None) -> None:
         before = self.sleepers.get(key)
         failures = before.failures + 1 if before is not None else 1
-        self.sleepers[key] = Sleeper(now, dict(need), quota, failures)
+        self.sleepers[key] = Sleeper(now, dict(need), quota, failures, queue=queue)
 
     def forget(self, key: object) -> None:
         self.sleepers.pop(key, None)
@@ -114,6 +131,15 @@ class WaitBook:
             return False
         waited = now - s.since
         return not (waited >= interval or (s.woken and waited >= s.backoff()))
+
+    def backing_off(self, now: float, interval: float) -> dict[object, str]:
+        """The queued sleepers an event woke that are left out at ``now`` only because their
+        back-off has not passed: key -> the queue each waits in (candidates for a fair turn)."""
+        out: dict[object, str] = {}
+        for key, s in self.sleepers.items():
+            if s.woken and s.queue is not None and now - s.since < min(s.backoff(), interval):
+                out[key] = s.queue
+        return out
 
     def next_try(self, now: float) -> float | None:
         """The earliest time after ``now`` at which a woken sleeper's back-off ends (None:

@@ -138,6 +138,15 @@ def _smallest(unit: Unit) -> dict[str, int]:
     return need
 
 
+def _quorum(unit: Unit) -> dict[str, int]:
+    """What a unit's quorum asks for in all (a single pod's request)."""
+    total: dict[str, int] = {}
+    for pod in unit.pods[: max(unit.min_count, 1)]:
+        for name, value in pod.requests.items():
+            total[name] = total.get(name, 0) + value
+    return total
+
+
 def _once(make: Callable[[], Snapshot]) -> Callable[[], Snapshot]:
     """``make()`` on the first call, the same value after."""
     held: list[Snapshot] = []
@@ -201,6 +210,11 @@ class Session:
         self._gang_cut: dict[Any, list[str]] = {}
         #: this step's class of each gang handed over
         self._step_classes: dict[str, Any] = {}
+        #: units handed over for a fair turn in this step, and their classes of single pods
+        #: (:mod:`batchsched.core.requeue`): they take free capacity only, and failing they
+        #: are told nothing new (their regular try, with its victim search, tells them)
+        self._turned: set[str] = set()
+        self._turned_classes: set[Any] = set()
         #: classes of single pods cut short in this step: how many members were handed over
         self._cut: dict[Any, tuple[float, int, str]] = {}
         #: pending pod -> the (reason, message) of the PodScheduled condition it was last
@@ -682,6 +696,11 @@ class Session:
         q = self.queues.waiting.get(key)
         return self.queues.root_of(q) if isinstance(q, str) else ""
 
+    def _waits_in(self, key: str) -> str | None:
+        """The queue a unit the last cycle tried waits in (None: unqueued or a problem)."""
+        q = self.queues.waiting.get(key)
+        return q if isinstance(q, str) else None
+
     def _forget_gang(self, key: str) -> None:
         """The gang changed or was placed: worth trying at once, its class found anew."""
         self.waits.forget(key)
@@ -743,6 +762,20 @@ class Session:
         room = Room(self.state, self.groups, self.queues, snapshot, now)
 
         units.extend(self._gangs(now, room, nominated, fits))
+        gang_turns: list[tuple[tuple[int, float, str], str]] = []
+        before = len(units)
+        self._turned_classes = set()
+        for turn in self._fair_turns(now, units, snapshot, fits):
+            if isinstance(turn, tuple):  # a class of single pods: its first members, as when awake
+                members = self.singles.classes.get(turn[1])
+                if members is not None and members[0].uid not in seen:
+                    self._turned_classes.add(turn[1])
+                    hand(turn[1], members)
+            elif isinstance(turn, str) and turn in self._gang_class and turn not in nominated:
+                gang_turns.append((self._gang_class[turn][1], turn))
+        if gang_turns:
+            units.extend(self._gang_turns(gang_turns, now, room, nominated, fits))
+        self._turned = {u.key for u in units[before:]}
         if units and self._holders:
             # reservations hold room against the others tried in a cycle: their holders
             # are tried too, asleep or not (with nothing else to try, they may sleep)
@@ -778,7 +811,12 @@ class Session:
         def want(key: str) -> bool:
             return key in nominated or (key not in skip and not self.waits.asleep(key, now, retry))
 
-        built = self.groups.units(self.state, now, room, want=want)
+        return self._cut_alike(self.groups.units(self.state, now, room, want=want), nominated, fits)
+
+    def _cut_alike(self, built: list[Unit], nominated: Mapping[str, Any],
+                   fits: Callable[[Mapping[str, int]], int]) -> list[Unit]:
+        """Of each class of alike gangs built, the oldest that could fit and one more; the
+        rest are left out (:attr:`_gang_cut`) to share their outcome."""
         out: list[Unit] = []
         by_class: dict[Any, list[Unit]] = {}
         for unit in built:
@@ -797,6 +835,73 @@ class Session:
                 for u in alike[n:]:
                     self._gang_class[u.key] = (ckey, u.order(), _smallest(u), u.min_count)
         return out
+
+    def _gang_turns(self, turns: list[tuple[tuple[int, float, str], str]], now: float, room: Room,
+                    nominated: Mapping[str, Any], fits: Callable[[Mapping[str, int]], int]) -> list[Unit]:
+        """Gangs given a fair turn: of each class, as many as could fit and one more, built."""
+        by_class: dict[Any, list[tuple[tuple[int, float, str], str]]] = {}
+        for order, key in sorted(turns):
+            by_class.setdefault(self._gang_class[key][0], []).append((order, key))
+        want: set[str] = set()
+        for alike in by_class.values():
+            n = self._gang_fit(self._gang_class[alike[0][1]], fits, len(alike))
+            want.update(key for _, key in alike[:n])
+        return self._cut_alike(self.groups.units(self.state, now, room, want=want.__contains__), nominated, fits)
+
+    def _fair_turns(self, now: float, units: Sequence[Unit], snapshot: Callable[[], Snapshot],
+                    fits: Callable[[Mapping[str, int]], int]) -> list[object]:
+        """The sleepers backing off that are tried now anyway: those the fair order puts
+        before a unit handed over from another queue of their cohort, and that free
+        capacity could take now (the fair turn of :mod:`batchsched.core.requeue`)."""
+        held = self.waits.backing_off(now, self.settings.retry_unschedulable)
+        if held and units:
+            room = {key: fits(self.waits.sleepers[key].need) for key in held}
+            held = {key: leaf for key, leaf in held.items() if room[key] < 0 or room[key] >= self._quorum_of(key)}
+        if not held or not units:
+            return []
+        structure = self.queues.structure()
+        asks: dict[object, tuple[str, Mapping[str, int]]] = {}
+        for unit in units:
+            if not unit.blocked:
+                q = self.queues.queue_of(unit.pods, self.groups.groups.get(GroupKey(unit.key)), structure)
+                if isinstance(q, str):
+                    asks[unit.key] = (q, _quorum(unit))
+        if not asks:
+            return []
+        awake = set(asks)
+        asks.update((key, (q, self.waits.sleepers[key].need)) for key, q in held.items())
+        ranks = self.queues.ranks(asks, state=self.state, groups=self.groups, snap=snapshot(), now=now)
+        last: dict[str, dict[str, tuple[bool, float]]] = {}  # cohort -> queue -> its last unit awake
+        for key in awake & ranks.keys():
+            root, rank = ranks[key]
+            queues = last.setdefault(root, {})
+            leaf = asks[key][0]
+            queues[leaf] = max(queues.get(leaf, rank), rank)
+        heads: dict[str, tuple[tuple[int, float, str], object]] = {}  # queue -> its first sleeper due a turn
+        for key, leaf in held.items():
+            if key in ranks and any(other != leaf and rank > ranks[key][1]
+                                    for other, rank in last.get(ranks[key][0], {}).items()):
+                order = self._head_order(key)
+                if leaf not in heads or order < heads[leaf][0]:
+                    heads[leaf] = (order, key)
+        return [key for _, key in heads.values()]
+
+    def _quorum_of(self, key: object) -> int:
+        """How many members of a sleeper must be placed together (1 for a class)."""
+        entry = self._gang_class.get(key) if isinstance(key, str) else None
+        return max(entry[3], 1) if entry is not None else 1
+
+    def _head_order(self, key: object) -> tuple[int, float, str]:
+        """Where a sleeper comes in its queue: its first pod's (a class) or its own (a gang)
+        priority, creation time and UID."""
+        if isinstance(key, tuple):
+            members = self.singles.classes.get(key[1])
+            if members:
+                pod = members[0]
+                return (-pod.priority, pod.created, pod.uid)
+        elif isinstance(key, str) and key in self._gang_class:
+            return self._gang_class[key][1]
+        return (0, float("inf"), "")
 
     @staticmethod
     def _gang_fit(entry: tuple[Any, Any, Mapping[str, int], int], fits: Callable[[Mapping[str, int]], int],
@@ -967,6 +1072,7 @@ class Session:
                 out.events.append(EventNote(ref, "Warning", "NominationExpired", message))
             self._clear_nominated(n.pods, out)
         queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
+        queues.turns = frozenset(self._turned)
         def classes(unit: Unit) -> Any:
             return unit_class(unit, self._pod_class) if unit.single else self._gang_key(unit)
 
@@ -1004,7 +1110,8 @@ class Session:
                 continue  # members and PodGroups usually arrive together: do not report yet
             elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
                 message = self.reports.pod_message(unit.key, u.reason, message, now)
-            self._tell(out, u.pod, u.reason, message)
+            if u.unit not in self._turned:
+                self._tell(out, u.pod, u.reason, message)
         for ckey, (_, _, head) in reserved.items():
             # its head holds a reservation: it sleeps too, and the rest are told they wait behind it
             failed.setdefault(ckey, ("Unschedulable", explain.behind(f"pod {head.key}"), head))
@@ -1045,8 +1152,13 @@ class Session:
         """Classes of single pods that failed sleep; their members the cycle was not handed
         are told the same (once per change of message)."""
         for ckey, (reason, message, pod) in failed.items():
+            if ckey in self._turned_classes:
+                # a fair turn that failed: its back-off runs on to its own try (with its
+                # victim search), and its members keep what they were told
+                continue
             if ckey not in awake:
-                self.waits.sleep(("class", ckey), now, pod.requests, quota=self._quota_root(pod.key, plan))
+                self.waits.sleep(("class", ckey), now, pod.requests, quota=self._quota_root(pod.key, plan),
+                                 queue=self._waits_in(pod.key))
             cut = self._cut.get(ckey)
             before = self._class_told.get(ckey)
             told_at = before[2] if before is not None else -1e18
@@ -1112,9 +1224,11 @@ class Session:
                 shared = UnitResult(UnitStatus.UNSCHEDULABLE, "Unschedulable", explain.behind(f"gang {first.display}"))
             else:
                 shared = UnitResult(result.status, result.reason, explain.like_gang(first.display, result.message))
-            quota = self._quota_root(first.key, plan)
+            if first.key in self._turned:
+                continue  # a fair turn that failed: they wait for their own try, as they did
+            quota, queue = self._quota_root(first.key, plan), self._waits_in(first.key)
             for key in keys:
-                self.waits.sleep(key, now, self._gang_class[key][2], quota=quota)
+                self.waits.sleep(key, now, self._gang_class[key][2], quota=quota, queue=queue)
             self._tell_cut_gangs(keys, shared, now, out)
 
     def _tell_cut_gangs(self, keys: list[str], result: UnitResult, now: float, out: Decisions) -> None:
@@ -1179,6 +1293,8 @@ class Session:
                 self._blocked_since.pop(key, None)
             result = plan.results.get(key)
             holding = result is not None and result.holding
+            if key in self._turned and result is not None and result.failed:
+                continue  # a fair turn that failed: its back-off runs on to its own try
             self.reports.result(unit, result, holding=holding, now=now, out=out)
             if result is None:
                 continue
@@ -1190,7 +1306,7 @@ class Session:
             elif (result.failed or result.reason == RESERVED) and not unit.blocked and key not in plan.deferred:
                 # failed, or holds a reservation (tried again whenever others are)
                 need = _smallest(unit)
-                self.waits.sleep(key, now, need, quota=self._quota_root(key, plan))
+                self.waits.sleep(key, now, need, quota=self._quota_root(key, plan), queue=self._waits_in(key))
                 self._gang_class[key] = (self._gang_key(unit), unit.order(), need, unit.min_count)
 
     def _sync_queues(self, now: float, out: Decisions, queues: QueueInput | None = None) -> None:

@@ -119,6 +119,8 @@ class CyclePreemption:
             return False, ""
         if walk.qi.may_preempt is not None and not walk.qi.may_preempt(unit.pods):
             return False, ""  # its admission is another's to decide (Kueue)
+        if unit.key in walk.qi.turns:
+            return False, ""  # a fair turn takes free capacity; it searches at its own try
         if self.candidates is None:
             self.candidates = Candidates(walk.load_running(), walk.tree)
         if not self.candidates.by_queue:

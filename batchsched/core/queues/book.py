@@ -47,7 +47,7 @@ from batchsched.core.plan import (
     UnitStatus,
 )
 from batchsched.core.queues.assign import QueueProblem, assign_queue
-from batchsched.core.queues.fair import UsageHistory
+from batchsched.core.queues.fair import UsageHistory, queue_rank
 from batchsched.core.queues.kueue import kueue_managed
 from batchsched.core.queues.running import RunningBook
 from batchsched.core.queues.spec import StopPolicy
@@ -89,6 +89,9 @@ class QueueInput:
     running_book: RunningBook | None = None
     #: whether a unit of these pods may evict others (None: every unit may)
     may_preempt: Callable[[Sequence[Pod]], bool] | None = None
+    #: units handed over for a fair turn while they back off (:mod:`batchsched.core.requeue`):
+    #: they take free capacity only, their victim search waits for their own try
+    turns: frozenset[str] = frozenset()
 
 
 
@@ -302,6 +305,31 @@ class QueueBook:
             running_book=self._running,
             may_preempt=self.may_preempt,
         )
+
+    def ranks(
+        self, asks: Mapping[object, tuple[str, Mapping[str, int]]], *, state: ClusterState, groups: GroupBook,
+        snap: Snapshot, now: float,
+    ) -> dict[object, tuple[QueueName, tuple[bool, float]]]:
+        """For each ask (a unit's queue and request) in a valid leaf: the top of its queue's
+        tree (its cohort) and its rank in the fair order
+        (:func:`~batchsched.core.queues.fair.queue_rank`) from the running work as it is now
+        (the usage the next cycle starts from, before nominations)."""
+        tree = self.tree(snap.columns)
+        self.running(state=state, groups=groups, snap=snap, tree=tree, now=now)  # the usage sums, up to date
+        for q, summed in self._running.usage.items():
+            if tree.leaf_problem(q) is None and summed.any():
+                tree.admit(q, summed)
+        columns = {c: i for i, c in enumerate(snap.columns)}
+        out: dict[object, tuple[QueueName, tuple[bool, float]]] = {}
+        for key, (leaf, need) in asks.items():
+            if tree.leaf_problem(leaf) is None:
+                req = np.zeros(len(snap.columns), dtype=np.int64)
+                for name, value in need.items():
+                    if name in columns:
+                        req[columns[name]] = value
+                queue = QueueName(leaf)
+                out[key] = (tree.root(queue), queue_rank(tree, queue, req, now=now, history=self.history))
+        return out
 
     def _live(self, state: ClusterState, now: float) -> dict[str, Nomination]:
         out: dict[str, Nomination] = {}

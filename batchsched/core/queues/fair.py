@@ -1,14 +1,23 @@
 """Fair share: which queue's unit to try next, and the usage history shares decay over.
 
 Fair share (:class:`FairOrder`): among queues with work waiting, heads that fit within
-their queue's nominal go first; then the next unit comes from the queue with the lowest
-weighted dominant-resource share, ``max over managed resources of
-(U + w_h * past) / max(N, 1)``, divided by the queue's weight, where ``past`` is the
-time-decayed usage kept by :class:`UsageHistory` (optional). Unqueued work has share 0.
-Within a queue: priority, then age, then arrival (first come, first served among units
+their queue's nominal go first; then the next unit comes from the queue whose weighted
+dominant-resource share, ``max over managed resources of (U + w_h * past) / max(N, 1)``
+divided by the queue's weight, would be lowest *with its head admitted* (``U`` counts the
+head's request; as Kueue's fair sharing orders by the share with the workload), where
+``past`` is the time-decayed usage kept by :class:`UsageHistory` (optional). Unqueued work
+has share 0. Within a queue: priority, then age, then arrival (first come, first served among units
 created in the same second: :attr:`~batchsched.core.plan.Unit.arrival`; the UID only keeps
 the order total); a unit that waited longer than ``max_wait`` goes first. Ties between
 queues: share, priority, creation time, arrival.
+
+Why the share after admission: comparing the shares before it, the unit a queue has
+just lost is given back whenever the two shares tie, and who wins a tie is decided by the
+heads' age, not by the weights. With queues of nominal 4 (weight 1) and 4 (weight 2) on 16
+GPUs, the state 6:10 (shares 1.5 and 1.25) loses a GPU of the first, the shares tie at 1.25
+and the older head takes it back: the split stays 10:6, 1.67:1. With the share after
+admission, the GPU goes where the share grows least (1.375 against 1.5), which settles on
+11:5, the whole-GPU split nearest to 2:1 (with 24 GPUs both settle on 16:8 exactly).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import numpy.typing as npt
 from batchsched.core.plan import QueueName
 from batchsched.core.queues.tree import FloatArray, IntArray, QueueTree
 
-__all__ = ["FairOrder", "Orderable", "UsageHistory"]
+__all__ = ["FairOrder", "Orderable", "UsageHistory", "queue_rank"]
 
 
 # -- history ----------------------------------------------------------------------------
@@ -83,6 +92,17 @@ class UsageHistory:
 
 
 # -- fair order -------------------------------------------------------------------------
+
+
+def queue_rank(tree: QueueTree, queue: QueueName, request: IntArray, *, now: float,
+               history: UsageHistory | None = None) -> tuple[bool, float]:
+    """Where a unit asking ``request`` of ``queue`` stands in the fair order from
+    ``tree``'s usage, lower first: what :class:`FairOrder` keys a queue's head by (whether it
+    would borrow, then the share its queue would have with it admitted). The session
+    compares ranks to give a queue whose classes back off its turn
+    (:mod:`batchsched.core.requeue`)."""
+    past, weight = (history.decayed(queue, now), history.weight) if history is not None else (None, 0.0)
+    return (tree.would_borrow(queue, request), tree.share(queue, past, weight, adding=request))
 
 
 class Orderable(Protocol):
@@ -177,14 +197,19 @@ class FairOrder(Generic[U]):
             return (0, 0, unit.created, unit.arrival, unit.uid)
         return (1, -unit.priority, unit.created, unit.arrival, unit.uid)
 
-    def share(self, queue: QueueName | None) -> float:
+    def share(self, queue: QueueName | None, unit: U | None = None) -> float:
+        """``queue``'s weighted share; with ``unit`` (and a ``request``), the share it would
+        have with ``unit`` admitted."""
         if queue is None:
             return 0.0
         past = None
         weight = 0.0
         if self.history is not None:
             past, weight = self.history.decayed(queue, self.now), self.history.weight
-        return self.tree.share(queue, past, weight)
+        adding = None
+        if unit is not None and self.request is not None:
+            adding = np.asarray(self.request(unit), dtype=np.int64)
+        return self.tree.share(queue, past, weight, adding=adding)
 
     def borrows(self, queue: QueueName | None, unit: U) -> bool:
         """Whether admitting ``unit`` would take ``queue`` above its nominal."""
@@ -205,7 +230,7 @@ class FairOrder(Generic[U]):
         heapq.heappush(
             self._heap,
             (
-                int(self.borrows(queue, head)), self.share(queue), -prio, head.created, head.arrival, head.uid,
+                int(self.borrows(queue, head)), self.share(queue, head), -prio, head.created, head.arrival, head.uid,
                 self._stamp[queue], self._slot[queue],
             ),
         )

@@ -563,16 +563,19 @@ class QueueTree(_TreeStructure):
 
     # -- fair share
 
-    def share(self, name: str, past: FloatArray | None = None, past_weight: float = 1.0) -> float:
+    def share(self, name: str, past: FloatArray | None = None, past_weight: float = 1.0,
+              adding: IntArray | None = None) -> float:
         """Weighted dominant-resource share: ``max over managed r of
-        (U_r + past_weight * past_r) / max(N_r, 1)``, divided by the queue's weight."""
+        (U_r + past_weight * past_r) / max(N_r, 1)``, divided by the queue's weight;
+        with ``adding`` (a request vector) charged to ``U`` (the share it would have)."""
         node = self._node(name)
         managed = self._managed[node.root]
+        extra = self._quota_values(adding) if adding is not None else [0] * len(self._qcols)
         best = 0.0
         for k, c in enumerate(self._qcols):
             if not managed[k]:
                 continue
-            used = float(node.usage[k])
+            used = float(node.usage[k] + extra[k])
             if past is not None and past_weight and c < len(past):
                 used += past_weight * float(past[c])
             best = max(best, used / max(node.nominal[k], 1))
