@@ -182,12 +182,13 @@ def test_a_never_gang_in_a_queue_holds_a_reservation_without_evicting() -> None:
 def test_a_higher_priority_never_pod_does_not_take_capacity_a_reservation_holds() -> None:
     # later work of a higher priority may use what a reservation holds because it could
     # preempt the holder anyway; a Never pod could not, so it waits like any later work.
-    # Queue a (no usage) is walked before queue b: its gang reserves first.
+    # Queue a (no usage, its head's share 16/32) is walked before queue b (16/16): its gang
+    # reserves first.
     s = Session(SessionSettings(gang_report_delay=0.0))
     c = Cluster(s)
     c.node("n0", 8)
     c.node("n1", 8)
-    s.on_queues_listed([queue("a", 16), queue("b", 16)])
+    s.on_queues_listed([queue("a", 32), queue("b", 16)])
     c.pod(pod("run-0", 8, runtime="10m", queue="b"))
     c.pod(pod("run-1", 4, runtime="20m", queue="b"))
     assert len(c.step().binds) == 2
