@@ -233,6 +233,16 @@ class PodBuilder:
         self._spec["priority"] = priority
         return self
 
+    def preemption_policy(self, policy: str) -> Self:
+        """``spec.preemptionPolicy`` (``Never`` or ``PreemptLowerPriority``)."""
+        self._spec["preemptionPolicy"] = policy
+        return self
+
+    def started(self, when: float | str | dt.datetime) -> Self:
+        """``status.startTime``."""
+        self._obj["status"]["startTime"] = _timestamp(when)
+        return self
+
     def node(self, node_name: str) -> Self:
         """Bound to ``node_name`` (``spec.nodeName``); the phase is left as it is."""
         self._spec["nodeName"] = node_name

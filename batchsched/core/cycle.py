@@ -638,7 +638,7 @@ class _Walk:
                 if preempted:
                     order.admitted(u)
                     continue
-                message = explain.with_preemption(message, why)
+                message = explain.with_preemption(message, why, never=u.never_preempts)
             self.reserve.fail(None, u, lay if all_reqs is None else lay.member(m), 1, message)
             order.skipped(u)
 
@@ -706,7 +706,7 @@ class _Walk:
             if preempted:
                 order.admitted(unit)
                 return
-        self.reserve.fail(q, unit, lay, k, explain.with_preemption(reason, why))
+        self.reserve.fail(q, unit, lay, k, explain.with_preemption(reason, why, never=unit.never_preempts))
         order.skipped(unit)
 
     def _explain_member(self, pod: Pod, lay: Layout, m: int) -> str:

@@ -1,8 +1,8 @@
 """Equivalence classes: pods (and gangs) the scheduler may decide for all at once.
 
 Two pending single pods are *equivalent* when everything placement reads of them is the
-same: namespace (which queue it defaults to), priority, requests, what decides the nodes it
-may use (:meth:`Pod.constraint_key`: selectors, affinity, tolerations, spread and inter-pod
+same: namespace (which queue it defaults to), priority and preemption policy, requests,
+what decides the nodes it may use (:meth:`Pod.constraint_key`: selectors, affinity, tolerations, spread and inter-pod
 terms with the labels they read), its card asks, its deadline and the annotations placement
 reads (:data:`READ_ANNOTATIONS`), and its ``batchsched.io/queue`` label. Pods from one
 template (a Job's, a PyTorchJob replica's, a RayCluster worker group's) are equivalent; two
@@ -108,7 +108,7 @@ def pod_class(pod: Pod, read: tuple[str, ...] = ()) -> Hashable:
     notes = pod.annotations
     labels = pod.labels
     return ClassKey((
-        pod.namespace, pod.priority, tuple(sorted(pod.requests.items())), pod.constraint_key(),
+        pod.namespace, pod.priority, pod.never_preempts, tuple(sorted(pod.requests.items())), pod.constraint_key(),
         pod.card_asks, pod.active_deadline, labels.get(QUEUE_LABEL, ""),
         tuple(notes.get(k) for k in READ_ANNOTATIONS),
         tuple(labels.get(k) for k in read) if read and not constrained(pod) else (),
@@ -129,8 +129,8 @@ def unit_class(unit: Unit, of_pod: Any = pod_class) -> Hashable:
         return single
     if unit.blocked or unit.placed_on:
         return ClassKey(("unit", unit.key))
-    return ClassKey(("gang", unit.min_count, unit.priority, unit.topology_level, unit.topology_required,
-                     tuple(of_pod(p) for p in unit.pods)))
+    return ClassKey(("gang", unit.min_count, unit.priority, unit.never_preempts, unit.topology_level,
+                     unit.topology_required, tuple(of_pod(p) for p in unit.pods)))
 
 
 def gang_like(key: Hashable) -> bool:

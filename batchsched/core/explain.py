@@ -65,11 +65,25 @@ def rest_in_domain(domain: str, why: str) -> str:
     return f"its placed members are in {domain}, where the rest must go: {why}"
 
 
-def with_preemption(reason: str, why: str) -> str:
-    """A unit's message, with why preemption did not help when a search was made."""
+def with_preemption(reason: str, why: str, *, never: bool = False) -> str:
+    """A unit's message, with why preemption did not help when a search was made; with
+    ``never`` (its ``preemptionPolicy`` is ``Never``), ``why`` says whom it would evict
+    (:func:`never_preempts`)."""
     if not why:
         return reason
+    if never:
+        return f"{reason.rstrip('.')}; {why}"
     return f"{reason.rstrip('.')}; preemption does not help: {why}"
+
+
+def never_preempts(pods: int, whom: Iterable[str], reclaim: bool) -> str:
+    """A unit whose ``preemptionPolicy`` is ``Never``, for which the victim search found a
+    set: it waits instead (``reclaim``: some of them run on its queue's lent quota)."""
+    what = "reclaim its queue's nominal quota from" if reclaim else "preempt"
+    return (
+        f"it would {what} {pods} pod(s) of {', '.join(whom)}, but its preemptionPolicy is Never: "
+        "it waits for capacity to free"
+    )
 
 
 def like_gang(other: str, message: str) -> str:

@@ -135,6 +135,9 @@ class Pod:
     node_name: str = ""
     phase: str = "Pending"
     priority: int = 0
+    #: ``spec.preemptionPolicy: Never`` (copied from its PriorityClass at creation): it
+    #: waits for room and never evicts anyone to make it
+    never_preempts: bool = False
     created: float = 0.0
     deleting: bool = False
     gated: bool = False
@@ -448,6 +451,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         node_name=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
         priority=int(spec.get("priority") or 0),
+        never_preempts=spec.get("preemptionPolicy") == "Never",
         created=parse_time(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
         gated=bool(spec.get("schedulingGates")),
@@ -476,6 +480,23 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         claims=_claims(str(meta.get("name", "")), spec.get("volumes")),
         resource_claims=tuple(str(c.get("name", "")) for c in (spec.get("resourceClaims") or [])),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class PriorityClass:
+    """What the scheduler reads of a PriorityClass: a PodGroup naming it takes its value,
+    and its ``preemptionPolicy`` (``Never``: the group waits, never evicts)."""
+
+    name: str
+    value: int
+    never_preempts: bool = False
+
+
+def parse_priority_class(obj: Mapping[str, Any]) -> PriorityClass:
+    return PriorityClass(
+        name=str(obj["metadata"]["name"]), value=int(obj.get("value") or 0),
+        never_preempts=obj.get("preemptionPolicy") == "Never",
     )
 
 

@@ -121,6 +121,8 @@ class Unit:
     priority: int
     created: float
     uid: str
+    #: ``preemptionPolicy: Never``: it goes ahead of lower priorities but evicts nobody
+    never_preempts: bool = False
     #: why the unit may not be placed at all, when that is known before placement
     blocked: str = ""
     #: the machine-readable reason of ``blocked`` (a condition reason: ``GangBackoff``...)
@@ -155,7 +157,7 @@ class Unit:
 def single_unit(pod: Pod) -> Unit:
     return Unit(
         key=pod.key, pods=(pod,), min_count=1, priority=pod.priority,
-        created=pod.created, uid=pod.uid, arrival=pod.arrival,
+        created=pod.created, uid=pod.uid, arrival=pod.arrival, never_preempts=pod.never_preempts,
     )
 
 

@@ -26,7 +26,7 @@ cycle (nothing is remembered between cycles but the age limit below):
    same cycle may use that held capacity only if it cannot delay the reservation, that is
    if it is known to end before the start (every member declares a runtime and now plus it
    is at or before a known start), or if it has a higher priority than the holder (it could
-   preempt the holder anyway). Anything else fits only in what the hold leaves. Reservations
+   preempt the holder anyway; not with ``preemptionPolicy: Never``). Anything else fits only in what the hold leaves. Reservations
    made earlier in the cycle count as running with no end when a later one is computed.
 
 The holder is told it waits (``WAITING``, reason :data:`RESERVED`, the message says on which
@@ -390,7 +390,7 @@ class CycleReservations:
         end = NEVER if run is None else self.now + run
         return tuple(
             i for i, r in enumerate(self.made)
-            if unit.priority > r.priority or (r.start < NEVER and end <= r.start)
+            if (unit.priority > r.priority and not unit.never_preempts) or (r.start < NEVER and end <= r.start)
         )
 
     def ends(self) -> _Ends:

@@ -515,19 +515,21 @@ class Session:
             self.waits.forget_all()
             self.wants_step = True
 
-    def on_priority_classes_listed(self, classes: Mapping[str, int]) -> None:
-        before = self.groups.priority_classes
-        self.groups.replace_priority_classes(classes)
-        self._priorities_changed({n for n in before.keys() | classes.keys() if before.get(n) != classes.get(n)})
+    def on_priority_classes_listed(self, classes: Mapping[str, int], never: Iterable[str] = ()) -> None:
+        """``never``: the classes whose ``preemptionPolicy`` is ``Never``."""
+        before, before_never = self.groups.priority_classes, self.groups.never_classes
+        self.groups.replace_priority_classes(classes, never)
+        changed = {n for n in before.keys() | classes.keys() if before.get(n) != classes.get(n)}
+        self._priorities_changed(changed | (before_never ^ self.groups.never_classes))
 
-    def on_priority_class(self, kind: str, name: str, value: int) -> None:
-        self.groups.priority_class_event(kind, name, value)
+    def on_priority_class(self, kind: str, name: str, value: int, never: bool = False) -> None:
+        self.groups.priority_class_event(kind, name, value, never)
         self._priorities_changed({name})
 
     def _priorities_changed(self, names: Set[str]) -> None:
         """The gangs whose PodGroup names one of these PriorityClasses have a new priority
-        (a pod's is fixed at its admission): tried again at once, they may now preempt or
-        go first."""
+        or preemption policy (a pod's are fixed at its admission): tried again at once, they
+        may now preempt or go first."""
         for group in self.groups.groups.values():
             if group.priority_class in names:
                 self._forget_gang(group.key)

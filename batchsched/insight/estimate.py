@@ -56,7 +56,7 @@ def _copy(session: Session, use_jit: bool) -> Session:
     )
     sim.on_queues_listed(list(live.queues.queue_objects.values()))
     sim.queues.budgets = copy.deepcopy(live.queues.budgets)
-    sim.on_priority_classes_listed(dict(live.groups.priority_classes))
+    sim.on_priority_classes_listed(dict(live.groups.priority_classes), live.groups.never_classes)
     by_api: dict[str, list[Any]] = {}
     for g in live.groups.groups.values():
         by_api.setdefault(g.api, []).append(g)

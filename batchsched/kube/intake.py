@@ -24,7 +24,7 @@ from typing import Any
 from batchsched.core import explain
 from batchsched.core.disruption import parse_pdb
 from batchsched.core.gangs import VOLCANO, XK8S, PodGroup, parse_podgroup
-from batchsched.core.model import Pod, parse_node, parse_pod
+from batchsched.core.model import Pod, parse_node, parse_pod, parse_priority_class
 from batchsched.core.plan import ObjectRef
 from batchsched.core.session import Session
 from batchsched.core.volumes import parse_claim, parse_storage_class, parse_volume
@@ -78,9 +78,10 @@ class Intake:
             self._feed("/api/v1/nodes", "nodes", "Node", parse_node, s.on_nodes_listed, s.on_node),
             self._feed("/api/v1/pods", "pods", "Pod", self._parse_pod, s.on_pods_listed, self._pod),
             self._feed("/apis/scheduling.k8s.io/v1/priorityclasses", "priorityclasses", "PriorityClass",
-                       lambda o: (str(o["metadata"]["name"]), int(o.get("value") or 0)),
-                       lambda items: s.on_priority_classes_listed(dict(items)),
-                       lambda kind, pc: s.on_priority_class(kind, *pc)),
+                       parse_priority_class,
+                       lambda items: s.on_priority_classes_listed(
+                           {pc.name: pc.value for pc in items}, [pc.name for pc in items if pc.never_preempts]),
+                       lambda kind, pc: s.on_priority_class(kind, pc.name, pc.value, pc.never_preempts)),
             self._feed(QUEUES_PATH, "queues", "Queue", _named, self._queues_listed, self._queue),
             self._feed("/api/v1/namespaces", "namespaces", "Namespace", _named,
                        s.on_namespaces_listed, s.on_namespace),

@@ -10,7 +10,7 @@ from typing import Any
 from batchsched.config import parse_config
 from batchsched.core.disruption import parse_pdb
 from batchsched.core.gangs import parse_podgroup
-from batchsched.core.model import parse_pod
+from batchsched.core.model import parse_pod, parse_priority_class
 from batchsched.core.volumes import parse_claim, parse_storage_class, parse_volume
 from batchsched.simulate.engine import Placed, Simulation
 
@@ -27,8 +27,9 @@ def load(snapshot: Mapping[str, Any], *, now: float, use_jit: bool = True) -> Si
     s = sim.session
     objs: Mapping[str, list[dict[str, Any]]] = snapshot.get("objects") or {}
     s.on_namespaces_listed(objs.get("namespaces", []))
-    s.on_priority_classes_listed({str(o["metadata"]["name"]): int(o.get("value") or 0)
-                                  for o in objs.get("priorityclasses", [])})
+    classes = [parse_priority_class(o) for o in objs.get("priorityclasses", [])]
+    s.on_priority_classes_listed({pc.name: pc.value for pc in classes},
+                                 [pc.name for pc in classes if pc.never_preempts])
     s.on_queues_listed(objs.get("queues", []))
     s.on_budgets_listed([parse_pdb(o) for o in objs.get("poddisruptionbudgets", [])])
     s.on_claims_listed([parse_claim(o) for o in objs.get("persistentvolumeclaims", [])])

@@ -161,6 +161,8 @@ class GroupBook:
         self.max_backoff = max_backoff
         self.groups: dict[GroupKey, PodGroup] = {}
         self.priority_classes: dict[str, int] = {}
+        #: the priority classes whose ``preemptionPolicy`` is ``Never``
+        self.never_classes: set[str] = set()
         #: pod uid -> (namespace, api or "any", group name)
         self._refs: dict[PodUID, tuple[str, str, str]] = {}
         #: (namespace, group name) -> uids of the pods naming it
@@ -213,16 +215,22 @@ class GroupBook:
         for g in fresh.values():
             self.group_event("MODIFIED", g)
 
-    def priority_class_event(self, kind: str, name: str, value: int) -> None:
+    def priority_class_event(self, kind: str, name: str, value: int, never: bool = False) -> None:
+        """``never``: the class's ``preemptionPolicy`` is ``Never``."""
         self.version += 1
+        self.never_classes.discard(name)
         if kind == "DELETED":
             self.priority_classes.pop(name, None)
         else:
             self.priority_classes[name] = value
+            if never:
+                self.never_classes.add(name)
 
-    def replace_priority_classes(self, classes: Mapping[str, int]) -> None:
+    def replace_priority_classes(self, classes: Mapping[str, int], never: Iterable[str] = ()) -> None:
+        """A relist: ``never`` names the classes whose ``preemptionPolicy`` is ``Never``."""
         self.version += 1
         self.priority_classes = dict(classes)
+        self.never_classes = set(never) & set(classes)
 
     # -- pods --------------------------------------------------------------------------------
 
@@ -366,6 +374,14 @@ class GroupBook:
             return self.priority_classes[group.priority_class]
         return max((p.priority for p in members), default=0)
 
+    def never_preempts(self, group: PodGroup, members: Iterable[Pod]) -> bool:
+        """Whether ``group`` may not evict anyone: its priority class says
+        ``preemptionPolicy: Never``, or (when it names no known class) a member does, since
+        the gang preempts for all of them (the policy comes from where its priority does)."""
+        if group.priority_class and group.priority_class in self.priority_classes:
+            return group.priority_class in self.never_classes
+        return any(p.never_preempts for p in members)
+
     def timed(self) -> list[GroupKey]:
         """The groups with a gang timer (partly placed, or backing off after a timeout)."""
         return list(self._timers)
@@ -456,6 +472,7 @@ class GroupBook:
             units.append(
                 Unit(
                     key=key, pods=tuple(ordered), min_count=min_count, priority=priority,
+                    never_preempts=self.never_preempts(group, pods),
                     created=group.created, arrival=group.arrival, uid=group.uid or key, topology_level=level,
                     topology_required=required,
                     placed_on=_placed_on(state, t) if required else (),

@@ -8,7 +8,8 @@ protected units, never units admitted in this cycle: :class:`Candidates`) go to
 topology, so the room freed is room it can use. A preemption removes the victims from the
 cycle's view, charges the quorum to the nodes the search named and records a
 :class:`~batchsched.core.plan.Nomination`; the unit is bound in a later cycle, once its
-victims are gone.
+victims are gone. A unit whose ``preemptionPolicy`` is ``Never`` (:attr:`Unit.never_preempts`)
+is searched for like any other, but never evicts: it is told whom it would evict and waits.
 
 Per cycle, failed searches are remembered by what decides them (cleared whenever capacity
 is freed), and at most ``QueueInput.max_searches`` searches run, for at most
@@ -143,7 +144,7 @@ class CyclePreemption:
             q, unit.priority, mc, lay.reqs[:mc].tobytes(), lay.sig[:mc].tobytes(),
             tuple(p.constraint_key() for p in unit.pods[:mc]),
             (unit.created, unit.arrival, unit.uid) if policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY else None,
-            unit.topology_level, unit.topology_required, lay.domain,
+            unit.topology_level, unit.topology_required, lay.domain, unit.never_preempts,
         )
         seen = self.memo.get(memo_key)
         if seen is not None:
@@ -167,6 +168,10 @@ class CyclePreemption:
         )
         if isinstance(result, NoPreemption):
             why = result.reason
+            self.memo[memo_key] = why
+            return False, why
+        if result.victims and unit.never_preempts:
+            why = _never(result.victims)
             self.memo[memo_key] = why
             return False, why
         self.memo.clear()  # capacity was freed: earlier failures may not hold any more
@@ -213,6 +218,16 @@ class CyclePreemption:
             priority=unit.priority,
         ))
         plan.record(unit.key, UnitResult(UnitStatus.PREEMPTING, "Preempting", summary))
+
+
+def _never(victims: Sequence[Victim]) -> str:
+    """What a unit with ``preemptionPolicy: Never`` is told when the search found victims:
+    it evicts none of them (kube-scheduler's rule: such a pod never evicts anyone, so it
+    reclaims no quota either) and waits, ahead of lower priorities in its queue."""
+    return explain.never_preempts(
+        sum(len(v.pods) for v in victims), (v.unit.key.rsplit(":", 1)[-1] for v in victims),
+        reclaim=any(v.kind is VictimKind.RECLAIM for v in victims),
+    )
 
 
 def _victim_message(unit: Unit, q: QueueName | None, nodes: Sequence[str], v: Victim) -> str:

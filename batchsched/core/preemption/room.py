@@ -39,8 +39,8 @@ class Room:
         snap = self.snapshot()
         if self._free is None:
             self._free = free_capacity(snap)
-        if not self.queues.settings.preemption:
-            return self._free, {}
+        if not self.queues.settings.preemption or self.groups.never_preempts(group, pods):
+            return self._free, {}  # it may evict nobody: free capacity is all it could have
         if self._running is None:
             tree = self.queues.tree(snap.columns)
             running = self.queues.running(state=self.state, groups=self.groups, snap=snap, tree=tree, now=self.now)

@@ -27,14 +27,31 @@ Who may be evicted, for a preemptor P of queue p (request of its quorum: ``x``):
   room for its pods, pods already terminating).
 
 Gangs are evicted whole, or only their elastic extras (the members beyond the quorum) when
-that suffices: sets of extras alone are tried first. Among valid sets the search prefers
-the one losing the fewest GPU-hours of work already done (GPUs x time since start), then
-the fewest pods, then lower priority, then newer units: candidates are added cheapest
-first until the quorum fits (fit = quota check with the victims released, and
-``place_members`` on a scratch copy of ``used`` with the victims' pods removed), then every
-victim that is not needed is dropped again, most expensive first (a whole gang may shrink
-to its extras). Greedy, not exhaustive: the set is minimal (no victim can be dropped) but
-not always the cheapest.
+that suffices: sets of extras alone are tried first. Among valid sets (valid = the quota
+check passes with the victims released, and ``place_members`` places the quorum on a
+scratch copy of ``used`` with the victims' pods removed) the search takes the one losing
+the fewest GPU-hours of work already done (GPUs x time since start, summed over the set),
+then the fewest pods, then lower priorities and newer units. How it finds it:
+
+- candidates are added cheapest first until the quorum fits, then every victim that is not
+  needed is dropped again, most expensive first (a whole gang may shrink to its extras).
+  When even that finds no set, there is none to take (adding more only frees more).
+- **few candidates** (at most :data:`EXHAUSTIVE_PIECES`): every cheaper set is weighed,
+  cheapest first, and the first valid one is taken: the cheapest there is.
+- **more**: that set is compared with what freeing single nodes costs: the nodes the quorum
+  may use are ranked by what freeing room for its largest member there costs (every node
+  at once, array arithmetic), and on the :data:`NODE_TRIALS` cheapest, the cheapest set
+  of the node's own work that frees that room (all sets weighed when the node runs at
+  most :data:`NODE_EXACT_UNITS` candidates) is put first and the same add-then-drop search
+  runs from it; for a gang, one more run takes the nodes in that order. The cheapest valid
+  set of all these wins. So eight 1-GPU pods that ran 7 hours on one node are not evicted
+  for an 8-GPU pod when one 8-GPU pod started an hour ago on another node. For a single
+  pod that the nodes (not quota) keep out, the result is the cheapest set whenever the
+  nodes it is compared on include the cheapest one's; a gang's is a good set, not always
+  the best.
+
+The search is pure and bounded per call; the cycle bounds the searches per cycle in number
+and time (:mod:`batchsched.core.preemption.attempt`).
 
 **Invariant (no ping-pong).** Once a preemption has been carried out (victims gone, P
 placed and charged to p), selecting victims for any of P's victims V, as preemptor, in that
@@ -54,8 +71,11 @@ And reclaim never leaves a victim queue below its nominal in a resource it was b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -87,6 +107,24 @@ BoolArray = npt.NDArray[np.bool_]
 Kernel = Callable[..., int]
 
 SECONDS_PER_HOUR = 3600.0
+#: up to this many candidate pieces, every set of them is weighed
+EXHAUSTIVE_PIECES = 8
+#: the nodes, cheapest to free first, whose own cheapest set is compared with the others
+NODE_TRIALS = 3
+#: up to this many candidate units on a node, every set of them is weighed for that node
+NODE_EXACT_UNITS = 6
+
+#: what a set of victims costs: GPU-hours done, pods, then its pieces' own costs
+SetCost = tuple[float, int, tuple[Any, ...]]
+
+
+def _set_cost(pieces: Sequence[_Piece]) -> SetCost:
+    """The order in which sets of victims are preferred (see the module docstring); the
+    GPU-hours are rounded so that the order of a sum does not decide between equal sets."""
+    return (
+        round(math.fsum(pc.gpu_hours for pc in pieces), 9), sum(len(pc.pods) for pc in pieces),
+        tuple(sorted(pc.cost for pc in pieces)),
+    )
 
 
 @dataclass(slots=True, frozen=True)
@@ -358,6 +396,87 @@ class _Search:
                     chosen = trial
         return chosen
 
+    def _cheapest(self, candidates: Sequence[_Piece]) -> tuple[list[_Piece] | None, str]:
+        """The cheapest valid set of ``candidates`` the search finds (see the module
+        docstring), or None and why the last set tried failed."""
+        chosen, message = self._greedy(candidates)
+        if chosen is None:
+            return None, message  # even all it may evict, added as they help, is not enough
+        best = self._prune(chosen)
+        cost = _set_cost(best)
+        if len(candidates) <= EXHAUSTIVE_PIECES:
+            return self._exhaustive(candidates, best, cost), ""
+        # a cheaper set holds only pieces cheaper than ``best`` (candidates are sorted)
+        cheaper = list(itertools.takewhile(lambda pc: _set_cost([pc]) < cost, candidates))
+        for order in self._node_orders(cheaper, candidates, cost):
+            trial, _ = self._greedy(order)
+            if trial is None:
+                continue
+            trial = self._prune(trial)
+            if _set_cost(trial) < cost:
+                best, cost = trial, _set_cost(trial)
+        return best, ""
+
+    def _in_reach(self, pc: _Piece) -> IntArray:
+        """What evicting ``pc`` frees on the nodes the quorum may use."""
+        vec = np.zeros(self.used.shape[1], dtype=np.int64)
+        for pod in pc.pods:
+            if self.reach[pod.node]:
+                vec += pod.req
+        return vec
+
+    def _exhaustive(self, candidates: Sequence[_Piece], best: list[_Piece], cost: SetCost) -> list[_Piece]:
+        """Every set of ``candidates`` (one piece per unit at most) cheaper than ``best``
+        (a valid set of cost ``cost``), cheapest first: the first valid one, else ``best``.
+        Sets that cannot free enough on the nodes in reach, all summed, are not checked."""
+        units: dict[int, list[_Piece]] = {}
+        for pc in candidates:
+            units.setdefault(id(pc.unit), []).append(pc)
+        free = np.clip(self.alloc[self.reach] - self.used[self.reach], 0, None).sum(axis=0)
+        short = (self.x - free) * (self.x > 0)  # what victims must free at least, in all
+        freed = {id(pc): self._in_reach(pc) for pc in candidates}
+        sets: list[tuple[SetCost, list[_Piece]]] = []
+        for combo in itertools.product(*([None, *pcs] for pcs in units.values())):
+            chosen = [pc for pc in combo if pc is not None]
+            if not chosen:
+                continue
+            total = np.sum([freed[id(pc)] for pc in chosen], axis=0)
+            if bool((total < short).any()):
+                continue
+            c = _set_cost(chosen)
+            if c < cost:
+                sets.append((c, chosen))
+        sets.sort(key=lambda entry: entry[0])
+        for _, chosen in sets:
+            if not self._check(chosen)[0]:
+                return chosen
+        return best
+
+    def _node_orders(
+        self, cheaper: Sequence[_Piece], candidates: Sequence[_Piece], best: SetCost,
+    ) -> Iterator[list[_Piece]]:
+        """Orders of ``candidates`` for the add-then-drop search that start with one
+        node's cheapest set of ``cheaper`` pieces (those that cost less than ``best``
+        alone): the :data:`NODE_TRIALS` nodes cheapest to free for the quorum's largest
+        member, each only when it may beat ``best``; for a gang, one more that takes the
+        nodes in that order."""
+        if not cheaper:
+            return
+        ranked = _rank_nodes(cheaper, self.core.max(axis=0), self.alloc, self.used, self.reach)
+        tried: list[tuple[SetCost, int, list[_Piece]]] = []
+        for n, pieces in ranked[:NODE_TRIALS]:
+            if _set_cost(pieces[:1]) >= best:
+                continue  # its cheapest piece alone costs as much as the best set
+            deficit = self.core.max(axis=0) - (self.alloc[n] - self.used[n])
+            own = _node_set(n, pieces, deficit)
+            if own is not None and _set_cost(own) < best:
+                tried.append((_set_cost(own), n, own))
+        tried.sort(key=lambda t: (t[0], t[1]))
+        for _, _, own in tried:
+            yield _first(own, candidates)
+        if self.mc > 1 and len(ranked) > 1:
+            yield _first([pc for _, pieces in ranked for pc in pieces], candidates)
+
     def run(self) -> Preemption | NoPreemption:
         p = self.p
         if not self.valid:
@@ -373,14 +492,13 @@ class _Search:
         extras = [pc for pc in self.pieces if not pc.whole]
         chosen: list[_Piece] | None = None
         if extras:
-            chosen, _ = self._greedy(extras)
+            chosen, _ = self._cheapest(extras)
         message = ""
         if chosen is None:
-            chosen, message = self._greedy(self.pieces)
+            chosen, message = self._cheapest(self.pieces)
         if chosen is None:
             units = len({id(pc.unit) for pc in self.pieces})
             return NoPreemption(f"evicting any of the {units} unit(s) it may preempt does not make room: {message}")
-        chosen = self._prune(chosen)
         failure, message, out = self._check(chosen)
         if failure or out is None:  # pruning only keeps sets that pass: a bug
             raise AssertionError(f"preemption search lost its solution: {message}")
@@ -404,6 +522,98 @@ class _Search:
             f"no running work may be preempted for it: queue {p.queue} preempts {within} "
             f"within the queue and reclaims {reclaim} from borrowing queues of its cohort"
         )
+
+
+def _first(lead: Sequence[_Piece], candidates: Sequence[_Piece]) -> list[_Piece]:
+    """``lead`` (each piece once), then the other candidates in their order."""
+    seen: set[int] = set()
+    out: list[_Piece] = []
+    for pc in (*lead, *candidates):
+        if id(pc) not in seen:
+            seen.add(id(pc))
+            out.append(pc)
+    return out
+
+
+def _rank_nodes(
+    candidates: Sequence[_Piece], need: IntArray, alloc: IntArray, used: IntArray, reach: BoolArray,
+) -> list[tuple[int, list[_Piece]]]:
+    """The nodes in reach that candidates run on, with the candidates touching each
+    (cheapest first), ranked by what freeing room for ``need`` there costs when their work
+    is evicted cheapest first (an upper bound of the node's cheapest set); nodes where that
+    frees too little are left out. Array arithmetic over all (piece, node) pairs at once:
+    this runs after every search that found a set among many candidates, at any cluster
+    size."""
+    rows: list[int] = []
+    ranks: list[int] = []
+    vecs: list[IntArray] = []
+    touching: dict[int, list[_Piece]] = {}
+    for rank, pc in enumerate(candidates):
+        for pod in pc.pods:
+            if not reach[pod.node]:
+                continue
+            pieces = touching.setdefault(pod.node, [])
+            if not pieces or pieces[-1] is not pc:
+                pieces.append(pc)
+            rows.append(pod.node)
+            ranks.append(rank)
+            vecs.append(pod.req)
+    if not rows:
+        return []
+    node = np.asarray(rows, dtype=np.int64)
+    order = np.lexsort((np.asarray(ranks, dtype=np.int64), node))
+    node = node[order]
+    freed = np.cumsum(np.stack(vecs)[order], axis=0)
+    ranked = np.asarray(ranks, dtype=np.int64)[order]
+    first = np.ones(len(order), dtype=np.bool_)
+    first[1:] = node[1:] != node[:-1]
+    # a piece's hours count once on a node: at its first pod there
+    new_piece = first.copy()
+    new_piece[1:] |= ranked[1:] != ranked[:-1]
+    hours = np.where(new_piece, np.asarray([candidates[r].gpu_hours for r in ranked.tolist()]), 0.0)
+    start = np.flatnonzero(first)
+    group = np.cumsum(first) - 1
+    before = np.vstack([np.zeros((1, freed.shape[1]), dtype=np.int64), freed])[start][group]
+    covered = ((freed - before) >= (need - (alloc[node] - used[node]))).all(axis=1)
+    cost = np.cumsum(hours)
+    cost = cost - np.concatenate([[0.0], cost])[start][group]
+    best: dict[int, float] = {}
+    for i in np.flatnonzero(covered):
+        n = int(node[i])
+        if n not in best:
+            best[n] = float(cost[i])
+    return [(n, touching[n]) for n in sorted(best, key=lambda n: (best[n], n))]
+
+
+def _node_set(n: int, pieces: Sequence[_Piece], deficit: IntArray) -> list[_Piece] | None:
+    """The cheapest set of ``pieces`` (one per unit) whose pods on node ``n`` free
+    ``deficit`` there; every set is weighed for up to :data:`NODE_EXACT_UNITS` units, else
+    pieces are taken cheapest first. None when they cannot."""
+    units: dict[int, list[_Piece]] = {}
+    for pc in pieces:
+        units.setdefault(id(pc.unit), []).append(pc)
+    on_node = {id(pc): sum((pod.req for pod in pc.pods if pod.node == n), np.zeros_like(deficit))
+               for pc in pieces}
+    if len(units) > NODE_EXACT_UNITS:
+        chosen: list[_Piece] = []
+        freed = np.zeros_like(deficit)
+        for pc in pieces:
+            if any(c.unit is pc.unit for c in chosen):
+                continue
+            chosen.append(pc)
+            freed = freed + on_node[id(pc)]
+            if bool((freed >= deficit).all()):
+                return chosen
+        return None
+    best: tuple[SetCost, list[_Piece]] | None = None
+    for combo in itertools.product(*([None, *pcs] for pcs in units.values())):
+        chosen = [pc for pc in combo if pc is not None]
+        freed = np.sum([on_node[id(pc)] for pc in chosen], axis=0) if chosen else np.zeros_like(deficit)
+        if chosen and bool((freed >= deficit).all()):
+            cost = _set_cost(chosen)
+            if best is None or cost < best[0]:
+                best = (cost, chosen)
+    return None if best is None else best[1]
 
 
 def select_victims(
