@@ -762,7 +762,7 @@ class Session:
         room = Room(self.state, self.groups, self.queues, snapshot, now)
 
         units.extend(self._gangs(now, room, nominated, fits))
-        gang_turns: list[tuple[tuple[int, float, str], str]] = []
+        gang_turns: list[tuple[tuple[int, float, int, str], str]] = []
         before = len(units)
         self._turned_classes = set()
         for turn in self._fair_turns(now, units, snapshot, fits):
@@ -836,10 +836,10 @@ class Session:
                     self._gang_class[u.key] = (ckey, u.order(), _smallest(u), u.min_count)
         return out
 
-    def _gang_turns(self, turns: list[tuple[tuple[int, float, str], str]], now: float, room: Room,
+    def _gang_turns(self, turns: list[tuple[tuple[int, float, int, str], str]], now: float, room: Room,
                     nominated: Mapping[str, Any], fits: Callable[[Mapping[str, int]], int]) -> list[Unit]:
         """Gangs given a fair turn: of each class, as many as could fit and one more, built."""
-        by_class: dict[Any, list[tuple[tuple[int, float, str], str]]] = {}
+        by_class: dict[Any, list[tuple[tuple[int, float, int, str], str]]] = {}
         for order, key in sorted(turns):
             by_class.setdefault(self._gang_class[key][0], []).append((order, key))
         want: set[str] = set()
@@ -877,7 +877,7 @@ class Session:
             queues = last.setdefault(root, {})
             leaf = asks[key][0]
             queues[leaf] = max(queues.get(leaf, rank), rank)
-        heads: dict[str, tuple[tuple[int, float, str], object]] = {}  # queue -> its first sleeper due a turn
+        heads: dict[str, tuple[tuple[int, float, int, str], object]] = {}  # queue -> its first sleeper due a turn
         for key, leaf in held.items():
             if key in ranks and any(other != leaf and rank > ranks[key][1]
                                     for other, rank in last.get(ranks[key][0], {}).items()):
@@ -891,17 +891,18 @@ class Session:
         entry = self._gang_class.get(key) if isinstance(key, str) else None
         return max(entry[3], 1) if entry is not None else 1
 
-    def _head_order(self, key: object) -> tuple[int, float, str]:
+    def _head_order(self, key: object) -> tuple[int, float, int, str]:
         """Where a sleeper comes in its queue: its first pod's (a class) or its own (a gang)
-        priority, creation time and UID."""
+        priority, then first come, first served (:meth:`~batchsched.core.plan.Unit.order`)."""
         if isinstance(key, tuple):
             members = self.singles.classes.get(key[1])
             if members:
                 pod = members[0]
-                return (-pod.priority, pod.created, pod.uid)
+                return (-pod.priority, pod.created, pod.arrival, pod.uid)
         elif isinstance(key, str) and key in self._gang_class:
-            return self._gang_class[key][1]
-        return (0, float("inf"), "")
+            order: tuple[int, float, int, str] = self._gang_class[key][1]
+            return order
+        return (0, float("inf"), 0, "")
 
     @staticmethod
     def _gang_fit(entry: tuple[Any, Any, Mapping[str, int], int], fits: Callable[[Mapping[str, int]], int],
