@@ -26,6 +26,7 @@ Every choice comes from one ``random.Random(seed)``: a world is the same each ti
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import random
 from collections import Counter, defaultdict
@@ -42,10 +43,14 @@ from tests.builders import make_group, make_node, make_pod
 
 T0 = 1_800_000_000.0
 GPU = "nvidia.com/gpu"
+CORE = "elasticgpu.io/gpu-core"
+CARD_MEMORY = "elasticgpu.io/gpu-memory"
+#: MiB of each card
+CARD_MIB = 16384
 QUEUE_LABEL = "batchsched.io/queue"
 NS = "default"
-#: what the world recounts per node (milli-CPU, bytes, milli-GPU)
-COLUMNS = ("cpu", "memory", GPU)
+#: what the world recounts per node (milli-CPU, bytes, milli-GPU, milli-percent of a card, MiB)
+COLUMNS = ("cpu", "memory", GPU, CORE, CARD_MEMORY)
 
 
 def _stamp(seconds: float) -> str:
@@ -77,6 +82,8 @@ class Features:
     holds: bool = False
     #: gangs ask for whole-job restart (item 7: a refused Binding restarts the job)
     whole_job_restart: bool = False
+    #: some pods ask a share of one card (elasticgpu.io/gpu-core and gpu-memory)
+    cards: bool = True
     #: mean arrivals per step
     rate: float = 0.35
 
@@ -93,13 +100,13 @@ class Checks:
     told_steps: int = 8
     #: a head of a queue waiting longer than this (in steps) is starved; 0: not checked
     starvation_steps: int = 0
-    #: ``"never"`` (item 2), ``"held"`` (item 5), ``"restart"`` (item 7); and
+    #: ``"never"`` (item 2), ``"held"`` (item 5), ``"restart"`` (item 7), ``"fifo"`` (item 9); and
     #: ``"placed-evicted"``: found here, not fixed (a cycle places a gang's new members and
     #: evicts its running ones, :func:`tests.unit.test_world` has its xfail)
     known: frozenset[str] = frozenset()
 
 
-ALL_KNOWN = frozenset({"never", "held", "restart", "placed-evicted"})
+ALL_KNOWN = frozenset({"never", "held", "restart", "fifo", "placed-evicted"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +134,9 @@ class Job:
     duration: int
     created: float
     gang: bool
+    #: a share of one card (percent of its compute, MiB of its memory), when not whole GPUs
+    core: int = 0
+    card_mib: int = 0
     never: bool = False
     #: pods created for it, in order (a recreated pod gets the next number)
     made: int = 0
@@ -165,6 +175,7 @@ class World:
         self.bound_at: dict[str, int] = {}
         self.going: dict[str, int] = {}
         self.evicted_at: dict[str, int] = {}
+        self.refused_ever: set[str] = set()
         self.arrived_at: dict[str, int] = {}
         self.events: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
         #: (preemptor job, victim job) -> the epoch it was seen in
@@ -188,7 +199,8 @@ class World:
     def _build(self) -> None:
         for i in range(self.f.nodes):
             gpus = self.rng.choice((4, 8, 8))
-            obj = make_node(f"n{i}").cap(cpu="32", memory="128Gi", **{GPU: str(gpus)}).obj()
+            obj = make_node(f"n{i}").cap({"cpu": "32", "memory": "128Gi", GPU: str(gpus), CORE: str(100 * gpus),
+                                          CARD_MEMORY: str(CARD_MIB * gpus)}).obj()
             self.nodes[f"n{i}"] = obj
         self.session.on_nodes_listed([parse_node(o) for o in self.nodes.values()])
         if self.f.queues:
@@ -198,7 +210,7 @@ class World:
             self.queues["a"] = _queue("a", "org", {GPU: {"nominal": share}})
             self.queues["b"] = _queue("b", "org", {GPU: {"nominal": share}})
             self.queues["c"] = _queue("c", "org", {GPU: {"nominal": total - 2 * share, "borrowingLimit": 4}})
-            self.session.on_queues_listed(list(self.queues.values()))
+            self.session.on_queues_listed(copy.deepcopy(list(self.queues.values())))
 
     # -- the loop
 
@@ -250,6 +262,8 @@ class World:
         job = Job(name=name, queue=queue, priority=priority, members=members,
                   quorum=members if not gang else rng.choice((members, max(1, members - 1))),
                   gpu=gpu, cpu=cpu, duration=rng.randint(5, 60), created=self.now, gang=gang, never=never)
+        if f.cards and not gang and gpu and rng.random() < 0.3:
+            job.gpu, job.core, job.card_mib = 0, rng.choice((25, 50, 75)), rng.choice((2048, 4096, 8192))
         self.jobs[name] = job
         self.stats["jobs"] += 1
         if gang:
@@ -272,6 +286,8 @@ class World:
              .req(cpu=str(job.cpu), memory=f"{job.cpu * 2}Gi"))
         if job.gpu:
             b.req({GPU: str(job.gpu)})
+        if job.core:
+            b.req({CORE: str(job.core), CARD_MEMORY: str(job.card_mib)})
         if job.queue:
             b.label({QUEUE_LABEL: job.queue})
         if job.gang:
@@ -384,7 +400,8 @@ class World:
             obj["spec"]["stopPolicy"] = "None" if held else "Hold"
         else:
             obj["spec"]["resources"][0]["nominal"] = rng.randint(2, 16)
-        self.session.on_queue("MODIFIED", obj)
+        # (a new object, as the watch delivers: the book compares the old spec with the new)
+        self.session.on_queue("MODIFIED", copy.deepcopy(obj))
 
     def restart(self) -> None:
         """The scheduler starts afresh and lists every object."""
@@ -392,7 +409,7 @@ class World:
         s = self.session = self._new_session()
         s.on_nodes_listed([parse_node(o) for o in self.nodes.values()])
         if self.queues:
-            s.on_queues_listed(list(self.queues.values()))
+            s.on_queues_listed(copy.deepcopy(list(self.queues.values())))
         s.on_groups_listed(XK8S, [parse_podgroup(XK8S, g) for g in self.groups.values()])
         s.on_pods_listed([parse_pod(o) for o in self.pods.values()])
 
@@ -408,6 +425,7 @@ class World:
                 continue
             if self.f.refusals and rng.random() < 0.04:
                 refused.add(b.uid)
+                self.refused_ever.add(b.uid)
                 self.stats["refused"] += 1
                 s.on_bind_result(b, "failed", now=self.now)
                 continue
@@ -499,13 +517,15 @@ class World:
         return out
 
     def free(self) -> dict[str, Counter[str]]:
-        used = self.used()
+        used, cards = self.used(), self._card_use()
         out = {}
         for name, obj in self.nodes.items():
             if obj.get("spec", {}).get("unschedulable"):
                 continue
             alloc = _alloc(obj)
             out[name] = Counter({k: alloc[k] - used[name][k] for k in COLUMNS})
+            # a card with shares on it is not free for a whole-card ask
+            out[name][GPU] -= len(cards.get(name, (Counter(),))[0]) * 1000
         return out
 
     def queue_usage(self, *, deleting: bool = True, evicted_now: bool = False) -> Counter[str]:
@@ -531,6 +551,7 @@ class World:
 
     def check(self, d: Decisions, refused: set[str]) -> None:
         self._check_overcommit()
+        self._check_cards()
         self._check_gangs(d, refused)
         if self.queues:
             self._check_quota(d, refused)
@@ -544,6 +565,8 @@ class World:
             self._check_held(d)
         if "restart" in self.c.known:
             self._check_restart(d)
+        if "fifo" in self.c.known:
+            self._check_fifo(d, refused)
 
     def _check_overcommit(self) -> None:
         self.seen_checks["over-commit"] += 1
@@ -559,6 +582,39 @@ class World:
             node = obj["spec"].get("nodeName")
             if self._holds(obj) and node not in self.nodes:
                 self.fail("over-commit", f"pod {obj['metadata']['name']} bound to node {node} that is gone")
+
+    def _card_use(self) -> dict[str, tuple[Counter[int], Counter[int], int, list[str]]]:
+        """Per node: each card's shares (milli) and memory (MiB), the whole cards given out,
+        and the pods holding cards whose assignment is not recorded."""
+        out: dict[str, tuple[Counter[int], Counter[int], int, list[str]]] = {}
+        for obj in self.pods.values():
+            req = _requests(obj)
+            if not self._holds(obj) or not (req[GPU] or req[CORE]):
+                continue
+            share, mib, whole, unrecorded = out.get(obj["spec"]["nodeName"], (Counter(), Counter(), 0, []))
+            pod = parse_pod(obj)
+            if pod.cards is None:
+                unrecorded.append(pod.name)
+            for ask, got in zip(pod.card_asks, pod.cards or (), strict=False):
+                if ask.anywhere:
+                    whole += ask.whole
+                for i in got:
+                    share[i] += ask.share if ask.shared else 1000
+                    mib[i] += ask.memory if ask.shared else CARD_MIB
+            out[obj["spec"]["nodeName"]] = (share, mib, whole, unrecorded)
+        return out
+
+    def _check_cards(self) -> None:
+        """Per card: shares within its compute and memory; whole cards never shared."""
+        for name, (share, mib, whole, unrecorded) in self._card_use().items():
+            self.seen_checks["cards"] += 1
+            cards = _alloc(self.nodes[name])[GPU] // 1000 if name in self.nodes else 0
+            if unrecorded:
+                self.fail("cards", f"pods {unrecorded} on {name} hold cards but record none")
+            over = {i: (share[i], mib[i]) for i in share if share[i] > 1000 or mib[i] > CARD_MIB or i >= cards}
+            if over or whole + len(share) > cards:
+                self.fail("cards", f"node {name} ({cards} cards): per card (milli, MiB) {dict(share)}/{dict(mib)}, "
+                          f"{whole} whole cards given out")
 
     def _check_gangs(self, d: Decisions, refused: set[str]) -> None:
         bound: Counter[str] = Counter(self.job_of[b.uid] for b in d.binds if b.uid in self.job_of)
@@ -673,7 +729,10 @@ class World:
             if usage[job.queue] + need > nominal or sum(usage[q] for q in ("a", "b", "c")) + need > total:
                 return False
         free = self.free()
-        need = Counter({"cpu": job.cpu * 1000, "memory": job.cpu * 2 * 2**30, GPU: job.gpu * 1000})
+        need = Counter({"cpu": job.cpu * 1000, "memory": job.cpu * 2 * 2**30, GPU: job.gpu * 1000,
+                        CORE: job.core * 1000, CARD_MEMORY: job.card_mib * 1000})
+        if job.core:
+            return False  # (whether a share fits depends on the cards: not judged here)
         for _ in job.uids:
             for room in free.values():
                 if all(room[k] >= need[k] for k in COLUMNS):
@@ -731,6 +790,23 @@ class World:
                 self.fail("restart", f"gang {job.name} evicted ({e.reason!r}) though its members were never "
                           f"all bound")
 
+    def _check_fifo(self, d: Decisions, refused: set[str]) -> None:
+        """Of two single pods alike (queue, priority, requests) created in the same second,
+        the one submitted later is not bound while the earlier one waits."""
+        for b in d.binds:
+            job = self.jobs.get(self.job_of.get(b.uid, ""))
+            if job is None or job.gang or b.uid in refused or job.made > 1:
+                continue
+            for other in self.jobs.values():
+                if (other.gang or other.made != 1 or not other.uids or other.queue != job.queue
+                        or (other.priority, other.gpu, other.cpu) != (job.priority, job.gpu, job.cpu)
+                        or int(other.created) != int(job.created) or _number(other) >= _number(job)):
+                    continue
+                uid = other.uids[0]
+                if self._pending(self.pods[uid]) and uid not in self.refused_ever:
+                    self.fail("fifo", f"pod {b.name} bound to {b.node} while {self.pods[uid]['metadata']['name']}, "
+                              f"alike and submitted before it in the same second, waits")
+
     # -- reporting
 
     def summary(self) -> str:
@@ -774,12 +850,16 @@ def _alloc(obj: dict[str, Any]) -> Counter[str]:
     status = obj.get("status") or {}
     a = status.get("allocatable") or status.get("capacity") or {}
     return Counter({"cpu": _milli(a.get("cpu", 0)), "memory": _bytes(a.get("memory", 0)),
-                    GPU: _milli(a.get(GPU, 0))})
+                    GPU: _milli(a.get(GPU, 0)), CORE: _milli(a.get(CORE, 0)), CARD_MEMORY: _milli(a.get(CARD_MEMORY, 0))})
 
 
 def _shape(job: Job) -> str:
     kind = f"gang {len(job.uids)}x" if job.gang else ""
     return f"{kind}{job.gpu} GPU {job.cpu} CPU, priority {job.priority}"
+
+
+def _number(job: Job) -> int:
+    return int(job.name[1:])
 
 
 def _said(obj: dict[str, Any]) -> str:

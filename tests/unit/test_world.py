@@ -10,6 +10,8 @@ within a few steps) are checked. A failure prints ``seed=S step=N [check] object
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from tests.world import Checks, Features, World
@@ -18,14 +20,27 @@ SEEDS = range(6)
 STEPS = 250
 
 
+@functools.cache
+def ran(seed: int) -> World:
+    """The world of ``seed`` after its steps (run once, shared by the tests)."""
+    w = World(seed)
+    w.run(STEPS)
+    return w
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_world_keeps_its_promises(seed: int) -> None:
-    w = World(seed)
-    violations = w.run(STEPS)
-    assert not violations, "\n".join([w.summary(), *map(str, violations)])
+    w = ran(seed)
+    assert not w.violations, "\n".join([w.summary(), *map(str, w.violations)])
     # the world did what it is for: work was bound, preempted, refused, and the checks ran
     assert w.stats["bound"] > 50 and w.stats["preemptions"] > 0 and w.stats["refused"] > 0, w.summary()
-    assert w.seen_checks["liveness"] > 0 and w.seen_checks["partial gang"] > 0, w.summary()
+    assert w.seen_checks["partial gang"] > 0 and w.seen_checks["cards"] > 0, w.summary()
+
+
+def test_the_worlds_look_at_liveness() -> None:
+    """A head of a queue is judged only while no unit holds room (a reservation or a
+    nomination) and nothing terminates: some worlds must have such stretches."""
+    assert sum(ran(seed).seen_checks["liveness"] for seed in SEEDS) >= 50
 
 
 def test_a_world_with_the_features_of_known_defects_keeps_the_other_promises() -> None:
@@ -42,6 +57,6 @@ def test_a_world_with_the_features_of_known_defects_keeps_the_other_promises() -
     "refused Binding, or its elastic extras) and picks the gang's running members as victims "
     "(reclaim or preemption), so the new members are left as a partial gang"))
 def test_a_cycle_does_not_place_a_gang_and_evict_it_at_once() -> None:
-    w = World(5, checks=Checks(known=frozenset({"placed-evicted"})))
-    violations = w.run(230)  # seed 5, step 227: gang j96's new member bound as j96-0 is evicted
+    w = World(15, checks=Checks(known=frozenset({"placed-evicted"})))
+    violations = w.run(240)  # seed 15, step 233: gang j72's new member bound as j72-0 and j72-1 are evicted
     assert not violations, "\n".join(map(str, violations))
