@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import random
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class Features:
     holds: bool = False
     #: gangs ask for whole-job restart (item 7: a refused Binding restarts the job)
     whole_job_restart: bool = False
+    #: some pods are labelled app=x or app=y, some keep app=x pods off their node by a
+    #: required anti-affinity (item 3: a class waits behind a member the rule reads)
+    anti_affinity: bool = False
     #: some pods ask a share of one card (elasticgpu.io/gpu-core and gpu-memory)
     cards: bool = True
     #: mean arrivals per step
@@ -98,6 +102,9 @@ class Checks:
     liveness_steps: int = 12
     #: a pending pod must be told why it waits within this many steps of arriving
     told_steps: int = 8
+    #: a waiting pod's message may name a number of nodes no longer true this many steps
+    #: (messages shared by a class are refreshed every 60 s, a unit is retried every 30 s)
+    stale_steps: int = 100
     #: a head of a queue waiting longer than this (in steps) is starved; 0: not checked
     starvation_steps: int = 0
     #: ``"never"`` (item 2), ``"held"`` (item 5), ``"restart"`` (item 7), ``"fifo"`` (item 9); and
@@ -137,6 +144,9 @@ class Job:
     #: a share of one card (percent of its compute, MiB of its memory), when not whole GPUs
     core: int = 0
     card_mib: int = 0
+    #: its pods' ``app`` label; ``guard``: they keep app=x pods off their node
+    app: str = ""
+    guard: bool = False
     never: bool = False
     #: pods created for it, in order (a recreated pod gets the next number)
     made: int = 0
@@ -176,6 +186,8 @@ class World:
         self.going: dict[str, int] = {}
         self.evicted_at: dict[str, int] = {}
         self.refused_ever: set[str] = set()
+        #: pod uid -> the step since which its message names a wrong number of nodes
+        self.stale_since: dict[str, int] = {}
         self.arrived_at: dict[str, int] = {}
         self.events: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
         #: (preemptor job, victim job) -> the epoch it was seen in
@@ -262,6 +274,11 @@ class World:
         job = Job(name=name, queue=queue, priority=priority, members=members,
                   quorum=members if not gang else rng.choice((members, max(1, members - 1))),
                   gpu=gpu, cpu=cpu, duration=rng.randint(5, 60), created=self.now, gang=gang, never=never)
+        if f.anti_affinity and not gang:
+            job.app = rng.choice(("x", "y", "", ""))
+            job.guard = not job.app and rng.random() < 0.5
+            if job.app:  # alike but for the label: one equivalence class
+                job.gpu, job.cpu, job.priority = 0, 1, 0
         if f.cards and not gang and gpu and rng.random() < 0.3:
             job.gpu, job.core, job.card_mib = 0, rng.choice((25, 50, 75)), rng.choice((2048, 4096, 8192))
         self.jobs[name] = job
@@ -292,6 +309,10 @@ class World:
             b.label({QUEUE_LABEL: job.queue})
         if job.gang:
             b.group(job.name)
+        if job.app:
+            b.label(app=job.app)
+        if job.guard:
+            b.pod_anti_affinity(app="x")
         obj = b.obj()
         if job.never:
             obj["spec"]["preemptionPolicy"] = "Never"
@@ -418,16 +439,18 @@ class World:
     def _apply(self, d: Decisions) -> set[str]:
         s, rng = self.session, self.rng
         refused: set[str] = set()
+        #: what the results of the bindings and evictions lead to, carried out after them
+        later: list[Decisions] = []
         for b in d.binds:
             obj = self.pods.get(b.uid)
             if obj is None:
-                s.on_bind_result(b, "gone", now=self.now)
+                later.append(s.on_bind_result(b, "gone", now=self.now))
                 continue
             if self.f.refusals and rng.random() < 0.04:
                 refused.add(b.uid)
                 self.refused_ever.add(b.uid)
                 self.stats["refused"] += 1
-                s.on_bind_result(b, "failed", now=self.now)
+                later.append(s.on_bind_result(b, "failed", now=self.now, error="refused by the world"))
                 continue
             meta = obj["metadata"]
             if b.annotations:
@@ -441,15 +464,15 @@ class World:
             self.stats["bound"] += 1
             # the watch and the Binding's answer come in either order
             if rng.random() < 0.5:
-                s.on_bind_result(b, "bound", now=self.now)
+                later.append(s.on_bind_result(b, "bound", now=self.now))
                 s.on_pod("MODIFIED", parse_pod(obj))
             else:
                 s.on_pod("MODIFIED", parse_pod(obj))
-                s.on_bind_result(b, "bound", now=self.now)
+                later.append(s.on_bind_result(b, "bound", now=self.now))
         for e in d.evictions:
             obj = self.pods.get(e.uid)
             if obj is None or e.uid in self.going:
-                s.on_evict_result(e, "gone")
+                later.append(s.on_evict_result(e, "gone"))
                 continue
             self.stats["evicted"] += 1
             self.events[e.uid].append((self.step_no, "Evicted", e.reason))
@@ -457,8 +480,12 @@ class World:
             self.going[e.uid] = self.step_no + rng.randint(1, 3)
             self.evicted_at[e.uid] = self.step_no
             self.bound_at.pop(e.uid, None)
-            s.on_evict_result(e, "evicted")
+            later.append(s.on_evict_result(e, "evicted"))
             s.on_pod("MODIFIED", parse_pod(obj))
+        for r in later:
+            d.unschedulable.extend(r.unschedulable)
+            d.events.extend(r.events)
+            d.resyncs.extend(r.resyncs)
         for c in d.unschedulable:
             obj = self.pods.get(c.ref.uid)
             if obj is None or obj["spec"].get("nodeName"):
@@ -701,6 +728,14 @@ class World:
             if not any(c.get("type") == "PodScheduled" for c in obj["status"].get("conditions") or ()):
                 self.fail("told why", f"pod {obj['metadata']['name']} waits since step {self.arrived_at[uid]} "
                           f"and was never told why")
+            said = _NODES_SAID.search(_said(obj))
+            if said is None or int(said.group(1)) == len(self.nodes):
+                self.stale_since.pop(uid, None)
+                continue
+            since = self.stale_since.setdefault(uid, self.step_no)
+            if self.step_no - since > self.c.stale_steps:
+                self.fail("told why", f"pod {obj['metadata']['name']} is told {_said(obj)!r} though the cluster "
+                          f"has had {len(self.nodes)} nodes for {self.step_no - since} steps")
 
     # -- liveness
 
@@ -733,13 +768,45 @@ class World:
                         CORE: job.core * 1000, CARD_MEMORY: job.card_mib * 1000})
         if job.core:
             return False  # (whether a share fits depends on the cards: not judged here)
+        apps, guards = self._apps()
         for _ in job.uids:
-            for room in free.values():
+            for node, room in free.items():
+                if (job.app == "x" and node in guards) or (job.guard and node in apps):
+                    continue  # (required anti-affinity, either way)
                 if all(room[k] >= need[k] for k in COLUMNS):
                     room.subtract(need)
                     break
             else:
                 return False
+        return True
+
+    def _apps(self) -> tuple[set[str], set[str]]:
+        """The nodes running app=x pods, and those running pods that keep app=x away."""
+        apps, guards = set(), set()
+        for uid, obj in self.pods.items():
+            if self._holds(obj):
+                job = self.jobs[self.job_of[uid]]
+                if job.app == "x":
+                    apps.add(obj["spec"]["nodeName"])
+                if job.guard:
+                    guards.add(obj["spec"]["nodeName"])
+        return apps, guards
+
+    def could_fit(self, job: Job) -> bool:
+        """Whether the job fits its quota (borrowing all it may) and the empty cluster now."""
+        need = job.gpu * 1000 * len(job.uids)
+        if self.queues:
+            nominal, limit = self._nominal(job.queue)
+            total = sum(self._nominal(q)[0] for q in ("a", "b", "c"))
+            if need > min(total, nominal + limit if limit is not None else total):
+                return False
+        rooms = [_alloc(o) for o in self.nodes.values() if not o.get("spec", {}).get("unschedulable")]
+        for _ in job.uids:
+            room = next((r for r in rooms if r[GPU] >= job.gpu * 1000 and r["cpu"] >= job.cpu * 1000), None)
+            if room is None:
+                return False
+            room[GPU] -= job.gpu * 1000
+            room["cpu"] -= job.cpu * 1000
         return True
 
     def _check_liveness(self, d: Decisions) -> None:
@@ -754,7 +821,8 @@ class World:
                 del self.head_for[job]
         for job in heads.values():
             self.head_for[job.name] += 1
-            if self.c.starvation_steps and self.head_for[job.name] > self.c.starvation_steps:
+            if (self.c.starvation_steps and self.head_for[job.name] > self.c.starvation_steps
+                    and self.could_fit(job)):
                 self.fail("starvation", f"job {job.name} ({_shape(job)}) heads queue {job.queue or '-'} for "
                           f"{self.head_for[job.name]} steps")
             if quiet:
@@ -856,6 +924,9 @@ def _alloc(obj: dict[str, Any]) -> Counter[str]:
 def _shape(job: Job) -> str:
     kind = f"gang {len(job.uids)}x" if job.gang else ""
     return f"{kind}{job.gpu} GPU {job.cpu} CPU, priority {job.priority}"
+
+
+_NODES_SAID = re.compile(r"\b0/(\d+) nodes\b")
 
 
 def _number(job: Job) -> int:
