@@ -32,7 +32,7 @@ import random
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchsched.core.decisions import Decisions
@@ -86,6 +86,9 @@ class Features:
     #: some pods are labelled app=x or app=y, some keep app=x pods off their node by a
     #: required anti-affinity (item 3: a class waits behind a member the rule reads)
     anti_affinity: bool = False
+    #: now and then a user submits a few alike pods in the same second (item 9: they are
+    #: served by UID, not in the order they were submitted)
+    bursts: bool = False
     #: some pods ask a share of one card (elasticgpu.io/gpu-core and gpu-memory)
     cards: bool = True
     #: mean arrivals per step
@@ -294,6 +297,14 @@ class World:
             self.session.on_podgroup("ADDED", parse_podgroup(XK8S, obj))
         for _ in range(members):
             self._make_pod(job)
+        # (after the first: the order of submission is the order of the job numbers)
+        if f.bursts and not gang and rng.random() < 0.2:
+            for _ in range(rng.randint(1, 3)):
+                self._job_no += 1
+                twin = replace(job, name=f"j{self._job_no}", uids=[], made=0)
+                self.jobs[twin.name] = twin
+                self.stats["jobs"] += 1
+                self._make_pod(twin)
 
     def _make_pod(self, job: Job) -> str:
         i = job.made
@@ -793,13 +804,11 @@ class World:
         return apps, guards
 
     def could_fit(self, job: Job) -> bool:
-        """Whether the job fits its quota (borrowing all it may) and the empty cluster now."""
+        """Whether the job fits its queue's nominal quota (a borrower has no guarantee) and the
+        empty cluster now."""
         need = job.gpu * 1000 * len(job.uids)
-        if self.queues:
-            nominal, limit = self._nominal(job.queue)
-            total = sum(self._nominal(q)[0] for q in ("a", "b", "c"))
-            if need > min(total, nominal + limit if limit is not None else total):
-                return False
+        if self.queues and need > self._nominal(job.queue)[0]:
+            return False
         rooms = [_alloc(o) for o in self.nodes.values() if not o.get("spec", {}).get("unschedulable")]
         for _ in job.uids:
             room = next((r for r in rooms if r[GPU] >= job.gpu * 1000 and r["cpu"] >= job.cpu * 1000), None)
@@ -820,9 +829,12 @@ class World:
             if job not in {h.name for h in heads.values()}:
                 del self.head_for[job]
         for job in heads.values():
-            self.head_for[job.name] += 1
-            if (self.c.starvation_steps and self.head_for[job.name] > self.c.starvation_steps
-                    and self.could_fit(job)):
+            # (steps at the head while it could fit its nominal quota and the empty cluster)
+            if self.c.starvation_steps and self.could_fit(job):
+                self.head_for[job.name] += 1
+            else:
+                self.head_for.pop(job.name, None)
+            if self.c.starvation_steps and self.head_for[job.name] > self.c.starvation_steps:
                 self.fail("starvation", f"job {job.name} ({_shape(job)}) heads queue {job.queue or '-'} for "
                           f"{self.head_for[job.name]} steps")
             if quiet:
