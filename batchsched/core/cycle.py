@@ -12,7 +12,8 @@ The algorithm, in order:
    it) to those nodes and its queue, so nobody else takes the freed capacity. Record each
    leaf's usage in the usage history (when there is one).
 2. Nominated units go first: once their victims are gone they are placed (normally on the
-   nodes held for them); while victims remain, they keep their nomination. A unit whose
+   nodes held for them); while victims remain, they are placed where nothing terminates if
+   room freed there since, else they keep their nomination. A unit whose
    queue is unknown or unusable is reported (never placed under a silent default).
 3. The rest is walked in fair order (:class:`~batchsched.core.queues.FairOrder`): among
    queues, the lowest weighted dominant share first, heads within their nominal before
