@@ -152,7 +152,8 @@ class Scheduler:
             now = time.time()
             observe_bound(self.metrics, self.session, b, now)
             self.views.started(b.unit, now)
-        self.intake.guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time())))
+        error = str(err) if err is not None and outcome == "failed" else ""
+        self.intake.guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time(), error=error)))
 
     def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
         if outcome == "evicted":

@@ -9,6 +9,7 @@
     python -m perf sandbox [--nodes 1000,5000]            N nodes to Ready; control plane CPU idle
     python -m perf soak [--nodes N --minutes M --rate R --seed S]   a long steady run: growth, stuck units
     python -m perf chaos [--nodes N] [--faults a,b] [--out DIR]   faults under a gang workload, checked
+    python -m perf world [--steps N --seeds K --known a,b --features a,b]   randomised worlds, invariants checked
     python -m perf cycle [--quick]
     python -m perf report
     python -m perf smoke                              everything at tiny sizes, one run each
@@ -125,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--faults", type=_names, help="comma-separated fault names (default: all; see perf/chaos/)")
     x.add_argument("--out", dest="chaos_out", type=Path, help="folder of chaos.json and chaos.md (default: <--out>/chaos)")
     x.add_argument("--recover-timeout", type=float, default=180.0, help="seconds each fault may take to recover")
+    w = sub.add_parser("world", help="randomised worlds through the session: safety and liveness checked each step")
+    w.add_argument("--steps", type=_positive, default=2000, help="steps per world, one simulated second each")
+    w.add_argument("--seeds", type=_positive, default=20, help="how many worlds (seeds from --first)")
+    w.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
+    w.add_argument("--known", type=_names, default=[],
+                   help="checks of known defects to turn on: never,held,restart,placed-evicted")
+    w.add_argument("--features", type=_names, default=[],
+                   help="world features to turn on, e.g. min_resources,never,holds,whole_job_restart")
+    w.add_argument("--starvation", type=int, default=0, help="fail a head of a queue waiting more steps than this")
     sub.add_parser("report", help="rewrite the report from the results folder")
     sub.add_parser("smoke", help="every benchmark at tiny sizes, one run per scheduler; fails on any failure")
     return p
@@ -280,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             log(f"wrote {path}")
         return 0
+    elif args.command == "world":
+        from perf.world import run as world_run
+
+        return world_run(steps=args.steps, seeds=args.seeds, first=args.first, known=args.known,
+                         features=args.features, starvation=args.starvation, log=log)
     elif args.command == "queues":
         from perf.queuebench import main as queues_main
 

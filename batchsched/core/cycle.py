@@ -12,7 +12,8 @@ The algorithm, in order:
    it) to those nodes and its queue, so nobody else takes the freed capacity. Record each
    leaf's usage in the usage history (when there is one).
 2. Nominated units go first: once their victims are gone they are placed (normally on the
-   nodes held for them); while victims remain, they keep their nomination. A unit whose
+   nodes held for them); while victims remain, they are placed where nothing terminates if
+   room freed there since, else they keep their nomination. A unit whose
    queue is unknown or unusable is reported (never placed under a silent default).
 3. The rest is walked in fair order (:class:`~batchsched.core.queues.FairOrder`): among
    queues, the lowest weighted dominant share first, heads within their nominal before
@@ -531,6 +532,8 @@ class _Walk:
         n = h.nomination
         left = n.victims & self.gone.live
         if left:
+            if self._place_on_free_room(unit, h):
+                return True
             # keep holding: its nodes are not free until the victims are gone
             self.plan.nominations.append(n)
             self.plan.record(unit.key, UnitResult(
@@ -540,6 +543,30 @@ class _Walk:
         self.charge(n.queue, h.rows, h.reqs, -1)
         # placed, or given up: the victims are gone and still it does not fit, start over
         return self._try_place(n.queue, unit)
+
+    def _place_on_free_room(self, unit: Unit, h: Held) -> bool:
+        """A nominee whose victims still terminate is placed now if it fits where nothing
+        terminates (room may have freed since it preempted: it goes there before the units
+        behind it). Its held room is given back for the attempt; when it does not fit,
+        everything is as before."""
+        n, gone = h.nomination, self.gone
+        rows = [r for r in gone.pods if bool(gone.term[r].any())]
+        saved = {r: gone.term[r].copy() for r in rows}
+        self.charge(n.queue, h.rows, h.reqs, -1)
+        for r in rows:  # terminating pods' room is not free for this attempt
+            self.used[r] += saved[r]
+            gone.term[r] = 0
+        self.touch(rows)
+        try:
+            placed = self._try_place(n.queue, unit)
+        finally:
+            for r in rows:
+                gone.term[r] = saved[r]
+                self.used[r] -= saved[r]
+            self.touch(rows)
+        if not placed:
+            self.charge(n.queue, h.rows, h.reqs, 1)
+        return placed
 
     def _try_place(self, q: QueueName | None, unit: Unit) -> bool:
         """Place ``unit`` if quota and nodes allow, recording bindings; nothing on failure."""

@@ -251,6 +251,12 @@ def min_resources_short(group: str, short: Iterable[tuple[str, int, int, int]]) 
     return f"gang {group} needs minResources the cluster cannot free for it: " + ", ".join(parts)
 
 
+def binding_refused(node: str, error: str) -> str:
+    """A pod whose Binding the apiserver refused (``error``: its reason, when it gave one)."""
+    why = f" ({error})" if error else ""
+    return f"the Binding to node {node} was refused{why}; the pod will be placed again"
+
+
 def gang_evicting(group: str, count: int) -> str:
     return (f"gang {group} waits for its {count} member(s) being evicted to go before any member is "
             "placed again, so that it restarts whole")

@@ -537,10 +537,10 @@ class Session:
 
     # -- result intake -------------------------------------------------------------------------
 
-    def on_bind_result(self, b: Binding, outcome: str, *, now: float) -> Decisions:
+    def on_bind_result(self, b: Binding, outcome: str, *, now: float, error: str = "") -> Decisions:
         """``outcome``: bound; conflict (the pod changed under us: read it again); unknown
         (no answer: the Binding may have landed); gone (the pod is no more); failed
-        (refused); fenced (not sent).
+        (refused, ``error`` says why: the pod is told); fenced (not sent).
 
         After a conflict or an unknown outcome the pod stays charged to the node it was
         given until it has been read again (:meth:`on_pod_read`): a Binding whose answer
@@ -561,6 +561,10 @@ class Session:
         self._not_bound(uid, now=now, back_off=outcome in ("failed", "unknown"))
         if outcome == "conflict":
             out.resyncs.append(pod_ref(b))
+        pod = self.state.pending.get(uid)
+        if outcome == "failed" and pod is not None:
+            # it backs off before it is placed again: it says why meanwhile
+            self._tell(out, pod, "BindingRejected", explain.binding_refused(b.node, error))
         return out
 
     def on_pod_read(self, uid: PodUID, *, now: float) -> Decisions:

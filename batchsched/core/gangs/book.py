@@ -490,9 +490,12 @@ class GroupBook:
         if timer is not None and now < timer.backoff_until:
             return "GangBackoff", timer.backoff_message
         evicting = sum(p.uid in timer.evicting for p in t.bound) if timer is not None else 0
-        if evicting:
+        # members terminating (preempted, reclaimed) still hold their room, but are leaving:
+        # new members placed beside them would be a partial gang once they are gone
+        going = sum(p.deleting for p in t.bound)
+        if evicting or (going and t.placed - going < group.min_member):
             # placed now, new members would join the remainder being evicted
-            return "GangEvicting", explain.gang_evicting(group.display, evicting)
+            return "GangEvicting", explain.gang_evicting(group.display, evicting or going)
         schedulable = t.schedulable
         exist = t.placed + len(schedulable)
         gated = len(t.pending) - len(schedulable)
