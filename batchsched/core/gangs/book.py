@@ -148,8 +148,12 @@ class GroupBook:
         self.default_timeout = default_timeout
         #: the default of a group's whole-job restart (its annotation overrides it)
         self.whole_job_restart = whole_job_restart
-        #: groups seen whole since they were placed (a loss below quorum is a lost member)
+        #: groups seen running whole, their quorum confirmed bound by the watch, since they
+        #: were placed (a loss below quorum is then a lost member)
         self._was_whole: set[GroupKey] = set()
+        #: groups whose quorum a cycle placed and the watch has not yet shown whole: the
+        #: members it has shown bound so far (see :meth:`confirmed`)
+        self._placing: dict[GroupKey, set[PodUID]] = {}
         #: a member of a group seen whole failed or went since the last :meth:`check`: the
         #: next step checks at once (a replacement must not be placed into the remainder)
         self.lost = False
@@ -358,10 +362,24 @@ class GroupBook:
         return timer is not None and now < timer.backoff_until
 
     def placed_whole(self, key: str) -> None:
-        """A cycle placed the group's quorum: from now on, losing a member is a loss (a job
-        that restarts whole does so at once, not after the watch shows it whole)."""
-        if GroupKey(key) in self.groups:
-            self._was_whole.add(GroupKey(key))
+        """A cycle placed the group's quorum. It runs whole only once the watch shows its
+        members bound (:meth:`confirmed`): a Binding may still be refused, and a job that
+        never ran is placed again, not restarted."""
+        if GroupKey(key) in self.groups and GroupKey(key) not in self._was_whole:
+            self._placing.setdefault(GroupKey(key), set())
+
+    def confirmed(self, pod: Pod, state: ClusterState) -> None:
+        """The watch shows ``pod`` bound: once its group's placed quorum is all bound, the
+        group runs whole, and from then on losing a member is a loss (a job that restarts
+        whole does so at once, not after the next :meth:`check`)."""
+        group = self.group_of(pod.uid)
+        seen = None if group is None else self._placing.get(group.key)
+        if group is None or seen is None or not pod.holds_resources:
+            return
+        seen.add(pod.uid)
+        if len(seen) >= group.min_member and _runs_whole(group, self.tally(group, state)):
+            del self._placing[group.key]
+            self._was_whole.add(group.key)
 
     def evicting(self, key: GroupKey) -> set[PodUID]:
         timer = self._timers.get(key)
@@ -512,7 +530,8 @@ class GroupBook:
             )
             # members all terminating already: nothing a timeout could evict, so no timer (it
             # would announce an eviction it cannot make, again after every back-off)
-            if whole:
+            if whole and _runs_whole(group, t):
+                self._placing.pop(key, None)
                 self._was_whole.add(key)
             if whole or not t.holding or all(p.deleting for p in t.holding):
                 if timer is not None:
@@ -566,6 +585,8 @@ class GroupBook:
         for key in [k for k in self._timers if k not in self.groups]:
             del self._timers[key]
         self._was_whole &= self.groups.keys()
+        for key in [k for k in self._placing if k not in self.groups]:
+            del self._placing[key]
         return out
 
     def _evict(self, group: PodGroup, t: Tally, timer: _Timer, out: GangCheck, why: str,
@@ -578,6 +599,20 @@ class GroupBook:
                 uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
                 unit=group.key, reason=f"member of PodGroup {group.display}: {why}", cause=cause,
             ))
+
+
+def _runs_whole(group: PodGroup, t: Tally) -> bool:
+    """Whether the group's quorum is bound as the watch shows it (or has run to success):
+    members only assumed bound do not count, their Bindings may still be refused."""
+    if len(t.bound) + t.succeeded < group.min_member:
+        return False
+    if not group.min_task_member:
+        return True
+    by_task = dict(t.placed_by_task)
+    for pod in t.holding:
+        if not pod.holds_resources:  # assumed only
+            by_task[_task(pod)] -= 1
+    return all(by_task.get(task, 0) >= need for task, need in group.min_task_member.items())
 
 
 def _blocked(
