@@ -4,10 +4,14 @@
 and indexes pods by the group they name. Each cycle it builds one :class:`~batchsched.core.cycle.Unit`
 per group with pending members:
 
-- a group whose PodGroup does not exist, is malformed, is backing off after a timeout, has
-  fewer than ``minMember`` pods (or too few of a ``minTaskMember`` task), or asks for more
-  ``minResources`` than the cluster has free, becomes a *blocked* unit: its pods are told
-  why and nothing is placed;
+- a group whose PodGroup does not exist, is malformed, is backing off after a timeout, or
+  has fewer than ``minMember`` pods (or too few of a ``minTaskMember`` task), becomes a
+  *blocked* unit: its pods are told why and nothing is placed;
+- a group that asks for more ``minResources`` than the cluster has free or it may preempt
+  is not placed either, but it is not blocked: its unit carries the reason
+  (:attr:`~batchsched.core.plan.Unit.min_resources_short`) and keeps its turn, so at the head
+  of its queue it holds a reservation like any other gang (later small work would otherwise
+  take every GPU that frees, and it would never start);
 - otherwise the unit's ``min_count`` is what is still missing from the quorum (members
   already bound, assumed or finished count), so a gang whose bindings partly failed is
   retried as the remainder of the same gang; the members of each task's quorum come first;
@@ -442,9 +446,10 @@ class GroupBook:
             priority = self.priority(group, schedulable)
             pods = tuple(schedulable)
             reason, blocked = self._blocked_reason(group, t, now)
+            short = ""
             if not blocked and group.min_resources and t.placed < group.min_member:
                 free, preemptible = room(group, pods) if room is not None else ({}, {})
-                reason, blocked = "InsufficientMinResources", _short_of(group, t, free, preemptible)
+                short = _short_of(group, t, free, preemptible)
             if blocked:
                 units.append(_blocked(key, pods, priority, group.created, group.uid, blocked, reason))
                 continue
@@ -458,7 +463,7 @@ class GroupBook:
                 Unit(
                     key=key, pods=tuple(ordered), min_count=min_count, priority=priority,
                     created=group.created, uid=group.uid or key, topology_level=level,
-                    topology_required=required,
+                    topology_required=required, min_resources_short=short,
                     placed_on=_placed_on(state, t) if required else (),
                 )
             )
