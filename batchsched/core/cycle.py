@@ -30,7 +30,9 @@ The algorithm, in order:
    :mod:`batchsched.core.preemption.attempt` searches for victims it may evict and, when it
    finds them, records a :class:`Nomination`; the unit is bound in a later cycle, once its
    victims are gone. Else the head of its queue holds a reservation, which later units may
-   use only if they cannot delay it (:mod:`batchsched.core.reservation`).
+   use only if they cannot delay it (:mod:`batchsched.core.reservation`). A gang short of
+   its ``minResources`` (:attr:`Unit.min_resources_short`) is not placed and seeks no victims,
+   but takes its turn all the same: at the head of its queue it holds a reservation.
 5. Each placed member becomes a :class:`Binding`; each pod that could not be placed
    becomes an :class:`Unschedulable` with a message a person can act on.
 
