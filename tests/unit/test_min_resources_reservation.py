@@ -201,3 +201,32 @@ def test_the_gang_asking_its_queues_whole_nominal_is_not_starved_by_another_queu
     running = [o for o in w.pods.values() if o["spec"].get("nodeName")
                and o["metadata"].get("labels", {}).get(QUEUE_LABEL) == "team"]
     assert sum(int(o["spec"]["containers"][0]["resources"]["requests"][GPU]) for o in running) == 16
+
+
+def test_the_gang_whose_queue_is_at_nominal_waits_for_its_quota_then_reclaims_what_was_lent() -> None:
+    """Queue team (nominal 16) runs its own 16 small pods: the gang in team is short of quota
+    and of minResources (nothing it may reclaim while team is at its nominal) and holds
+    nothing. Queue other (nominal 0) borrows what team's ending pods free. Once team's own
+    work is gone, the gang reclaims what other borrowed, is placed whole, and team is at its
+    nominal again, never beyond."""
+    w = world()
+    org = {"metadata": {"name": "org", "uid": "q-org", "resourceVersion": "1"}, "spec": {}}
+    team, other = _queue("team", 16), _queue("other", 0)
+    team["spec"]["parent"] = other["spec"]["parent"] = "org"  # type: ignore[index]
+    w.session.on_queues_listed([org, team, other])
+    full_cluster(w, queue="team")
+    members = big_gang(w, min_resources=True, queue="team")
+    said: list[tuple[str, str]] = []
+    evicted: list[tuple[str, str]] = []
+
+    def look(w: World, d: Decisions) -> None:
+        told(said)(w, d)
+        evicted.extend((e.preemptor, e.cause) for e in d.evictions)
+
+    wait = stream(w, members, seconds=3 * MAX_RUN, queue="other", each=look)
+    assert wait is not None and wait <= MAX_RUN + 10
+    assert said[0] == ("InsufficientMinResources", f"{MIN_RESOURCES_SHORT}16 {GPU} (free: 0)")
+    assert evicted and set(evicted) == {("x-k8s:default/big", "reclaimed")}
+    running = [o for o in w.pods.values() if o["spec"].get("nodeName")
+               and o["metadata"].get("labels", {}).get(QUEUE_LABEL) == "team"]
+    assert sum(int(o["spec"]["containers"][0]["resources"]["requests"][GPU]) for o in running) == 16
