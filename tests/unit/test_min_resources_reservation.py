@@ -230,3 +230,19 @@ def test_the_gang_whose_queue_is_at_nominal_waits_for_its_quota_then_reclaims_wh
     running = [o for o in w.pods.values() if o["spec"].get("nodeName")
                and o["metadata"].get("labels", {}).get(QUEUE_LABEL) == "team"]
     assert sum(int(o["spec"]["containers"][0]["resources"]["requests"][GPU]) for o in running) == 16
+
+
+def test_a_gang_whose_min_resources_cover_its_elastic_members_reserves_for_them_too() -> None:
+    """minMember 2 of three 8-GPU pods, ``minResources`` 24 GPUs: the gang holds three
+    nodes, so that when they are free its ``minResources`` is free too, and starts whole
+    under the stream (a reservation for its quorum alone would leave it short for good)."""
+    w = world()
+    full_cluster(w, nodes=3)
+    g = make_group("big").min_member(2).created(w.now - 1).min_resources(cpu="3", gpu=24)
+    w.session.on_groups_listed(XK8S, [g.build()])
+    members = [w.pod(f"big-{i}", 8, group="big", created=w.now - 1) for i in range(3)]
+    said: list[tuple[str, str]] = []
+    wait = stream(w, members, seconds=3 * MAX_RUN, each=told(said))
+    assert wait is not None and wait <= MAX_RUN + 10
+    assert said[0][0] == "Reserved"
+    assert said[0][1].startswith(f"{MIN_RESOURCES_SHORT}24 {GPU} (free: 0); holds a reservation on node(s) n0, n1, n2")

@@ -454,6 +454,8 @@ class GroupBook:
                 units.append(_blocked(key, pods, priority, group.created, group.uid, blocked, reason))
                 continue
             ordered, min_count = _quorum_first(group, t)
+            if short:  # not placed: its count only sizes the reservation it may hold
+                min_count = _covering(group, t, ordered, min_count)
             try:
                 level, required = topology_policy(_topology_annotations(group, ordered), self.levels)
             except ValueError as exc:
@@ -644,6 +646,25 @@ def _short_of(
         if missing > free.get(r, 0) + preemptible.get(r, 0):
             short.append((r, missing, free.get(r, 0), preemptible.get(r, 0)))
     return explain.min_resources_short(group.display, short)
+
+
+def _covering(group: PodGroup, t: Tally, ordered: list[Pod], min_count: int) -> int:
+    """How many of the waiting members (in order, at least the quorum) ask, with what the
+    members hold, for all of ``minResources``; all of them when none do. A gang short of its
+    ``minResources`` reserves room for that many, so that when its reserved nodes are free its
+    ``minResources`` is too (a group asking more than its quorum does, for elastic members)."""
+    need = {r: v for r, v in group.min_resources.items() if r != PODS}
+    for pod in t.holding:
+        for r, v in pod.requests.items():
+            if r in need:
+                need[r] -= v
+    for m, pod in enumerate(ordered):
+        if m >= min_count and all(v <= 0 for v in need.values()):
+            return m
+        for r, v in pod.requests.items():
+            if r in need:
+                need[r] -= v
+    return len(ordered)
 
 
 def _topology_annotations(group: PodGroup, ordered: list[Pod]) -> Mapping[str, str]:
