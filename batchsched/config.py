@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from batchsched.core.nodehealth import HEALTH_LABEL, NodeHealthSettings
+from batchsched.core.nodehealth import NodeHealthSettings
 from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
-from batchsched.core.placement.topology import BLOCK_LABEL, RACK_LABEL, TopologyLevels
+from batchsched.core.placement.topology import TopologyLevels
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
 from batchsched.core.settings import SessionSettings
@@ -33,34 +33,44 @@ class ConfigError(ValueError):
     """The configuration is not valid; the message names the offending key."""
 
 
+# The default of every key the core applies is the core's own (one place for each): a key
+# left out of the file means what a setting left out of SessionSettings(...) means.
+_SESSION = SessionSettings()
+_QUEUES = QueueSettings()
+_RESERVATION = ReservationSettings()
+_CARDS = CardPolicy()
+_HEALTH = NodeHealthSettings()
+_SCORING = ScoringConfig()
+
+
 @dataclass(slots=True, frozen=True)
 class ScoringSection:
-    type: str = "RequestedToCapacityRatio"
+    type: str = _SCORING.strategy
     #: batchsched.io/gpu is the card compute of the device model: whole elasticgpu.io cards
     #: are packed by it (they do not request nvidia.com/gpu)
-    resources: tuple[dict[str, Any], ...] = (
-        {"name": "nvidia.com/gpu", "weight": 1}, {"name": "batchsched.io/gpu", "weight": 1},
-    )
-    shape: tuple[dict[str, Any], ...] = ({"utilization": 0, "score": 0}, {"utilization": 100, "score": 10})
+    resources: tuple[dict[str, Any], ...] = tuple({"name": n, "weight": w} for n, w in _SCORING.resources)
+    shape: tuple[dict[str, Any], ...] = tuple({"utilization": u, "score": p} for u, p in _SCORING.shape)
 
 
 @dataclass(slots=True, frozen=True)
 class BinderSection:
     concurrency: int = 128
     retries: int = 5
-    assumed_timeout_seconds: float = 60.0
+    assumed_timeout_seconds: float = _SESSION.assumed_timeout
 
 
 @dataclass(slots=True, frozen=True)
 class StatusSection:
     concurrency: int = 16
-    scheduled_events: bool = True
+    scheduled_events: bool = _SESSION.scheduled_events
 
 
 @dataclass(slots=True, frozen=True)
 class LeaderElectionSection:
     enabled: bool = True
-    namespace: str = "kube-system"
+    #: where the kustomize base runs the scheduler and the chart's README installs it: the
+    #: Lease sits next to its Deployment, and `batchsched explain` looks here by default
+    namespace: str = "batchsched-system"
     lease_name: str = "batchsched"
     lease_duration_seconds: float = 15.0
     renew_deadline_seconds: float = 10.0
@@ -70,7 +80,7 @@ class LeaderElectionSection:
 @dataclass(slots=True, frozen=True)
 class CycleSection:
     #: retry an unschedulable pod at least this often even if nothing relevant changed
-    retry_unschedulable_seconds: float = 60.0
+    retry_unschedulable_seconds: float = _SESSION.retry_unschedulable
     #: the shortest time between two cycles (events arriving closer are batched)
     min_interval_seconds: float = 0.02
 
@@ -79,64 +89,64 @@ class CycleSection:
 class GangSection:
     #: how long a gang placed below its quorum may wait to become whole, when its
     #: PodGroup does not say (``scheduleTimeoutSeconds``)
-    default_schedule_timeout_seconds: float = 300.0
+    default_schedule_timeout_seconds: float = _SESSION.gang_default_timeout
     #: the back-off of a gang after its timeout, doubled at each further timeout
-    initial_backoff_seconds: float = 10.0
-    max_backoff_seconds: float = 300.0
+    initial_backoff_seconds: float = _SESSION.gang_initial_backoff
+    max_backoff_seconds: float = _SESSION.gang_max_backoff
     #: how long a gang may wait (for its members, its PodGroup...) before its pods are told
-    report_delay_seconds: float = 1.0
+    report_delay_seconds: float = _SESSION.gang_report_delay
     #: evictions in flight at once (gangs that timed out)
     eviction_concurrency: int = 8
     #: a running gang that loses a member below its quorum (the member failed, its node went
     #: away) is evicted whole at once, so the job restarts together, instead of holding its
     #: GPUs for the schedule timeout; a PodGroup's annotation batchsched.io/whole-job-restart
     #: ("true"/"false") overrides it
-    whole_job_restart: bool = False
+    whole_job_restart: bool = _SESSION.gang_whole_job_restart
 
 
 @dataclass(slots=True, frozen=True)
 class HistorySection:
     #: how fast past usage is forgotten; 0 turns the usage history off
-    half_life_seconds: float = 0.0
+    half_life_seconds: float = _QUEUES.history_half_life
     #: how much past usage weighs in a queue's share, next to its current usage
-    weight: float = 1.0
+    weight: float = _QUEUES.history_weight
 
 
 @dataclass(slots=True, frozen=True)
 class QueuesSection:
     #: the queue of work that names none (no label, PodGroup queue or namespace default);
     #: empty: such work is unqueued (no quota limits it)
-    default_queue: str = ""
+    default_queue: str = _QUEUES.default_queue
     #: a unit waiting longer than this goes first in its queue, whatever its priority; 0: never
-    max_wait_seconds: float = 0.0
+    max_wait_seconds: float = _QUEUES.max_wait
     history: HistorySection = field(default_factory=HistorySection)
     #: the shortest time between two writes of the Queue statuses
-    status_interval_seconds: float = 2.0
+    status_interval_seconds: float = _SESSION.queue_status_interval
 
 
 @dataclass(slots=True, frozen=True)
 class PreemptionSection:
     #: evict running work for a unit that does not fit (priority within a queue, reclaim of
     #: borrowed quota, lower-priority unqueued work)
-    enabled: bool = True
+    enabled: bool = _QUEUES.preemption
     #: how long capacity freed by a preemption is held for its preemptor
-    nomination_timeout_seconds: float = 300.0
+    nomination_timeout_seconds: float = _QUEUES.nomination_timeout
     #: victim searches per cycle at most (the rest are retried in the next cycle)
-    max_searches_per_cycle: int = 64
+    max_searches_per_cycle: int = _QUEUES.max_searches
     #: seconds of victim search per cycle at most (the rest are retried in the next cycle:
     #: a search walks the running work, so a large cluster reaches this before the count)
-    max_search_seconds_per_cycle: float = 0.5
+    max_search_seconds_per_cycle: float = _QUEUES.max_search_seconds
 
 
 @dataclass(slots=True, frozen=True)
 class ReservationSection:
     #: the head of a queue that does not fit holds the nodes where it will fit soonest;
     #: later work may use them only if it cannot delay it (see batchsched.core.reservation)
-    enabled: bool = True
+    enabled: bool = _RESERVATION.enabled
     #: units per queue (unqueued work counts as one queue) that may hold a reservation
-    per_queue: int = 1
+    per_queue: int = _RESERVATION.per_queue
     #: a unit holding a reservation longer than this loses it for as long again
-    max_hold_seconds: float = 3600.0
+    max_hold_seconds: float = _RESERVATION.max_hold
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,31 +154,31 @@ class GpuSharingSection:
     #: where GPU shares go: fragmentation (least increase of the cluster's GPU
     #: fragmentation against the mix of requests), binpack, spread or random; a pod may
     #: choose with the annotation batchsched.io/gpu-placement
-    policy: str = "fragmentation"
+    policy: str = _CARDS.policy
     #: "sharing": the policy places pods that ask for a share of a card; "all": whole-card
     #: pods too (else they are scored by scoring.strategy, as any pod)
-    scope: str = "sharing"
+    scope: str = _CARDS.scope
     #: seed of the random policy
-    seed: int = 0
+    seed: int = _CARDS.seed
 
 
 @dataclass(slots=True, frozen=True)
 class TopologySection:
     #: node label keys of the topology levels, narrowest first; gangs name a level by the
     #: key's last segment (``batchsched.io/topology: rack``)
-    levels: tuple[str, ...] = (RACK_LABEL, BLOCK_LABEL)
+    levels: tuple[str, ...] = TopologyLevels().keys
 
 
 @dataclass(slots=True, frozen=True)
 class NodeHealthSection:
     #: the node label saying how a node's GPUs tested (IBM Autopilot's); empty: off
-    label: str = HEALTH_LABEL
+    label: str = _HEALTH.label
     #: values whose node takes no new GPU work (a NoSchedule taint only GPU pods feel)
-    no_gpu_work: tuple[str, ...] = ("ERR", "TESTING", "EVICT")
+    no_gpu_work: tuple[str, ...] = _HEALTH.no_gpu_work
     #: values whose node is less preferred for GPU work (a PreferNoSchedule taint)
-    lower_score: tuple[str, ...] = ("WARN",)
+    lower_score: tuple[str, ...] = _HEALTH.lower_score
     #: values whose running GPU work is evicted, whole gangs, to restart elsewhere
-    evict: tuple[str, ...] = ("EVICT",)
+    evict: tuple[str, ...] = _HEALTH.evict
 
 
 @dataclass(slots=True, frozen=True)
@@ -177,7 +187,7 @@ class KueueSection:
     #: are placed but charged to no Queue of ours; false: batchsched's preemption neither
     #: evicts them nor lets them evict others (Kueue decides); true: they take part in it as
     #: unqueued work
-    preemptible: bool = False
+    preemptible: bool = _QUEUES.kueue_preemptible
 
 
 @dataclass(slots=True, frozen=True)
@@ -202,7 +212,7 @@ class ExplainSection:
 
 @dataclass(slots=True, frozen=True)
 class Config:
-    scheduler_names: tuple[str, ...] = ("batchsched",)
+    scheduler_names: tuple[str, ...] = _SESSION.scheduler_names
     scoring: ScoringSection = field(default_factory=ScoringSection)
     binder: BinderSection = field(default_factory=BinderSection)
     status: StatusSection = field(default_factory=StatusSection)

@@ -14,12 +14,18 @@ _KINDS = {"pod": "pod", "pods": "pod", "po": "pod", "podgroup": "podgroup", "pod
 
 
 def add_parsers(sub: Any) -> None:
+    # the Lease is looked for where the configuration file puts it by default
+    from batchsched.config import LeaderElectionSection
+
+    lease = LeaderElectionSection()
+
     def common(p: argparse.ArgumentParser, *, output: bool = True) -> None:
         p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
         p.add_argument("--server", help="the scheduler's views address (default: read from the leader's Lease)")
-        p.add_argument("--lease-namespace", default="batchsched-system",
-                       help="namespace of the scheduler's Lease (default: batchsched-system)")
-        p.add_argument("--lease-name", default="batchsched", help="name of the scheduler's Lease")
+        p.add_argument("--lease-namespace", default=lease.namespace,
+                       help=f"namespace of the scheduler's Lease, its leaderElection.namespace (default: {lease.namespace})")
+        p.add_argument("--lease-name", default=lease.lease_name,
+                       help=f"name of the scheduler's Lease, its leaderElection.leaseName (default: {lease.lease_name})")
         if output:
             p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
 

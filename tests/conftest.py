@@ -84,12 +84,25 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     denied: list[str] = []
     try:
         state.kubeconfigs[SCHEDULER_USER] = _scheduler_identity(state)
+        _compile_kernels()
         yield state
         denied = rbac_denials(Path(state.dir) / "logs" / "audit.log")
     finally:
         box.down()
     if denied:  # whichever test made them: a rule is missing from rbac.yaml
         pytest.fail("requests of batchsched refused by RBAC during the run:\n" + "\n".join(denied))
+
+
+def _compile_kernels() -> None:
+    """Compile the placement kernels once, before any test waits for a scheduler to be ready.
+
+    A scheduler warms its kernels up before it reports ready; on a fresh machine that is a
+    compilation of a minute or more, which would fall inside the first test's wait. Done
+    here, the schedulers this process runs find them compiled, and those started as
+    processes of their own load them from numba's cache on disk (``cache=True``)."""
+    from batchsched.core.placement import kernels
+
+    kernels.warm_up()
 
 
 @pytest.fixture(scope="session")

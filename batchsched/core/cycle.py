@@ -16,7 +16,8 @@ The algorithm, in order:
    queue is unknown or unusable is reported (never placed under a silent default).
 3. The rest is walked in fair order (:class:`~batchsched.core.queues.FairOrder`): among
    queues, the lowest weighted dominant share first, heads within their nominal before
-   borrowers; within a queue (and for unqueued work) priority, then age, then UID. Runs of
+   borrowers; within a queue (and for unqueued work) priority, then age, then arrival
+   (:meth:`Unit.order`: first come, first served within a second). Runs of
    unqueued single pods that share their constraints go to the placement kernel together
    (best effort, one kernel call); any other unit is handed over alone with ``min_count``
    = its quorum, so the kernel places all of its first ``min_count`` members or none, and
@@ -40,7 +41,7 @@ Since usage grows as the walk goes, a lower unit never takes what a higher one g
 gang never ends up partly placed while another takes the rest: no interleaving deadlock.
 
 Without a :class:`QueueInput` (or with one holding no queues) every unit is unqueued and
-the order is priority, age, UID, as kube-scheduler's.
+the order is priority, then first come, first served, as kube-scheduler's.
 """
 
 from __future__ import annotations

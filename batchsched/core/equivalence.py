@@ -18,6 +18,15 @@ What that buys, with usage only growing along a cycle's walk:
   later or equal age), and only the members that could fit in the free capacity are handed
   to the next cycle (:func:`fit_count`).
 
+A pod's labels are read by other pods' rules too: a required anti-affinity term of a pod
+placed (or placed earlier in the cycle) forbids the domains around it to every pod its
+selector matches, whatever rules that pod has of its own. So the class holds a pod's values
+of every label key such a term selects on (:class:`SingleIndex` keeps the keys read by the
+anti-affinity of every pod seen, and keys its classes anew when a new key appears: a pass
+over the pending pods, once per new key, not per event). Other pods' spread constraints
+read a pod's labels only when *they* are placed (a pod is never refused for another pod's
+spread), so they split no class.
+
 A pod that is invalid, gated, or has volume or resource claims (each decided against its
 own claims) is a class of its own. Gangs are compared member by member (:func:`unit_class`):
 identical gangs (the same job submitted many times) are one class too; a gang with members
@@ -36,13 +45,15 @@ from sortedcontainers import SortedKeyList
 from batchsched.core.devices import POLICY_ANNOTATION
 from batchsched.core.gangs.podgroup import ANNOTATION_TASK
 from batchsched.core.model import Pod, PodUID
+from batchsched.core.placement.podtopology import constrained
 from batchsched.core.placement.topology import TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
 from batchsched.core.plan import Unit
 from batchsched.core.queues import QUEUE_LABEL
 from batchsched.core.reservation import RUNTIME_ANNOTATION
 
 __all__ = [
-    "READ_ANNOTATIONS", "ClassKey", "SingleIndex", "fit_count", "gang_like", "own_class", "pod_class", "unit_class",
+    "READ_ANNOTATIONS", "ClassKey", "SingleIndex", "arrival_order", "fit_count", "gang_like", "label_keys_read",
+    "own_class", "pod_class", "unit_class",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -74,15 +85,33 @@ class ClassKey:
         return f"ClassKey{self.parts!r}"
 
 
-def pod_class(pod: Pod) -> Hashable:
-    """The class of a pending pod (see the module docstring)."""
+def label_keys_read(pod: Pod) -> frozenset[str]:
+    """The label keys ``pod``'s required anti-affinity terms read of *other* pods: the keys
+    of their selectors, and their ``matchLabelKeys`` / ``mismatchLabelKeys`` (which select
+    on the same key of the other pod)."""
+    keys: set[str] = set()
+    for term in pod.anti_affinity_terms:
+        if term.selector is not None:
+            keys.update(term.selector.match_labels)
+            keys.update(r.key for r in term.selector.expressions)
+        keys.update(term.match_label_keys)
+        keys.update(term.mismatch_label_keys)
+    return frozenset(keys)
+
+
+def pod_class(pod: Pod, read: tuple[str, ...] = ()) -> Hashable:
+    """The class of a pending pod (see the module docstring). ``read``: the label keys other
+    pods' anti-affinity reads (sorted); a pod with terms of its own has all its labels in
+    its :meth:`~batchsched.core.model.Pod.constraint_key` already."""
     if pod.invalid or pod.gated or pod.claims or pod.resource_claims:
         return ClassKey(("pod", pod.uid))
     notes = pod.annotations
+    labels = pod.labels
     return ClassKey((
         pod.namespace, pod.priority, tuple(sorted(pod.requests.items())), pod.constraint_key(),
-        pod.card_asks, pod.active_deadline, pod.labels.get(QUEUE_LABEL, ""),
+        pod.card_asks, pod.active_deadline, labels.get(QUEUE_LABEL, ""),
         tuple(notes.get(k) for k in READ_ANNOTATIONS),
+        tuple(labels.get(k) for k in read) if read and not constrained(pod) else (),
     ))
 
 
@@ -109,18 +138,45 @@ def gang_like(key: Hashable) -> bool:
     return isinstance(key, ClassKey) and key.parts[0] == "gang"
 
 
-def _order(pod: Pod) -> tuple[float, str]:
-    return (pod.created, pod.uid)
+def arrival_order(pod: Pod) -> tuple[float, int, str]:
+    """First come, first served: creation time, then the order the watch delivered the pod
+    (:attr:`~batchsched.core.model.Pod.arrival`); the UID only keeps the order total."""
+    return (pod.created, pod.arrival, pod.uid)
 
 
 class SingleIndex:
     """The pending single pods of each class, oldest first: kept as pods come and go, so
-    a step reads the classes, not every pending pod."""
+    a step reads the classes, not every pending pod.
+
+    It also keeps :attr:`read`, the label keys any pod's anti-affinity selects on (see the
+    module docstring): :meth:`reads` adds a pod's, and keys every class anew when one is
+    new. Keys are not dropped when their last reader goes (a finer split stays correct, and
+    a reader that comes and goes does not cost a pass each time); :meth:`clear` (a relist)
+    forgets them, and the listed pods' are read again."""
 
     def __init__(self) -> None:
         self.classes: dict[Hashable, SortedKeyList] = {}
         self._keys: dict[Hashable, Hashable] = {}
         self._of: dict[PodUID, tuple[Hashable, Pod]] = {}
+        #: the label keys other pods' anti-affinity reads, sorted
+        self.read: tuple[str, ...] = ()
+
+    def reads(self, pod: Pod) -> bool:
+        """Note the label keys ``pod``'s anti-affinity reads of other pods; True when one is
+        new, and the index was keyed anew (every class key changed)."""
+        if not pod.anti_affinity_terms:
+            return False
+        keys = label_keys_read(pod)
+        if keys.issubset(self.read):
+            return False
+        self.read = tuple(sorted(keys.union(self.read)))
+        entries = [(uid, pod) for uid, (_, pod) in self._of.items()]
+        self.classes.clear()
+        self._keys.clear()
+        self._of.clear()
+        for uid, member in entries:
+            self.put(uid, member)
+        return True
 
     def __len__(self) -> int:
         return len(self._of)
@@ -143,10 +199,10 @@ class SingleIndex:
             del self._of[uid]
         if pod is None:
             return
-        key = pod_class(pod)
+        key = pod_class(pod, self.read)
         members = self.classes.get(key)
         if members is None:
-            members = self.classes[key] = SortedKeyList(key=_order)
+            members = self.classes[key] = SortedKeyList(key=arrival_order)
             self._keys[key] = key
         else:
             key = self._keys[key]  # one key object per class, shared by its members
@@ -157,6 +213,7 @@ class SingleIndex:
         self.classes.clear()
         self._keys.clear()
         self._of.clear()
+        self.read = ()
 
     def items(self) -> Iterator[tuple[Hashable, SortedKeyList]]:
         return iter(self.classes.items())

@@ -146,6 +146,11 @@ class Pod:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
+    #: the order the watch delivered it in, among pods created in the same second: the
+    #: resourceVersion it was first seen with, as an integer (:func:`arrival_of`); the
+    #: session keeps the first one across updates (a status write changes the version)
+    #: and numbers pods whose version is not an integer in the order they came
+    arrival: int = 0
     invalid: str = ""
     nominated_node: str = ""
     #: the (reason, message) of its ``PodScheduled=False`` condition, as the pod shows it
@@ -223,6 +228,13 @@ class Node:
 
 
 @functools.lru_cache(maxsize=8192)
+def arrival_of(resource_version: str) -> int:
+    """A resourceVersion as an arrival number: the integer it is (etcd's revision, which
+    grows with every write), 0 when it is not one (the apiserver promises nothing of its
+    form; the session then numbers the object in the order it came)."""
+    return int(resource_version) if resource_version.isascii() and resource_version.isdigit() else 0
+
+
 def parse_time(value: str | None) -> float:
     if not value:
         return 0.0
@@ -392,6 +404,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
             deleting=bool(meta.get("deletionTimestamp")), labels=_strings(meta.get("labels")),
             annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
             resource_version=str(meta.get("resourceVersion", "")),
+            arrival=arrival_of(str(meta.get("resourceVersion", ""))),
         )
     invalid = ""
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
@@ -446,6 +459,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         labels=_strings(meta.get("labels")),
         annotations=annotations,
         resource_version=str(meta.get("resourceVersion", "")),
+        arrival=arrival_of(str(meta.get("resourceVersion", ""))),
         invalid=invalid,
         card_asks=asks,
         cards=assignment(asks, annotations) if asks else None,

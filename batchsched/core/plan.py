@@ -79,6 +79,9 @@ class RunningUnit:
     protected: str = ""
     """Why it may not be evicted at all (a PodDisruptionBudget that allows no disruption,
     pods already terminating); empty when it may. Such units are never victims."""
+    arrival: int = 0
+    """Its place in line within its creation second (:attr:`Unit.arrival`): which of two
+    alike units is the newer."""
 
     @property
     def gpus(self) -> float:
@@ -134,6 +137,10 @@ class Unit:
     #: nodes of members already holding resources, in member order (a required topology
     #: keeps the rest of the gang in their domain)
     placed_on: tuple[str, ...] = ()
+    #: the order the watch delivered it, among units created in the same second (a pod's
+    #: :attr:`~batchsched.core.model.Pod.arrival`; a PodGroup's, see
+    #: :attr:`~batchsched.core.gangs.PodGroup.arrival`)
+    arrival: int = 0
 
     @property
     def single(self) -> bool:
@@ -144,14 +151,16 @@ class Unit:
         """``namespace/name`` of the pod or group (the key without its API prefix)."""
         return self.key.rsplit(":", 1)[-1]
 
-    def order(self) -> tuple[int, float, str]:
-        return (-self.priority, self.created, self.uid)
+    def order(self) -> tuple[int, float, int, str]:
+        """Higher priority first, then first come, first served: creation time, then the
+        order the watch delivered it (:attr:`arrival`); the UID only keeps the order total."""
+        return (-self.priority, self.created, self.arrival, self.uid)
 
 
 def single_unit(pod: Pod) -> Unit:
     return Unit(
         key=pod.key, pods=(pod,), min_count=1, priority=pod.priority,
-        created=pod.created, uid=pod.uid,
+        created=pod.created, uid=pod.uid, arrival=pod.arrival,
     )
 
 

@@ -33,6 +33,7 @@ stops.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from dataclasses import replace
 from typing import Any
 
 from batchsched.core import explain
@@ -50,6 +51,7 @@ from batchsched.core.disruption import DisruptionBudget
 from batchsched.core.equivalence import (
     ClassKey,
     SingleIndex,
+    arrival_order,
     fit_count,
     gang_like,
     own_class,
@@ -175,6 +177,8 @@ class Session:
         self.wants_step = False
         #: the pending single pods by equivalence class
         self.singles = SingleIndex()
+        #: the last arrival number given to a pod whose resourceVersion is not an integer
+        self._arrivals = 0
         #: classes of single pods (``("class", key)``) and gangs (by unit key) that failed,
         #: asleep until an event could make them fit (:mod:`batchsched.core.requeue`)
         self.waits = WaitBook()
@@ -192,13 +196,13 @@ class Session:
         self._member_keys: dict[Any, Any] = {}
         #: gang key -> its class across gangs, order, smallest member's request, quorum
         #: (kept while it sleeps: of a class woken together only the first few are built)
-        self._gang_class: dict[str, tuple[Any, tuple[int, float, str], Mapping[str, int], int]] = {}
+        self._gang_class: dict[str, tuple[Any, tuple[int, float, int, str], Mapping[str, int], int]] = {}
         #: class -> the gangs of it left out of this step's cycle
         self._gang_cut: dict[Any, list[str]] = {}
         #: this step's class of each gang handed over
         self._step_classes: dict[str, Any] = {}
         #: classes of single pods cut short in this step: how many members were handed over
-        self._cut: dict[Any, tuple[float, str]] = {}
+        self._cut: dict[Any, tuple[float, int, str]] = {}
         #: pending pod -> the (reason, message) of the PodScheduled condition it was last
         #: told, and when it was last told a shared one
         self._told: dict[PodUID, tuple[str, str, float]] = {}
@@ -282,10 +286,15 @@ class Session:
     def on_pods_listed(self, pods: list[Pod]) -> None:
         self._claiming.clear()
         health = self.settings.node_health
-        pods = [self._with_volumes("ADDED", tolerating_health(p, health)) for p in pods]
+        pods = [self._with_volumes("ADDED", tolerating_health(self._arrived(p), health)) for p in pods]
         self.state.replace_pods(pods)
         self.groups.replace_pods(pods)
+        read = self.singles.read
         self.singles.clear()
+        for pod in pods:
+            self.singles.reads(pod)
+        if self.singles.read != read:
+            self._classes_keyed_anew()
         self._told.clear()
         for uid in self.state.pending:
             self._sync(uid)
@@ -337,8 +346,33 @@ class Session:
     def on_storage_class(self, kind: str, storage_class: tuple[str, str]) -> None:
         self._claims_changed(self.volumes.class_event(kind, *storage_class))
 
+    def _arrived(self, pod: Pod) -> Pod:
+        """``pod`` with the arrival it was first seen with (a status write changes its
+        resourceVersion, not its place in line); one whose version is not an integer is
+        numbered in the order it came."""
+        known = self.state.pods.get(pod.uid)
+        if known is not None:
+            arrival = known.arrival
+        elif pod.arrival:
+            return pod
+        else:
+            self._arrivals += 1
+            arrival = self._arrivals
+        return pod if pod.arrival == arrival else replace(pod, arrival=arrival)
+
+    def _classes_keyed_anew(self) -> None:
+        """The label keys other pods' anti-affinity reads grew (or were listed afresh): the
+        classes of gang members and of gangs are found anew, every class is awake."""
+        self._member_classes.clear()
+        self._member_keys.clear()
+        for key in list(self._gang_class):
+            self._forget_gang(key)
+        self.wants_step = True
+
     def on_pod(self, kind: str, pod: Pod) -> None:
-        pod = self._with_volumes(kind, tolerating_health(pod, self.settings.node_health))
+        pod = self._with_volumes(kind, tolerating_health(self._arrived(pod), self.settings.node_health))
+        if kind != "DELETED" and self.singles.reads(pod):
+            self._classes_keyed_anew()
         state = self.state
         before = state.capacity_generation
         was_pending = state.pending.get(pod.uid)
@@ -366,7 +400,7 @@ class Session:
         # (not for a change of its status, such as the condition we wrote)
         changed = (
             kind == "DELETED" or was_pending is None or not pending or group is not now_group
-            or pod_class(was_pending) != pod_class(state.pending[pod.uid])
+            or pod_class(was_pending, self.singles.read) != pod_class(state.pending[pod.uid], self.singles.read)
         )
         for g in (group, now_group):
             if g is not None:
@@ -470,10 +504,22 @@ class Session:
             self.wants_step = True
 
     def on_priority_classes_listed(self, classes: Mapping[str, int]) -> None:
+        before = self.groups.priority_classes
         self.groups.replace_priority_classes(classes)
+        self._priorities_changed({n for n in before.keys() | classes.keys() if before.get(n) != classes.get(n)})
 
     def on_priority_class(self, kind: str, name: str, value: int) -> None:
         self.groups.priority_class_event(kind, name, value)
+        self._priorities_changed({name})
+
+    def _priorities_changed(self, names: Set[str]) -> None:
+        """The gangs whose PodGroup names one of these PriorityClasses have a new priority
+        (a pod's is fixed at its admission): tried again at once, they may now preempt or
+        go first."""
+        for group in self.groups.groups.values():
+            if group.priority_class in names:
+                self._forget_gang(group.key)
+                self.wants_step = True
 
     # -- result intake -------------------------------------------------------------------------
 
@@ -677,7 +723,7 @@ class Session:
                 if 0 <= fit < limit - 2:
                     limit = fit + 2
                     last = members[limit - 1]
-                    self._cut[ckey] = (last.created, last.uid)
+                    self._cut[ckey] = arrival_order(last)
             for pod in members.islice(0, limit):
                 seen.add(pod.uid)
                 units.append(single_unit(pod))
@@ -717,7 +763,7 @@ class Session:
         retry = self.settings.retry_unschedulable
         self._gang_cut = {}
         # gangs known to fail alike: of each class, only the first few are built at all
-        awake: dict[Any, list[tuple[tuple[int, float, str], str]]] = {}
+        awake: dict[Any, list[tuple[tuple[int, float, int, str], str]]] = {}
         for key, (ckey, order, _, _) in self._gang_class.items():
             if key not in nominated and not self.waits.asleep(key, now, retry):
                 awake.setdefault(ckey, []).append((order, key))
@@ -988,7 +1034,7 @@ class Session:
         cached = self._member_classes.get(pod.uid)
         if cached is not None and cached[0] is pod:
             return cached[1]
-        found = pod_class(pod)
+        found = pod_class(pod, self.singles.read)
         found = self._member_keys.setdefault(found, found)  # one key object per class
         self._member_classes[pod.uid] = (pod, found)
         return found

@@ -2,7 +2,9 @@
 
 :mod:`batchsched.config` reads and validates the file and builds these
 (:meth:`batchsched.config.Config.session_settings`); tests and the replay build them
-directly.
+directly. The defaults here (and in the settings values of the queues, reservations, cards,
+node health, scoring and topology) are the configuration file's defaults: it reads them from
+these classes, so a key left out of the file and a setting left out of a test mean the same.
 """
 
 from __future__ import annotations
@@ -28,20 +30,23 @@ class SessionSettings:
     levels: TopologyLevels = field(default_factory=TopologyLevels)
     queues: QueueSettings = field(default_factory=QueueSettings)
     #: a unit that did not fit is tried again after this long even if nothing changed
-    retry_unschedulable: float = 30.0
+    retry_unschedulable: float = 60.0
     #: a binding the watch has not confirmed after this long is read again
-    assumed_timeout: float = 30.0
-    gang_default_timeout: float = 60.0
-    gang_initial_backoff: float = 5.0
+    assumed_timeout: float = 60.0
+    #: how long a gang placed below its quorum may wait to become whole, when its PodGroup
+    #: does not say (``scheduleTimeoutSeconds``)
+    gang_default_timeout: float = 300.0
+    #: the back-off of a gang after its timeout, doubled at each further timeout up to the max
+    gang_initial_backoff: float = 10.0
     gang_max_backoff: float = 300.0
     #: a running gang that loses a member below its quorum is evicted whole at once (its
     #: PodGroup's batchsched.io/whole-job-restart annotation overrides this)
     gang_whole_job_restart: bool = False
     #: a gang blocked before placement (members or its PodGroup still arriving) is told so
     #: only after this long
-    gang_report_delay: float = 2.0
+    gang_report_delay: float = 1.0
     #: Queue statuses are written at most this often
-    queue_status_interval: float = 5.0
+    queue_status_interval: float = 2.0
     #: write a ``Scheduled`` Event for each bound pod
     scheduled_events: bool = True
     reservation: ReservationSettings = field(default_factory=ReservationSettings)

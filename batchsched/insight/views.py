@@ -68,6 +68,8 @@ class Job:
     #: waiting jobs in its queue that have a position
     queue_length: int | None = None
     ahead: list[str] = field(default_factory=list)
+    #: its place in line within its creation second (the scheduler's order: ``Unit.arrival``)
+    arrival: int = 0
 
     @property
     def waiting(self) -> bool:
@@ -180,6 +182,7 @@ def _job(session: Session, key: str, kind: str, namespace: str, name: str, pods:
         message=message, bound=bound, required=required, total=len(pods),
         gpus=sum(cards_asked(p) for p in pods), pods=pods,
         waiting_since=min(waiting) if waiting else None,
+        arrival=group.arrival if group is not None else pods[0].arrival,
     )
 
 
@@ -189,7 +192,7 @@ def _positions(all_jobs: Iterable[Job]) -> None:
         if j.waiting and j.state not in ("invalid", "suspended", "queue-stopped", "gated"):
             by_queue.setdefault(j.queue, []).append(j)
     for waiting in by_queue.values():
-        waiting.sort(key=lambda j: (-j.priority, j.created, j.key))
+        waiting.sort(key=lambda j: (-j.priority, j.created, j.arrival, j.key))
         for i, j in enumerate(waiting):
             j.position = i + 1
             j.queue_length = len(waiting)

@@ -57,8 +57,9 @@ async def find_server(creds: Credentials, *, namespace: str, lease: str) -> str:
     try:
         obj = await client.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}")
     except NotFoundError:
-        raise ViewError(f"no Lease {namespace}/{lease}: is batchsched running with leader election? "
-                        "(else give --server)") from None
+        raise ViewError(f"no Lease {namespace}/{lease}: is batchsched running there with leader election? "
+                        "--lease-namespace and --lease-name look elsewhere (leaderElection.namespace and "
+                        "leaseName of its configuration); --server names its views address") from None
     except KubeError as exc:
         raise ViewError(f"cannot read Lease {namespace}/{lease}: {exc}") from None
     finally:

@@ -96,3 +96,30 @@ def test_the_charts_leader_election_defaults_are_the_schedulers() -> None:
     )
     assert values["schedulerNames"] == list(Config().scheduler_names)
     assert values["config"] == {}
+
+
+def test_the_cli_looks_for_the_lease_where_every_shipped_configuration_puts_it() -> None:
+    """`batchsched explain` with no --lease-namespace must find the Lease of a scheduler
+    installed as shipped: by the file's defaults, config/batchsched.yaml, the kustomize base
+    and overlays (in the Deployment's namespace) and the chart (the release's namespace, as
+    its README installs it)."""
+    from batchsched.cli import build_parser
+
+    cli = build_parser().parse_args(["explain", "podgroup", "x"])
+    shipped = {"defaults": LeaderElectionSection().namespace,
+               "config/batchsched.yaml": parse_config(yaml.safe_load((ROOT / "config" / "batchsched.yaml").read_text()))
+               .leader_election.namespace}
+    for path in configuration_files():
+        shipped[str(path.relative_to(ROOT))] = parse_config(yaml.safe_load(path.read_text())).leader_election.namespace
+    deploy = next(d for d in yaml.safe_load_all((BASE / "deployment.yaml").read_text()) if d and d["kind"] == "Deployment")
+    shipped["manifests/base/deployment.yaml"] = deploy["metadata"]["namespace"]
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["leaderElection"]["namespace"] == ""
+    installs = [line for readme in (ROOT / "README.md", CHART / "README.md")
+                for line in readme.read_text().splitlines() if line.startswith("helm install")]
+    assert installs
+    for line in installs:
+        words = line.split()
+        flag = "-n" if "-n" in words else "--namespace"
+        shipped[f"README: {line}"] = words[words.index(flag) + 1]
+    assert shipped == dict.fromkeys(shipped, cli.lease_namespace)
+    assert cli.lease_name == LeaderElectionSection().lease_name

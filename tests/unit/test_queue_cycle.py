@@ -295,6 +295,7 @@ def test_more_hands_out_the_run_of_alike_unqueued_units() -> None:
         priority: int
         created: float
         uid: str
+        arrival: int = 0
 
     tree = QueueTree.from_objects([queue_object({"name": "q", "resources": {"nvidia.com/gpu": {"nominal": 8}}})],
                                   ("cpu", "memory", "pods", "nvidia.com/gpu"))

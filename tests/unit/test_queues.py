@@ -367,6 +367,7 @@ class Job:
     priority: int = 0
     created: float = 0.0
     gpus: int = 1
+    arrival: int = 0
 
 
 def drive(order: FairOrder[Job], tree: QueueTree, *, admit: bool = True) -> list[str]:

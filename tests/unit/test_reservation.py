@@ -211,7 +211,9 @@ def test_without_declared_ends_the_reservation_takes_the_nodes_with_the_least_un
 
 
 def test_a_reservation_held_too_long_is_dropped_for_as_long_again() -> None:
-    sim = Sim(session(max_hold=60.0))
+    # a step every 40 s, each trying the waiting gang again: a retry interval below that
+    sim = Sim(Session(SessionSettings(reservation=ReservationSettings(max_hold=60.0), retry_unschedulable=30.0),
+                      use_jit=False))
     busy_cluster(sim, declare="", runs=(10_000.0,))
     gang(sim, created=T0 - 60)
     reasons = []

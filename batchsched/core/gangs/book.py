@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -96,7 +96,10 @@ def _natural(name: str) -> tuple[Any, ...]:
 
 
 def _member_order(pod: Pod) -> tuple[Any, ...]:
-    return (-pod.priority, pod.created, _natural(pod.name), pod.uid)
+    """Members by priority, age, then name in natural order (``worker-2`` before
+    ``worker-10``: an operator creates a job's members together, and their index is the
+    order its users read); arrival and UID only keep the order total."""
+    return (-pod.priority, pod.created, _natural(pod.name), pod.arrival, pod.uid)
 
 
 def _task(pod: Pod) -> str:
@@ -177,6 +180,8 @@ class GroupBook:
         self._kueue_views: dict[GroupKey, dict[PodUID, PodGroup]] = {}
         #: bumps whenever a group or a priority class changes
         self.version = 0
+        #: the last arrival number given to a group whose resourceVersion is not an integer
+        self._arrivals = 0
         #: (namespace, name) of groups whose members or spec changed since the last
         #: :meth:`check` (None: all of them)
         self._dirty: set[tuple[str, str]] | None = None
@@ -192,7 +197,19 @@ class GroupBook:
             self.groups.pop(group.key, None)
             self._timers.pop(group.key, None)
             return
-        self.groups[group.key] = group
+        self.groups[group.key] = self._arrived(group)
+
+    def _arrived(self, group: PodGroup) -> PodGroup:
+        """``group`` with the arrival it was first seen with (see :attr:`PodGroup.arrival`)."""
+        known = self.groups.get(group.key)
+        if known is not None and known.uid == group.uid:
+            arrival = known.arrival
+        elif group.arrival:
+            return group
+        else:
+            self._arrivals += 1
+            arrival = self._arrivals
+        return group if group.arrival == arrival else replace(group, arrival=arrival)
 
     def replace_groups(self, api: str, groups: Iterable[PodGroup]) -> None:
         """A relist of one API's groups: they are all of that API there is."""
@@ -255,7 +272,7 @@ class GroupBook:
             if known is not None:
                 self.group_event("DELETED", known)
             return
-        group = min(views.values(), key=lambda g: g.created)
+        group = min(views.values(), key=lambda g: (g.created, g.arrival))
         if group != known:
             self.group_event("MODIFIED", group)
 
@@ -464,7 +481,7 @@ class GroupBook:
             units.append(
                 Unit(
                     key=key, pods=tuple(ordered), min_count=min_count, priority=priority,
-                    created=group.created, uid=group.uid or key, topology_level=level,
+                    created=group.created, arrival=group.arrival, uid=group.uid or key, topology_level=level,
                     topology_required=required, min_resources_short=short,
                     placed_on=_placed_on(state, t) if required else (),
                 )

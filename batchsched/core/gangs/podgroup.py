@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
-from batchsched.core.model import Pod, parse_time
+from batchsched.core.model import Pod, arrival_of, parse_time
 from batchsched.core.quantity import QuantityError, QuantityRangeError, to_units
 
 __all__ = [
@@ -117,6 +117,11 @@ class PodGroup:
     queue: str = ""
     priority_class: str = ""
     resource_version: str = ""
+    #: its place in line among groups created in the same second: the resourceVersion it
+    #: was first seen with, as an integer (the book keeps the first across status writes,
+    #: which change the version, and numbers groups whose version is not an integer in the
+    #: order they came); a Kueue group's is its oldest member's
+    arrival: int = 0
     #: why the group cannot be used (it is reported, its pods are never placed)
     invalid: str = ""
     observed: GroupStatus = field(default_factory=GroupStatus)
@@ -270,6 +275,7 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
         queue=str(spec.get("queue") or ""),
         priority_class=str(spec.get("priorityClassName") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
+        arrival=arrival_of(str(meta.get("resourceVersion") or "")),
         invalid="; ".join(problems),
         observed=_observed(status if isinstance(status, Mapping) else {}),
         labels=_strings(meta.get("labels")),
@@ -316,6 +322,6 @@ def kueue_group(pod: Pod) -> PodGroup:
     size, problem = _positive_int(count, f"annotation {ANNOTATION_KUEUE_TOTAL} of pod {pod.name}")
     return PodGroup(
         api=KUEUE, namespace=pod.namespace, name=pod.labels[LABEL_KUEUE_GROUP], created=pod.created,
-        min_member=size or 1, invalid=problem,
+        arrival=pod.arrival, min_member=size or 1, invalid=problem,
     )
 

@@ -979,10 +979,11 @@ def insufficient_counts(
 
 
 def warm_up() -> float:
-    """Compile (or load from numba's cache) every kernel; returns the seconds it took.
+    """Compile (or load from numba's cache) every kernel the scheduler calls; returns the
+    seconds it took.
 
     Uses the dtypes and layouts the scheduler passes, so later calls find the
-    specialisation ready.
+    specialisation ready (tests/unit/test_warm_up.py holds that no cycle compiles another).
     """
     started = time.perf_counter()
     columns = ("cpu", "memory", "pods", "nvidia.com/gpu")
@@ -1020,6 +1021,14 @@ def warm_up() -> float:
         2,
         out,
         D.no_cards(),
+    )
+    # the cycle's single pods: place_members keeping each kind's view of the nodes
+    # (batchsched.core.placement.views.KindViews' arrays: row 0 for both members, row 1 scratch)
+    place_members_cached(
+        alloc, used, reqs, sig, masks, static_score, arrays.weights, arrays.scalar, arrays.shape_u,
+        arrays.shape_s, arrays.strategy, 2, out, D.no_cards(), np.zeros(2, dtype=np.int64),
+        np.zeros((2, 2), dtype=np.int64), np.zeros((2, 2), dtype=np.bool_), np.full((2, 2), -1, dtype=np.int64),
+        np.zeros(2, dtype=np.int64),
     )
     insufficient_counts(alloc, used, reqs[0], masks[0])
     return time.perf_counter() - started

@@ -140,7 +140,7 @@ class CyclePreemption:
         memo_key: tuple[Any, ...] = (
             q, unit.priority, mc, lay.reqs[:mc].tobytes(), lay.sig[:mc].tobytes(),
             tuple(p.constraint_key() for p in unit.pods[:mc]),
-            (unit.created, unit.uid) if policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY else None,
+            (unit.created, unit.arrival, unit.uid) if policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY else None,
             unit.topology_level, unit.topology_required, lay.domain,
         )
         seen = self.memo.get(memo_key)
@@ -157,7 +157,7 @@ class CyclePreemption:
         preemptor = Preemptor(
             key=unit.key, queue=q, priority=unit.priority, created=unit.created, uid=unit.uid,
             reqs=np.ascontiguousarray(lay.reqs), sig=lay.sig, masks=lay.masks,
-            static_score=lay.static, min_count=mc, name=unit.display,
+            static_score=lay.static, min_count=mc, name=unit.display, arrival=unit.arrival,
         )
         result = select_victims(
             preemptor, cands, alloc=walk.snap.alloc, used=walk.used, tree=walk.tree,

@@ -42,6 +42,8 @@ class Claimant(Protocol):
     def created(self) -> float: ...
     @property
     def name(self) -> str: ...
+    @property
+    def arrival(self) -> int: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,6 +56,7 @@ class Claim:
     priority: int
     created: float
     name: str
+    arrival: int = 0
 
 
 def eviction_kind(w: RunningUnit, p: Claimant, tree: QueueTree | None) -> tuple[VictimKind, str] | None:
@@ -83,7 +86,7 @@ def eviction_kind(w: RunningUnit, p: Claimant, tree: QueueTree | None) -> tuple[
         if (
             policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
             and w.priority == p.priority
-            and (w.created, w.uid) > (p.created, p.uid)
+            and (w.created, w.arrival, w.uid) > (p.created, p.arrival, p.uid)
         ):
             return VictimKind.PRIORITY, (
                 f"preempted by {who} in queue {p.queue} (same priority {p.priority}, older)"
@@ -150,7 +153,7 @@ class Candidates:
 
     def _index(self, q: QueueName | None) -> None:
         units = self.by_queue[q]
-        units.sort(key=lambda w: (w.priority, w.created, w.uid))
+        units.sort(key=lambda w: (w.priority, w.created, w.arrival, w.uid))
         self._prio[q] = [w.priority for w in units]
 
     def _below(self, q: QueueName | None, priority: int, *, equal: bool = False) -> list[RunningUnit]:

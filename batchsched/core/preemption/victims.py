@@ -108,6 +108,8 @@ class Preemptor:
     min_count: int = 1
     name: str = ""
     """How messages name it (``namespace/name``); the key when empty."""
+    arrival: int = 0
+    """Its place in line within its creation second (:attr:`~batchsched.core.plan.Unit.arrival`)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -5,8 +5,10 @@ their queue's nominal go first; then the next unit comes from the queue with the
 weighted dominant-resource share, ``max over managed resources of
 (U + w_h * past) / max(N, 1)``, divided by the queue's weight, where ``past`` is the
 time-decayed usage kept by :class:`UsageHistory` (optional). Unqueued work has share 0.
-Within a queue: priority, then age, then UID; a unit that waited longer than ``max_wait``
-goes first. Ties between queues: share, priority, creation time, UID.
+Within a queue: priority, then age, then arrival (first come, first served among units
+created in the same second: :attr:`~batchsched.core.plan.Unit.arrival`; the UID only keeps
+the order total); a unit that waited longer than ``max_wait`` goes first. Ties between
+queues: share, priority, creation time, arrival.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class Orderable(Protocol):
     def created(self) -> float: ...
 
     @property
+    def arrival(self) -> int: ...
+
+    @property
     def uid(self) -> str: ...
 
 
@@ -106,7 +111,8 @@ class FairOrder(Generic[U]):
     """Which unit to try next: a merge of the queues driven by their current shares.
 
     ``for queue, unit in order:`` yields the head of the queue with the lowest share (ties:
-    the head's priority, creation time, UID); the caller then calls :meth:`admitted` after
+    the head's priority, creation time, arrival: first come, first served; the UID only
+    keeps the order total); the caller then calls :meth:`admitted` after
     charging the unit to the tree (:meth:`QueueTree.admit`), or :meth:`skipped`. A unit that
     gets neither counts as skipped. Shares are re-read from the tree whenever its usage
     changed (admissions, releases of preempted work), so the order follows the shares as
@@ -150,7 +156,7 @@ class FairOrder(Generic[U]):
         self._pos: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
         self._stamp: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
         self._gen: dict[QueueName | None, int] = {}
-        self._heap: list[tuple[int, float, int, float, str, int, int]] = []
+        self._heap: list[tuple[int, float, int, float, int, str, int, int]] = []
         self._names: list[QueueName | None] = list(self._queues)
         self._slot = {q: s for s, q in enumerate(self._names)}
         self._mark = 0
@@ -166,10 +172,10 @@ class FairOrder(Generic[U]):
     def aged(self, unit: U) -> bool:
         return self.max_wait is not None and self.now - unit.created > self.max_wait
 
-    def _within_key(self, unit: U) -> tuple[int, int, float, str]:
+    def _within_key(self, unit: U) -> tuple[int, int, float, int, str]:
         if self.aged(unit):
-            return (0, 0, unit.created, unit.uid)
-        return (1, -unit.priority, unit.created, unit.uid)
+            return (0, 0, unit.created, unit.arrival, unit.uid)
+        return (1, -unit.priority, unit.created, unit.arrival, unit.uid)
 
     def share(self, queue: QueueName | None) -> float:
         if queue is None:
@@ -199,7 +205,7 @@ class FairOrder(Generic[U]):
         heapq.heappush(
             self._heap,
             (
-                int(self.borrows(queue, head)), self.share(queue), -prio, head.created, head.uid,
+                int(self.borrows(queue, head)), self.share(queue), -prio, head.created, head.arrival, head.uid,
                 self._stamp[queue], self._slot[queue],
             ),
         )
@@ -244,14 +250,14 @@ class FairOrder(Generic[U]):
             if stamp == self._stamp[self._names[slot]]:
                 break
             heapq.heappop(self._heap)
-        other = self._heap[0][:5] if self._heap else None
+        other = self._heap[0][:6] if self._heap else None
         units = self._queues[None]
         out: list[U] = []
         pos = self._pos[None] + 1
         while pos < len(units) and (limit is None or len(out) < limit):
             unit = units[pos]
             prio = TOP_PRIORITY if self.aged(unit) else unit.priority
-            if (other is not None and (0, 0.0, -prio, unit.created, unit.uid) > other) or not same(unit):
+            if (other is not None and (0, 0.0, -prio, unit.created, unit.arrival, unit.uid) > other) or not same(unit):
                 break
             out.append(unit)
             pos += 1

@@ -176,12 +176,13 @@ class _Builder:
         )
         if group is not None:
             priority = self.groups.priority(group, pods)
-            created, unit_uid = group.created, group.uid or key
+            created, unit_uid, arrival = group.created, group.uid or key, group.arrival
         else:
             priority, created, unit_uid = pods[0].priority, pods[0].created, str(pods[0].uid)
+            arrival = pods[0].arrival
         return RunningUnit(
             key=key, queue=queue, priority=priority, created=created, uid=unit_uid, start=start,
-            pods=running_pods, protected=protected,
+            pods=running_pods, protected=protected, arrival=arrival,
         )
 
 
