@@ -140,3 +140,9 @@ def test_a_refused_binding_places_the_member_again_and_restarts_nothing() -> Non
     assert evicted == []
     assert "WholeJobRestart" not in events
     assert all(w.bound(u) for u in members)
+    # now it ran whole: losing a member restarts it
+    w.pods[members[0]]["status"]["phase"] = "Failed"
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[members[0]]))
+    d = w.step(after=1)
+    assert [e.uid for e in d.evictions] == [members[1]]
+    assert [e.reason for e in d.events if e.reason == "WholeJobRestart"] == ["WholeJobRestart"]
