@@ -32,7 +32,9 @@ The algorithm, in order:
    :mod:`batchsched.core.preemption.attempt` searches for victims it may evict and, when it
    finds them, records a :class:`Nomination`; the unit is bound in a later cycle, once its
    victims are gone. Else the head of its queue holds a reservation, which later units may
-   use only if they cannot delay it (:mod:`batchsched.core.reservation`).
+   use only if they cannot delay it (:mod:`batchsched.core.reservation`). A gang short of
+   its ``minResources`` (:attr:`Unit.min_resources_short`) is not placed and seeks no victims,
+   but takes its turn all the same: at the head of its queue it holds a reservation.
 5. Each placed member becomes a :class:`Binding`; each pod that could not be placed
    becomes an :class:`Unschedulable` with a message a person can act on.
 
@@ -80,6 +82,7 @@ from batchsched.core.placement.topology import (
 )
 from batchsched.core.placement.views import NodeViews
 from batchsched.core.plan import (
+    INSUFFICIENT_MIN_RESOURCES,
     Binding,
     Nomination,
     Plan,
@@ -450,9 +453,9 @@ class _Walk:
         self.account()
         by_key = {u.key: u for u in self.units}
         first = [h for h in self.held.values() if h.nomination.unit in by_key
-                 and not by_key[h.nomination.unit].blocked]
+                 and not _held_back(by_key[h.nomination.unit])]
         for key, h in self.held.items():
-            if key not in by_key or by_key[key].blocked:
+            if key not in by_key or _held_back(by_key[key]):
                 plan.nominations.append(h.nomination)  # its unit was not handed in: keep holding
         done: set[str] = set()
         for h in first:
@@ -486,7 +489,8 @@ class _Walk:
                 order.skipped(unit)
             elif self._failed_alike(q, unit):
                 order.skipped(unit)
-            elif unit.single and q is None and unit.topology_level is None and not self.topo.affected(unit.pods):
+            elif (unit.single and q is None and unit.topology_level is None and not unit.min_resources_short
+                  and not self.topo.affected(unit.pods)):
                 more = order.more(self.topo.alike(self.reserve.alike(unit)))
                 plan.tried.extend(u.key for u in more)
                 self._singles(order, [unit, *more])
@@ -505,6 +509,8 @@ class _Walk:
     def _failed_alike(self, q: QueueName | None, unit: Unit) -> bool:
         """A unit of a class that already failed in this cycle (in the same queue) fails
         the same way, without a kernel call or a victim search."""
+        if unit.min_resources_short:
+            return False  # told its own reason (and at the head of its queue, it reserves)
         shared = self.failed_classes.get((q, self.class_of(unit)))
         if shared is None:
             return False
@@ -521,7 +527,7 @@ class _Walk:
         victims), the rest of its class fails alike; if its victim search was put off to
         the next cycle (the search budget was spent), theirs are too."""
         result = self.plan.results.get(unit.key)
-        if result is None or not result.failed or not unit.pods:
+        if result is None or not result.failed or not unit.pods or unit.min_resources_short:
             return
         if unit.single or unit.min_count > 0:
             self.failed_classes[(q, self.class_of(unit))] = (result.reason, result.message, result.status, unit)
@@ -687,6 +693,9 @@ class _Walk:
             k = len(pods)
         else:
             k = self.tree.admissible_prefix(q, reqs, mc)
+        if unit.min_resources_short and mc > 0:
+            self._short(order, q, unit, lay, k)
+            return
         out = np.full(len(pods), -1, dtype=np.int64)
         placed, where = 0, ""
         if reqs is not None and k > 0:
@@ -736,6 +745,18 @@ class _Walk:
         self.reserve.fail(q, unit, lay, k, explain.with_preemption(reason, why, never=unit.never_preempts))
         order.skipped(unit)
 
+    def _short(self, order: FairOrder[Unit], q: QueueName | None, unit: Unit, lay: Layout, k: int) -> None:
+        """A gang whose ``minResources`` the cluster cannot meet now: never placed, and no
+        victims sought (what it may preempt is counted in already, and falls short). It
+        keeps its turn: at the head of its queue it holds a reservation like any gang whose
+        quorum does not fit, else it is told its ``minResources`` reason."""
+        mc = unit.min_count
+        if lay.reqs is not None and k == 0 and q is not None and len(unit.pods) >= mc:
+            self.plan.quota_blocked.add(unit.key)  # woken when its queue's usage falls too
+        lay = self.topo.narrow(list(unit.pods), lay)
+        self.reserve.fail(q, unit, lay, k, unit.min_resources_short, reason=INSUFFICIENT_MIN_RESOURCES)
+        order.skipped(unit)
+
     def _explain_member(self, pod: Pod, lay: Layout, m: int) -> str:
         """Why member ``m`` of a unit fits no node it may use (its domain's, when narrowed)."""
         req = None if lay.reqs is None else lay.reqs[m]
@@ -746,3 +767,8 @@ class _Walk:
         detail = self.explain(pod, req, mask, self.used)
         return explain.stays_in_domain(lay.domain, detail)
 
+
+def _held_back(unit: Unit) -> bool:
+    """Whether ``unit`` may not be placed in this cycle, whatever the nodes hold (it keeps a
+    nomination it has, unused)."""
+    return bool(unit.blocked or unit.min_resources_short)

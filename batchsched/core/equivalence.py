@@ -127,7 +127,7 @@ def unit_class(unit: Unit, of_pod: Any = pod_class) -> Hashable:
     if unit.single:
         single: Hashable = of_pod(unit.pods[0])
         return single
-    if unit.blocked or unit.placed_on:
+    if unit.blocked or unit.min_resources_short or unit.placed_on:
         return ClassKey(("unit", unit.key))
     return ClassKey(("gang", unit.min_count, unit.priority, unit.never_preempts, unit.topology_level,
                      unit.topology_required, tuple(of_pod(p) for p in unit.pods)))

@@ -127,6 +127,11 @@ class Unit:
     blocked: str = ""
     #: the machine-readable reason of ``blocked`` (a condition reason: ``GangBackoff``...)
     blocked_reason: str = ""
+    #: why the unit may not be placed yet though it takes its turn: its PodGroup's
+    #: ``minResources`` is more than the cluster has free or it may preempt. Unlike
+    #: ``blocked``, such a unit keeps its place in its queue and may hold a reservation
+    #: (:mod:`batchsched.core.reservation`), so that later small work cannot starve it
+    min_resources_short: str = ""
     #: the topology level its quorum is kept inside (see :mod:`batchsched.core.placement.topology`),
     #: None for no topology policy; required (else preferred) by ``topology_required``
     topology_level: int | None = None
@@ -358,6 +363,10 @@ _HOLDING = ("Preempting", "WaitingForPreemption")
 _WAITING_REASONS = frozenset({"GangBackoff", "GangEvicting", "WaitingForMembers", "PodGroupNotFound"})
 #: reasons that need the user to change an object
 _UNRESOLVABLE_REASONS = frozenset({"InvalidPodGroup", "InvalidTopology", "Suspended"})
+
+
+#: the condition reason of a unit that is not placed because of :attr:`Unit.min_resources_short`
+INSUFFICIENT_MIN_RESOURCES = "InsufficientMinResources"
 
 
 def blocked_status(unit: Unit) -> UnitStatus:

@@ -6,7 +6,10 @@ cycle (nothing is remembered between cycles but the age limit below):
 
 1. **Who holds one.** Walking the fair order, the first unit of each queue (unqueued work
    counts as one queue) whose quorum quota admits but the nodes do not hold, and that could
-   not preempt, gets a reservation; up to ``per_queue`` units per queue. A unit that has held
+   not preempt, gets a reservation; up to ``per_queue`` units per queue. A gang whose
+   ``minResources`` the cluster cannot meet now (:attr:`~batchsched.core.plan.Unit.min_resources_short`)
+   is such a unit too: it is never placed before they fit, but without a reservation every
+   GPU that frees would go to later small work and they would never fit. A unit that has held
    one for ``max_hold`` seconds loses it for as long again (its queue's reservation passes
    to the next unit that does not fit), then may hold one anew.
 2. **Which nodes, and when.** Every pod charged to a node has an *expected end*: its
@@ -309,7 +312,7 @@ class CycleReservations:
         ckey = unit.pods[0].constraint_key()
 
         def same(u: Unit) -> bool:
-            return (u.single and not u.blocked and u.topology_level is None
+            return (u.single and not u.blocked and not u.min_resources_short and u.topology_level is None
                     and u.pods[0].constraint_key() == ckey)
 
         if not self.policy.settings.enabled:
@@ -334,9 +337,10 @@ class CycleReservations:
                 used[r.hold_rows] += r.hold
                 self.walk.touch(r.hold_rows)
 
-    def fail(self, q: QueueName | None, unit: Unit, lay: Layout, k: int, message: str) -> None:
+    def fail(self, q: QueueName | None, unit: Unit, lay: Layout, k: int, message: str, *, reason: str = "") -> None:
         """``unit`` did not fit: reserve for it if it is at the head of its queue, else
-        record the failure (saying whose reservation holds room it could use)."""
+        record the failure (saying whose reservation holds room it could use) with
+        ``reason`` (default: unschedulable)."""
         walk, s = self.walk, self.policy.settings
         mc = 1 if unit.single else unit.min_count
         eligible = (
@@ -345,11 +349,11 @@ class CycleReservations:
             and not any(p.invalid for p in unit.pods[:mc])
         )
         if eligible and self._too_long(unit.key):
-            walk.fail(unit, explain.reservation_dropped(message, s.max_hold))
+            walk.fail(unit, explain.reservation_dropped(message, s.max_hold), reason=reason)
             return
         r = self._reserve(q, unit, lay, mc) if eligible else None
         if r is None:
-            walk.fail(unit, self._held_back(unit, lay, message))
+            walk.fail(unit, self._held_back(unit, lay, message), reason=reason)
             return
         self.per_queue[q] = self.per_queue.get(q, 0) + 1
         start_in = None if r.start == NEVER else r.start - self.now

@@ -403,6 +403,8 @@ class Session:
         if kind == "DELETED" or not pod.holds_resources:
             self._held_evicting.discard(pod.uid)
         self.groups.pod_event(kind, pod)
+        if kind != "DELETED" and pod.holds_resources:
+            self.groups.confirmed(pod, state)
         if group is not None and group.from_pods and group.key not in self.groups.groups:
             self.reports.changed(group, spec=True, deleted=True)  # its last member left
         self._sync(pod.uid)

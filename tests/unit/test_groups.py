@@ -261,17 +261,20 @@ def test_min_task_member_waits_for_a_missing_task() -> None:
     assert w.unit("volcano:default/job").blocked == "waiting for pods: task ps has 0 of 1 required members"
 
 
-def test_min_resources_blocks_a_gang_the_cluster_cannot_hold() -> None:
+def test_min_resources_holds_back_a_gang_the_cluster_cannot_hold() -> None:
     running = make_pod("busy").req(gpu=4).running("n0").build()
     group = make_group("g").min_member(2).min_resources(gpu=16).build()
     w = World().add(*gpu_nodes(2), running, group, *members("g", 2))
     u = w.unit("x-k8s:default/g")
-    assert u.blocked == (
-        "gang default/g needs minResources the cluster does not have free: 16 nvidia.com/gpu (free: 12)"
-    )
-    assert u.blocked_reason == "InsufficientMinResources"
+    short = "gang default/g needs minResources the cluster does not have free: 16 nvidia.com/gpu (free: 12)"
+    # not blocked: it keeps its turn (and may hold a reservation), but is never placed
+    assert (u.blocked, u.min_resources_short) == ("", short)
+    plan = w.run()
+    assert not plan.bindings
+    assert plan.results["x-k8s:default/g"].message.startswith(short)
     w.pod(_with(running, phase="Succeeded"))
-    assert not w.unit("x-k8s:default/g").blocked
+    assert not w.unit("x-k8s:default/g").min_resources_short
+    assert len(w.run().bindings) == 2
 
 
 def test_an_invalid_group_is_reported_and_its_pods_never_placed() -> None:

@@ -371,11 +371,13 @@ def test_a_gang_with_min_resources_preempts_what_it_may_and_only_that() -> None:
     s.on_groups_listed("scheduling.x-k8s.io", [make_group("g").min_member(2).min_resources(gpu=16).build()])
     members = [c.pod(gpu_pod(f"g-{i}", 8, priority=50, group="g")) for i in range(2)]
     d = c.step(after=1.0)
-    # it may evict "low" (lower priority), not "same" (equal): 16 GPUs are out of its reach
+    # it may evict "low" (lower priority), not "same" (equal): 16 GPUs are out of its reach;
+    # it evicts nothing, and holds the nodes it waits for
     assert d.evictions == []
     assert {u.message for u in d.unschedulable} == {
         "gang default/g needs minResources the cluster cannot free for it: 16 nvidia.com/gpu "
-        "(free: 0, preemptible for it: 8)"
+        "(free: 0, preemptible for it: 8); holds a reservation on node(s) n0, n1; start time unknown "
+        "(running work on those nodes declares no end)"
     }
     # "same" ends: free and preemptible now cover minResources, and the gang preempts "low"
     c.delete_pod(same)

@@ -112,3 +112,37 @@ def test_no_member_is_placed_while_the_restart_evicts_the_rest() -> None:
     events = [e.reason for e in w.step(after=2).events]
     assert all(w.bound(u) for u in again)
     assert events.count("WholeJobRestart") == 0  # one failure, one restart
+
+
+def test_a_refused_binding_places_the_member_again_and_restarts_nothing() -> None:
+    """The job never ran whole: one member's Binding was refused, so the member that did
+    bind stays and the refused one is placed again, as without the annotation."""
+    w = World()
+    w.node("n0", 8)
+    w.node("n1", 8)
+    w.group("train", 2, **{"batchsched.io/whole-job-restart": "true"})
+    members = [w.pod(f"train-{i}", 8, group="train") for i in range(2)]
+    d = w.session.step(w.now)
+    assert sorted(b.uid for b in d.binds) == sorted(members)
+    kept, refused = d.binds
+    obj = w.pods[kept.uid]
+    obj["spec"]["nodeName"] = kept.node
+    obj["status"]["phase"] = "Running"
+    w.session.on_bind_result(kept, "bound", now=w.now)
+    w.session.on_pod("MODIFIED", parse_pod(obj))
+    w.session.on_bind_result(refused, "failed", now=w.now)
+    events: list[str] = []
+    evicted: list[str] = []
+    for _ in range(5):
+        d = w.step(after=1)
+        events.extend(e.reason for e in d.events)
+        evicted.extend(e.uid for e in d.evictions)
+    assert evicted == []
+    assert "WholeJobRestart" not in events
+    assert all(w.bound(u) for u in members)
+    # now it ran whole: losing a member restarts it
+    w.pods[members[0]]["status"]["phase"] = "Failed"
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[members[0]]))
+    d = w.step(after=1)
+    assert [e.uid for e in d.evictions] == [members[1]]
+    assert [e.reason for e in d.events if e.reason == "WholeJobRestart"] == ["WholeJobRestart"]

@@ -4,10 +4,14 @@
 and indexes pods by the group they name. Each cycle it builds one :class:`~batchsched.core.cycle.Unit`
 per group with pending members:
 
-- a group whose PodGroup does not exist, is malformed, is backing off after a timeout, has
-  fewer than ``minMember`` pods (or too few of a ``minTaskMember`` task), or asks for more
-  ``minResources`` than the cluster has free, becomes a *blocked* unit: its pods are told
-  why and nothing is placed;
+- a group whose PodGroup does not exist, is malformed, is backing off after a timeout, or
+  has fewer than ``minMember`` pods (or too few of a ``minTaskMember`` task), becomes a
+  *blocked* unit: its pods are told why and nothing is placed;
+- a group that asks for more ``minResources`` than the cluster has free or it may preempt
+  is not placed either, but it is not blocked: its unit carries the reason
+  (:attr:`~batchsched.core.plan.Unit.min_resources_short`) and keeps its turn, so at the head
+  of its queue it holds a reservation like any other gang (later small work would otherwise
+  take every GPU that frees, and it would never start);
 - otherwise the unit's ``min_count`` is what is still missing from the quorum (members
   already bound, assumed or finished count), so a gang whose bindings partly failed is
   retried as the remainder of the same gang; the members of each task's quorum come first;
@@ -151,8 +155,12 @@ class GroupBook:
         self.default_timeout = default_timeout
         #: the default of a group's whole-job restart (its annotation overrides it)
         self.whole_job_restart = whole_job_restart
-        #: groups seen whole since they were placed (a loss below quorum is a lost member)
+        #: groups seen running whole, their quorum confirmed bound by the watch, since they
+        #: were placed (a loss below quorum is then a lost member)
         self._was_whole: set[GroupKey] = set()
+        #: groups whose quorum a cycle placed and the watch has not yet shown whole: the
+        #: members it has shown bound so far (see :meth:`confirmed`)
+        self._placing: dict[GroupKey, set[PodUID]] = {}
         #: a member of a group seen whole failed or went since the last :meth:`check`: the
         #: next step checks at once (a replacement must not be placed into the remainder)
         self.lost = False
@@ -391,10 +399,24 @@ class GroupBook:
         return timer is not None and now < timer.backoff_until
 
     def placed_whole(self, key: str) -> None:
-        """A cycle placed the group's quorum: from now on, losing a member is a loss (a job
-        that restarts whole does so at once, not after the watch shows it whole)."""
-        if GroupKey(key) in self.groups:
-            self._was_whole.add(GroupKey(key))
+        """A cycle placed the group's quorum. It runs whole only once the watch shows its
+        members bound (:meth:`confirmed`): a Binding may still be refused, and a job that
+        never ran is placed again, not restarted."""
+        if GroupKey(key) in self.groups and GroupKey(key) not in self._was_whole:
+            self._placing.setdefault(GroupKey(key), set())
+
+    def confirmed(self, pod: Pod, state: ClusterState) -> None:
+        """The watch shows ``pod`` bound: once its group's placed quorum is all bound, the
+        group runs whole, and from then on losing a member is a loss (a job that restarts
+        whole does so at once, not after the next :meth:`check`)."""
+        group = self.group_of(pod.uid)
+        seen = None if group is None else self._placing.get(group.key)
+        if group is None or seen is None or not pod.holds_resources:
+            return
+        seen.add(pod.uid)
+        if len(seen) >= group.min_member and _runs_whole(group, self.tally(group, state)):
+            del self._placing[group.key]
+            self._was_whole.add(group.key)
 
     def evicting(self, key: GroupKey) -> set[PodUID]:
         timer = self._timers.get(key)
@@ -457,13 +479,16 @@ class GroupBook:
             priority = self.priority(group, schedulable)
             pods = tuple(schedulable)
             reason, blocked = self._blocked_reason(group, t, now)
+            short = ""
             if not blocked and group.min_resources and t.placed < group.min_member:
                 free, preemptible = room(group, pods) if room is not None else ({}, {})
-                reason, blocked = "InsufficientMinResources", _short_of(group, t, free, preemptible)
+                short = _short_of(group, t, free, preemptible)
             if blocked:
                 units.append(_blocked(key, pods, priority, group.created, group.uid, blocked, reason))
                 continue
             ordered, min_count = _quorum_first(group, t)
+            if short:  # not placed: its count only sizes the reservation it may hold
+                min_count = _covering(group, t, ordered, min_count)
             try:
                 level, required = topology_policy(_topology_annotations(group, ordered), self.levels)
             except ValueError as exc:
@@ -474,7 +499,7 @@ class GroupBook:
                     key=key, pods=tuple(ordered), min_count=min_count, priority=priority,
                     never_preempts=self.never_preempts(group, pods),
                     created=group.created, arrival=group.arrival, uid=group.uid or key, topology_level=level,
-                    topology_required=required,
+                    topology_required=required, min_resources_short=short,
                     placed_on=_placed_on(state, t) if required else (),
                 )
             )
@@ -549,7 +574,8 @@ class GroupBook:
             )
             # members all terminating already: nothing a timeout could evict, so no timer (it
             # would announce an eviction it cannot make, again after every back-off)
-            if whole:
+            if whole and _runs_whole(group, t):
+                self._placing.pop(key, None)
                 self._was_whole.add(key)
             if whole or not t.holding or all(p.deleting for p in t.holding):
                 if timer is not None:
@@ -603,6 +629,8 @@ class GroupBook:
         for key in [k for k in self._timers if k not in self.groups]:
             del self._timers[key]
         self._was_whole &= self.groups.keys()
+        for key in [k for k in self._placing if k not in self.groups]:
+            del self._placing[key]
         return out
 
     def _evict(self, group: PodGroup, t: Tally, timer: _Timer, out: GangCheck, why: str,
@@ -615,6 +643,20 @@ class GroupBook:
                 uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
                 unit=group.key, reason=f"member of PodGroup {group.display}: {why}", cause=cause,
             ))
+
+
+def _runs_whole(group: PodGroup, t: Tally) -> bool:
+    """Whether the group's quorum is bound as the watch shows it (or has run to success):
+    members only assumed bound do not count, their Bindings may still be refused."""
+    if len(t.bound) + t.succeeded < group.min_member:
+        return False
+    if not group.min_task_member:
+        return True
+    by_task = dict(t.placed_by_task)
+    for pod in t.holding:
+        if not pod.holds_resources:  # assumed only
+            by_task[_task(pod)] -= 1
+    return all(by_task.get(task, 0) >= need for task, need in group.min_task_member.items())
 
 
 def _blocked(
@@ -641,6 +683,25 @@ def _short_of(
         if missing > free.get(r, 0) + preemptible.get(r, 0):
             short.append((r, missing, free.get(r, 0), preemptible.get(r, 0)))
     return explain.min_resources_short(group.display, short)
+
+
+def _covering(group: PodGroup, t: Tally, ordered: list[Pod], min_count: int) -> int:
+    """How many of the waiting members (in order, at least the quorum) ask, with what the
+    members hold, for all of ``minResources``; all of them when none do. A gang short of its
+    ``minResources`` reserves room for that many, so that when its reserved nodes are free its
+    ``minResources`` is too (a group asking more than its quorum does, for elastic members)."""
+    need = {r: v for r, v in group.min_resources.items() if r != PODS}
+    for pod in t.holding:
+        for r, v in pod.requests.items():
+            if r in need:
+                need[r] -= v
+    for m, pod in enumerate(ordered):
+        if m >= min_count and all(v <= 0 for v in need.values()):
+            return m
+        for r, v in pod.requests.items():
+            if r in need:
+                need[r] -= v
+    return len(ordered)
 
 
 def _topology_annotations(group: PodGroup, ordered: list[Pod]) -> Mapping[str, str]:
