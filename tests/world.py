@@ -75,14 +75,14 @@ class Features:
     refusals: bool = True
     restarts: bool = True
     deletes: bool = True
-    #: gangs write ``minResources`` as the training operator does (item 1: starves)
-    min_resources: bool = False
+    #: gangs write ``minResources`` as the training operator does (item 1)
+    min_resources: bool = True
     #: some urgent pods say ``preemptionPolicy: Never`` (item 2)
     never: bool = True
     #: queues are held (``stopPolicy: Hold``) and released (item 5)
     holds: bool = True
-    #: gangs ask for whole-job restart (item 7: a refused Binding restarts the job)
-    whole_job_restart: bool = False
+    #: gangs ask for whole-job restart (item 7)
+    whole_job_restart: bool = True
     #: some pods are labelled app=x or app=y, some keep app=x pods off their node by a
     #: required anti-affinity (item 3)
     anti_affinity: bool = True
@@ -113,7 +113,7 @@ class Checks:
     #: ``"never"`` (item 2), ``"held"`` (item 5), ``"restart"`` (item 7), ``"fifo"`` (item 9); and
     #: ``"placed-evicted"``: found here, not fixed (a cycle places a gang's new members and
     #: evicts its running ones, :func:`tests.unit.test_world` has its xfail)
-    known: frozenset[str] = frozenset({"never", "held", "fifo"})
+    known: frozenset[str] = frozenset({"never", "held", "restart", "fifo"})
 
 
 ALL_KNOWN = frozenset({"never", "held", "restart", "fifo", "placed-evicted"})
