@@ -11,7 +11,13 @@ created in the same second: :attr:`~batchsched.core.plan.Unit.arrival`; the UID 
 the order total); a unit that waited longer than ``max_wait`` goes first. Ties between
 queues: share, priority, creation time, arrival.
 
-Why the share after admission: comparing the shares before it, the unit a queue has
+Heads that fit within their queue's nominal are ordered by the share *before* admission
+instead: the queue furthest below its guarantee goes first, whatever the size of its head
+(by the share after admission, a gang asking its queue's whole nominal would tie with, or
+lose to, a 1-GPU pod of a queue just below its own nominal, and lose the room it reserves
+to each of them in turn).
+
+Why the share after admission among borrowers: comparing the shares before it, the unit a queue has
 just lost is given back whenever the two shares tie, and who wins a tie is decided by the
 heads' age, not by the weights. With queues of nominal 4 (weight 1) and 4 (weight 2) on 16
 GPUs, the state 6:10 (shares 1.5 and 1.25) loses a GPU of the first, the shares tie at 1.25
@@ -227,10 +233,12 @@ class FairOrder(Generic[U]):
             return
         head = units[pos]
         prio = TOP_PRIORITY if self.aged(head) else head.priority
+        borrows = self.borrows(queue, head)
         heapq.heappush(
             self._heap,
             (
-                int(self.borrows(queue, head)), self.share(queue, head), -prio, head.created, head.arrival, head.uid,
+                int(borrows), self.share(queue, head) if borrows else self.share(queue),
+                -prio, head.created, head.arrival, head.uid,
                 self._stamp[queue], self._slot[queue],
             ),
         )
