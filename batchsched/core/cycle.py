@@ -184,7 +184,7 @@ class _Walk:
         for n in self.qi.nominations:
             self.victims.update(n.victims)
         self.views = NodeViews(len(snap.nodes))
-        self.gone = Terminating(self.used, snap.alloc, touch=self.touch)
+        self.gone = Terminating(self.used, snap.alloc, touch=self.touch, device=self.arrays.device)
         self.held: dict[str, Held] = {}
         self.preemption = CyclePreemption(self)
         self.reserve = cycle.reservations.begin(self, state)

@@ -61,12 +61,10 @@ def test_a_cycle_does_not_place_a_gang_and_evict_it_at_once() -> None:
     assert not violations, "\n".join(map(str, violations))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found by the worlds, not fixed: a pod is bound, in the cycle that evicts a victim on the same "
-    "node, onto room the victim still holds, on a node with both whole and shared GPU cards; the "
-    "check of a victim's room (Terminating.blocked_by) compares column sums, which do not see that "
-    "a card with a share on it is not free for a whole-card ask (6 whole + 3 shared cards on 8)"))
 def test_no_card_is_given_twice_while_a_victim_terminates() -> None:
+    """Found by the worlds (seed 12, step 280, before the fix): node n2 (8 cards) gave out 7
+    whole cards beside shares on 2, binding a whole-card pod onto the card of a victim still
+    terminating (``tests/unit/test_cards_while_victims_go.py``)."""
     w = World(12)
-    violations = w.run(282)  # seed 12, step 280: node n2 gives 7 whole cards beside shares on 2
+    violations = w.run(282)
     assert not violations, "\n".join(map(str, violations))
