@@ -187,7 +187,7 @@ class _Walk:
         for n in self.qi.nominations:
             self.victims.update(n.victims)
         self.views = NodeViews(len(snap.nodes))
-        self.gone = Terminating(self.used, snap.alloc, touch=self.touch)
+        self.gone = Terminating(self.used, snap.alloc, touch=self.touch, device=self.arrays.device)
         self.held: dict[str, Held] = {}
         self.preemption = CyclePreemption(self)
         self.reserve = cycle.reservations.begin(self, state)
@@ -265,6 +265,7 @@ class _Walk:
         for h in held_nominations(self.qi.nominations, self.rows, self.col, self.tree):
             self.charge(h.nomination.queue, h.rows, h.reqs, 1)
             self.held[h.nomination.unit] = h
+            self.preemption.spare(h.nomination.unit)
 
     def charge(self, queue: QueueName | None, rows: Sequence[int], reqs: IntArray, sign: int) -> None:
         for m, row in enumerate(rows):
@@ -602,6 +603,7 @@ class _Walk:
         are not bound yet: the unit gets a nomination on those nodes instead."""
         assert lay.reqs is not None
         plan = self.plan
+        self.preemption.spare(unit.key)
         members = [m for m in range(k) if out[m] >= 0]
         if q is not None:
             self.tree.admit(q, lay.reqs[members].sum(axis=0))
@@ -678,6 +680,12 @@ class _Walk:
     def _unit(self, order: FairOrder[Unit], q: QueueName | None, unit: Unit) -> None:
         """A gang, or a queued single pod: quota, then the kernel, then maybe preemption."""
         pods = list(unit.pods)
+        evicted = self.preemption.evicted.get(unit.key)
+        if evicted:
+            # its running members are victims of this cycle: new ones would be a partial gang
+            self.fail(unit, explain.gang_evicting(unit.display, evicted), reason="GangEvicting")
+            order.skipped(unit)
+            return
         mc = 1 if unit.single else unit.min_count
         core = pods[:mc] if not unit.single else pods
         invalid = next((p for p in core if p.invalid), None)

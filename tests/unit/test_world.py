@@ -18,7 +18,8 @@ from tests.world import Checks, Features, World
 
 SEEDS = range(6)
 STEPS = 250
-#: the features of the worlds in which the defects still open were found
+#: the features of the worlds in which the defects below were found (they still show there
+#: without their fixes)
 FOUND_WITH = Features(min_resources=False, whole_job_restart=False)
 
 
@@ -54,22 +55,19 @@ def test_a_world_with_the_features_of_known_defects_keeps_the_other_promises() -
     assert not violations, "\n".join([w.summary(), *map(str, violations)])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found by the worlds, not fixed: one cycle binds a gang's new members (its remainder after a "
-    "refused Binding, or its elastic extras) and picks the gang's running members as victims "
-    "(reclaim or preemption), so the new members are left as a partial gang"))
 def test_a_cycle_does_not_place_a_gang_and_evict_it_at_once() -> None:
+    """Found by the worlds (seed 5, step 558, before the fix): a gang's new member (j229-1,
+    an elastic extra) was bound in the cycle whose reclaim evicted its running member j229-0,
+    so it was left running as a partial gang."""
     w = World(5, FOUND_WITH, Checks(known=frozenset({"placed-evicted"})))
-    violations = w.run(560)  # seed 5, step 558: gang j229's new member bound as j229-0 is evicted
+    violations = w.run(560)
     assert not violations, "\n".join(map(str, violations))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found by the worlds, not fixed: a pod is bound, in the cycle that evicts a victim on the same "
-    "node, onto room the victim still holds, on a node with both whole and shared GPU cards; the "
-    "check of a victim's room (Terminating.blocked_by) compares column sums, which do not see that "
-    "a card with a share on it is not free for a whole-card ask (6 whole + 3 shared cards on 8)"))
 def test_no_card_is_given_twice_while_a_victim_terminates() -> None:
+    """Found by the worlds (seed 12, step 280, before the fix): node n2 (8 cards) gave out 7
+    whole cards beside shares on 2, binding a whole-card pod onto the card of a victim still
+    terminating (``tests/unit/test_cards_while_victims_go.py``)."""
     w = World(12, FOUND_WITH)
-    violations = w.run(282)  # seed 12, step 280: node n2 gives 7 whole cards beside shares on 2
+    violations = w.run(282)
     assert not violations, "\n".join(map(str, violations))

@@ -152,6 +152,20 @@ def held_cards(req: IntArray, device: IntArray, columns: Sequence[str]) -> dict[
     return {columns[int(c)]: int(req[int(c)]) for c in cols if req[int(c)] > 0}
 
 
+def cards_over(alloc_row: IntArray, used_row: IntArray, device: IntArray) -> bool:
+    """Whether a node's usage ``used_row`` gives out more cards by count (whole-card asks the
+    device plugin picks the cards of) than it has wholly free cards: the rule of the card
+    fit that no column sum sees, as a card with a share on it is not free for a whole one
+    (two quarter shares on two cards hold two cards, yet only 500 milli)."""
+    any_col, n_cards = int(device[ANY]), int(device[N_CARDS])
+    if any_col < 0 or n_cards == 0 or used_row[any_col] <= 0:
+        return False
+    start = HEAD + 3 * int(device[N_SHARES])
+    cc, cm = device[start: start + n_cards], device[start + n_cards: start + 2 * n_cards]
+    free = (alloc_row[cc] > 0) & (used_row[cc] == 0) & (used_row[cm] == 0)
+    return int(used_row[any_col]) > int(free.sum())
+
+
 def shortfalls(alloc: IntArray, used: IntArray, req: IntArray, mask: npt.NDArray[np.bool_],
                device: IntArray) -> dict[str, int]:
     """Why the nodes of ``mask`` that have room for ``req`` resource by resource still fail

@@ -3,7 +3,8 @@
 The cycle's walk (:mod:`batchsched.core.cycle`) hands a unit whose quorum does not fit (by
 quota or on the nodes) to :meth:`CyclePreemption.preempt`. The running units it may evict
 (lower priority in its queue, borrowers of its cohort, lower-priority unqueued work; never
-protected units, never units admitted in this cycle: :class:`Candidates`) go to
+protected units, never units that placed members or hold room in this cycle, such as a
+gang's new members beside its running ones: :meth:`CyclePreemption.spare`) go to
 :func:`~batchsched.core.preemption.select_victims`, which checks room with the gang's
 topology, so the room freed is room it can use. A preemption removes the victims from the
 cycle's view, charges the quorum to the nodes the search named and records a
@@ -109,6 +110,18 @@ class CyclePreemption:
         self.time = 0.0
         #: failed victim searches of this cycle, by what decides them
         self.memo: dict[tuple[Any, ...], str] = {}
+        #: units that placed members or hold room in this cycle: no victims in it
+        self.spared: set[str] = set()
+        #: unit key -> its pods chosen as victims in this cycle
+        self.evicted: dict[str, int] = {}
+
+    def spare(self, key: str) -> None:
+        """Unit ``key`` placed members or holds room in this cycle: its running members (a
+        gang's, beside the new ones) are not victims in it, or the new ones would be left
+        as a partial gang. One cycle never both places a gang and evicts it."""
+        self.spared.add(key)
+        if self.candidates is not None:
+            self.candidates.spare(key)
 
     def preempt(self, q: QueueName | None, unit: Unit, lay: Layout) -> tuple[bool, str]:
         """Try to make room for ``unit``'s quorum by evicting others. ``(True, "")`` when a
@@ -122,7 +135,7 @@ class CyclePreemption:
         if unit.key in walk.qi.turns:
             return False, ""  # a fair turn takes free capacity; it searches at its own try
         if self.candidates is None:
-            self.candidates = Candidates(walk.load_running(), walk.tree)
+            self.candidates = Candidates(walk.load_running(), walk.tree, self.spared)
         if not self.candidates.by_queue:
             return False, ""  # nothing runs that anyone may evict
         mc = 1 if unit.single else unit.min_count
@@ -203,6 +216,8 @@ class CyclePreemption:
             if v.unit.queue is not None:
                 walk.tree.release(v.unit.queue, total)
             self.candidates.remove(v)
+            self.evicted[v.unit.key] = self.evicted.get(v.unit.key, 0) + len(v.pods)
+        self.spare(unit.key)
         core = lay.reqs[:mc] if placed is None else placed
         walk.charge(q, list(nodes), core, 1)
         names = tuple(walk.snap.nodes[n].name for n in nodes)

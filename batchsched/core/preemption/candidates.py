@@ -12,7 +12,7 @@ search decides.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -132,18 +132,24 @@ def entitled(p: Claimant, running: Sequence[RunningUnit], tree: QueueTree | None
 
 class Candidates:
     """Running units that may be preemption victims, indexed so that a preemptor only
-    hands :func:`select_victims` the units its rules could allow (it filters them again)."""
+    hands :func:`select_victims` the units its rules could allow (it filters them again).
 
-    def __init__(self, running: Sequence[RunningUnit], tree: QueueTree) -> None:
+    ``spared``: the keys of units that placed members or hold room in this cycle (a gang's
+    new members beside its running ones): never victims in it, see :meth:`spare`."""
+
+    def __init__(self, running: Sequence[RunningUnit], tree: QueueTree, spared: Collection[str] = ()) -> None:
         self.tree = tree
         self.by_queue: dict[QueueName | None, list[RunningUnit]] = {}
+        #: unit key -> its queue, for :meth:`spare`
+        self._queue_of: dict[str, QueueName | None] = {}
         self._prio: dict[QueueName | None, list[int]] = {}
         self.leaves: dict[QueueName, list[QueueName]] = {}
         #: leaf -> (its usage generation, the columns in which it uses more than its nominal)
         self._over: dict[QueueName, tuple[int, npt.NDArray[np.bool_]]] = {}
         for w in running:
-            if not w.protected and w.pods:
+            if not w.protected and w.pods and w.key not in spared:
                 self.by_queue.setdefault(w.queue, []).append(w)
+                self._queue_of[w.key] = w.queue
         for q in list(self.by_queue):
             self._index(q)
             if q is not None:
@@ -200,6 +206,16 @@ class Candidates:
             else:
                 out.extend(self.by_queue[v])
         return out
+
+    def spare(self, key: str) -> None:
+        """The unit ``key`` placed members (or holds room) in this cycle: its running members
+        are no victims in it. Evicting them would leave the new ones running as a partial
+        gang (or bind them only to evict their gang): the gang is weighed whole next cycle."""
+        if key not in self._queue_of:
+            return  # nothing of it runs (or it is a victim already)
+        q = self._queue_of.pop(key)
+        self.by_queue[q] = [w for w in self.by_queue.get(q, ()) if w.key != key]
+        self._index(q)
 
     def remove(self, victim: Victim) -> None:
         """A victim was chosen: it is gone, or only its evicted pods are."""

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from batchsched.core.gangs import GroupBook, GroupKey
 from batchsched.core.mirror import ClusterState, Snapshot
+from batchsched.core.placement.cards import cards_over
 from batchsched.core.plan import Nomination, Unit
 from batchsched.core.queues import QueueBook, QueueTree
 
@@ -65,8 +66,11 @@ class Terminating:
     working usage, updated in place), but their nodes are not free to bind on until they
     are gone."""
 
-    def __init__(self, used: IntArray, alloc: IntArray, touch: Callable[[list[int]], None] | None = None) -> None:
+    def __init__(self, used: IntArray, alloc: IntArray, touch: Callable[[list[int]], None] | None = None,
+                 device: IntArray | None = None) -> None:
         self.used = used
+        #: the device descriptor: cards are counted card by card (:func:`cards_over`)
+        self.device = device
         #: told of every row whose usage changes here
         self.touch = touch
         self.alloc = alloc
@@ -85,10 +89,16 @@ class Terminating:
 
     def blocked_by(self, rows: Sequence[int]) -> set[str]:
         """Victims still terminating on those of ``rows`` that would be over-committed if
-        the pods just charged there were bound now (empty: they may be bound)."""
+        the pods just charged there were bound now (empty: they may be bound), resource by
+        resource and card by card."""
         out: set[str] = set()
         for row in set(rows):
-            if row in self.pods and bool((self.used[row] + self.term[row] > self.alloc[row]).any()):
+            if row not in self.pods:
+                continue
+            full = self.used[row] + self.term[row]
+            if bool((full > self.alloc[row]).any()) or (
+                self.device is not None and cards_over(self.alloc[row], full, self.device)
+            ):
                 out |= self.pods[row]
         return out
 
