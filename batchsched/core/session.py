@@ -100,6 +100,9 @@ __all__ = ["Session", "SessionSettings"]
 
 #: how often the gang timers are looked at
 GANG_CHECK_SECONDS = 0.5
+#: (preemptor, victim group) pairs told are kept up to this many (the rest, of preemptions
+#: no longer held, are dropped when it is passed)
+TOLD_GROUPS_KEPT = 4096
 #: how often the mirror's usage is recomputed from every charge to check it
 FULL_CHECK_SECONDS = 60.0
 #: pods that share another unit's outcome (the rest of a class) are told a new message
@@ -1289,6 +1292,7 @@ class Session:
             for member, node in zip(unit.pods, rec.nodes, strict=False):
                 out.nominated.append((pod_ref(member), node))
             for victim, message in zip(rec.victims, rec.messages, strict=True):
+                self._told_groups.discard((unit.key, victim.unit.key))  # a new preemption: told anew
                 for rp in victim.pods:
                     pod = self.state.pods.get(PodUID(rp.uid))
                     if pod is None or pod.deleting:
@@ -1301,7 +1305,11 @@ class Session:
         live = {n.unit for n in plan.nominations}
         for key in [k for k in self._preemptor_refs if k not in live]:
             del self._preemptor_refs[key]
-        self._told_groups = {t for t in self._told_groups if t[0] in live}
+        # a pair is forgotten when its victim is preempted anew (told again, above), not
+        # when the preemption ends: a preemptor placed before its last victim's eviction is
+        # answered would tell the group twice
+        if len(self._told_groups) > TOLD_GROUPS_KEPT:
+            self._told_groups = {t for t in self._told_groups if t[0] in live}
 
     def _gang_results(self, plan: Plan, gangs: dict[str, Unit], now: float, out: Decisions) -> None:
         """Each gang's result: told to its PodGroup, and whether it sleeps."""
