@@ -549,24 +549,31 @@ class _Walk:
         terminates (room may have freed since it preempted: it goes there before the units
         behind it). Its held room is given back for the attempt; when it does not fit,
         everything is as before."""
-        n, gone = h.nomination, self.gone
+        n = h.nomination
+        self.charge(n.queue, h.rows, h.reqs, -1)
+        placed = self.place_on_free_room(n.queue, unit)
+        if not placed:
+            self.charge(n.queue, h.rows, h.reqs, 1)
+        return placed
+
+    def place_on_free_room(self, q: QueueName | None, unit: Unit) -> bool:
+        """Place ``unit`` (bound now) where no victim still terminates; nothing on failure.
+        A preemptor whose victims only held quota (or whose room freed meanwhile) need not
+        wait for them to go."""
+        gone = self.gone
         rows = [r for r in gone.pods if bool(gone.term[r].any())]
         saved = {r: gone.term[r].copy() for r in rows}
-        self.charge(n.queue, h.rows, h.reqs, -1)
         for r in rows:  # terminating pods' room is not free for this attempt
             self.used[r] += saved[r]
             gone.term[r] = 0
         self.touch(rows)
         try:
-            placed = self._try_place(n.queue, unit)
+            return self._try_place(q, unit)
         finally:
             for r in rows:
                 gone.term[r] = saved[r]
                 self.used[r] -= saved[r]
             self.touch(rows)
-        if not placed:
-            self.charge(n.queue, h.rows, h.reqs, 1)
-        return placed
 
     def _try_place(self, q: QueueName | None, unit: Unit) -> bool:
         """Place ``unit`` if quota and nodes allow, recording bindings; nothing on failure."""
