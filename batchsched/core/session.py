@@ -1279,15 +1279,13 @@ class Session:
 
     def _preempt(self, plan: Plan, out: Decisions) -> None:
         """The cycle's preemptions: Events, then each victim evicted."""
-        bound = {b.uid for b in plan.bindings}
         for rec in plan.preemptions:
             unit = rec.preemptor
             refs = self._preemptor_refs[unit.key] = self._refs(unit.key, unit.pods)
             for ref in refs:
                 out.events.append(EventNote(ref, "Normal", "Preempting", rec.summary))
             for member, node in zip(unit.pods, rec.nodes, strict=False):
-                if member.uid not in bound:  # bound in this cycle (its room was free): no nomination
-                    out.nominated.append((pod_ref(member), node))
+                out.nominated.append((pod_ref(member), node))
             for victim, message in zip(rec.victims, rec.messages, strict=True):
                 for rp in victim.pods:
                     pod = self.state.pods.get(PodUID(rp.uid))

@@ -89,10 +89,6 @@ class Walk(Protocol):
         ...
 
 
-    def place_on_free_room(self, q: QueueName | None, unit: Unit) -> bool:
-        """Place ``unit`` (bound now) where no victim still terminates; nothing on failure."""
-        ...
-
     def charge(self, queue: QueueName | None, rows: Sequence[int], reqs: IntArray, sign: int) -> None:
         """Charge (``sign`` 1) or release (-1) ``reqs`` on ``rows`` and to ``queue``."""
         ...
@@ -207,16 +203,13 @@ class CyclePreemption:
             if v.unit.queue is not None:
                 walk.tree.release(v.unit.queue, total)
             self.candidates.remove(v)
-        if walk.place_on_free_room(q, unit):
-            # the quota given back is enough and its room is free: bound now, not after
-            # the victims are gone (a later alike pod would take that room first)
-            where = tuple(dict.fromkeys(b.node for b in plan.bindings if b.unit == unit.key))
-            self._record(q, unit, mc, victims, where or tuple(walk.snap.nodes[n].name for n in nodes))
-            return
         core = lay.reqs[:mc] if placed is None else placed
         walk.charge(q, list(nodes), core, 1)
         names = tuple(walk.snap.nodes[n].name for n in nodes)
-        summary = self._record(q, unit, mc, victims, names)
+        messages = tuple(_victim_message(unit, q, names, v) for v in victims)
+        npods = sum(len(v.pods) for v in victims)
+        summary = explain.preempting(npods, (v.unit.key.rsplit(":", 1)[-1] for v in victims), mc, names)
+        plan.preemptions.append(PreemptionRecord(unit, q, names, tuple(victims), messages, summary))
         plan.nominations.append(Nomination(
             unit=unit.key, queue=q, pods=tuple(p.uid for p in unit.pods[:mc]), nodes=names,
             requests=tuple({**p.requests, **held_cards(core[m], walk.arrays.device, walk.snap.columns)}
@@ -225,15 +218,6 @@ class CyclePreemption:
             priority=unit.priority,
         ))
         plan.record(unit.key, UnitResult(UnitStatus.PREEMPTING, "Preempting", summary))
-
-    def _record(self, q: QueueName | None, unit: Unit, mc: int, victims: Sequence[Victim],
-                names: tuple[str, ...]) -> str:
-        """The preemption, for its Event and the victims' evictions: its summary."""
-        messages = tuple(_victim_message(unit, q, names, v) for v in victims)
-        npods = sum(len(v.pods) for v in victims)
-        summary = explain.preempting(npods, (v.unit.key.rsplit(":", 1)[-1] for v in victims), mc, names)
-        self.walk.plan.preemptions.append(PreemptionRecord(unit, q, names, tuple(victims), messages, summary))
-        return summary
 
 
 def _never(victims: Sequence[Victim]) -> str:
