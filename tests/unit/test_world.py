@@ -57,17 +57,16 @@ def test_a_world_with_the_features_of_known_defects_keeps_the_other_promises() -
     "refused Binding, or its elastic extras) and picks the gang's running members as victims "
     "(reclaim or preemption), so the new members are left as a partial gang"))
 def test_a_cycle_does_not_place_a_gang_and_evict_it_at_once() -> None:
-    w = World(5, checks=Checks(known=frozenset({"placed-evicted"})))
-    violations = w.run(560)  # seed 5, step 558: gang j229's new member bound as j229-0 is evicted
+    w = World(24, checks=Checks(known=frozenset({"placed-evicted"})))
+    violations = w.run(48)  # seed 24, step 46: gang j19's new member bound as j19-0..2 are evicted
     assert not violations, "\n".join(map(str, violations))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found by the worlds, not fixed: a pod is bound, in the cycle that evicts a victim on the same "
-    "node, onto room the victim still holds, on a node with both whole and shared GPU cards; the "
-    "check of a victim's room (Terminating.blocked_by) compares column sums, which do not see that "
-    "a card with a share on it is not free for a whole-card ask (6 whole + 3 shared cards on 8)"))
 def test_no_card_is_given_twice_while_a_victim_terminates() -> None:
+    # seed 12, step 280 gave 7 whole cards beside shares on 2 of node n2's 8 while a victim
+    # terminated there; since pods take room nothing holds before a victim's, no world of 88
+    # seeds shows it, but the check of a victim's room (Terminating.blocked_by) still compares
+    # column sums, which do not see that a card with a share on it is not free for a whole-card ask
     w = World(12)
-    violations = w.run(282)  # seed 12, step 280: node n2 gives 7 whole cards beside shares on 2
+    violations = w.run(282)
     assert not violations, "\n".join(map(str, violations))
