@@ -48,7 +48,8 @@ the order is priority, then first come, first served, as kube-scheduler's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -556,24 +557,58 @@ class _Walk:
         terminates (room may have freed since it preempted: it goes there before the units
         behind it). Its held room is given back for the attempt; when it does not fit,
         everything is as before."""
-        n, gone = h.nomination, self.gone
+        n = h.nomination
+        self.charge(n.queue, h.rows, h.reqs, -1)
+        placed = self.place_on_free_room(n.queue, unit)
+        if not placed:
+            self.charge(n.queue, h.rows, h.reqs, 1)
+        return placed
+
+    def place_on_free_room(self, q: QueueName | None, unit: Unit) -> bool:
+        """Place ``unit`` (bound now) where no victim still terminates; nothing on failure.
+        A preemptor whose victims only held quota (or whose room freed meanwhile) need not
+        wait for them to go."""
+        with self._victims_room_closed():
+            return self._try_place(q, unit)
+
+    def _victims_terminate(self) -> bool:
+        gone = self.gone
+        return any(bool(gone.term[r].any()) for r in gone.pods)
+
+    @contextmanager
+    def _victims_room_closed(self) -> Iterator[None]:
+        """Within: the room victims still hold (they terminate) is not free to place on.
+        What is placed meanwhile stays charged."""
+        gone = self.gone
         rows = [r for r in gone.pods if bool(gone.term[r].any())]
         saved = {r: gone.term[r].copy() for r in rows}
-        self.charge(n.queue, h.rows, h.reqs, -1)
-        for r in rows:  # terminating pods' room is not free for this attempt
+        for r in rows:
             self.used[r] += saved[r]
             gone.term[r] = 0
         self.touch(rows)
         try:
-            placed = self._try_place(n.queue, unit)
+            yield
         finally:
             for r in rows:
                 gone.term[r] = saved[r]
                 self.used[r] -= saved[r]
             self.touch(rows)
-        if not placed:
-            self.charge(n.queue, h.rows, h.reqs, 1)
-        return placed
+
+    def _free_room_first(self, reqs: IntArray, lay: Layout, out: IntArray, pods: Sequence[Pod]) -> None:
+        """Place single pods, in their order, on room nothing holds first; those that do not
+        fit there then on room victims still hold (they wait for them, nominated). A pod
+        submitted earlier is not left waiting for a victim while a later one takes free room."""
+        if not self._victims_terminate():
+            self._kernel(reqs, lay, lay.sig, 0, out, pods=pods)
+            return
+        with self._victims_room_closed():
+            self._kernel(reqs, lay, lay.sig, 0, out, pods=pods)
+        left = np.flatnonzero(out < 0)
+        if len(left):
+            rest = np.full(len(left), -1, dtype=np.int64)
+            self._kernel(np.ascontiguousarray(reqs[left]), lay, np.ascontiguousarray(lay.sig[left]), 0, rest,
+                         pods=[pods[int(i)] for i in left])
+            out[left] = rest
 
     def _try_place(self, q: QueueName | None, unit: Unit) -> bool:
         """Place ``unit`` if quota and nodes allow, recording bindings; nothing on failure."""
@@ -657,7 +692,7 @@ class _Walk:
         out = np.full(len(pods), -1, dtype=np.int64)
         if lay.reqs is not None:
             with self.reserve.lifted(batch[0]):
-                self._kernel(lay.reqs, lay, lay.sig, 0, out, pods=pods)
+                self._free_room_first(lay.reqs, lay, out, pods)
         for m, (u, pod) in enumerate(zip(batch, pods, strict=True)):
             if out[m] >= 0:
                 assert lay.reqs is not None
@@ -704,6 +739,12 @@ class _Walk:
         if unit.min_resources_short and mc > 0:
             self._short(order, q, unit, lay, k)
             return
+        if reqs is not None and k > 0 and self._victims_terminate():
+            # room nothing holds first: waiting for a victim while free room goes to later units is not first come
+            with self.reserve.lifted(unit):
+                if self.place_on_free_room(q, unit):
+                    order.admitted(unit)
+                    return
         out = np.full(len(pods), -1, dtype=np.int64)
         placed, where = 0, ""
         if reqs is not None and k > 0:
