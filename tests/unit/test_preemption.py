@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings, target
+from hypothesis import HealthCheck, event, example, given, settings, target
 from hypothesis import strategies as st
 
 from batchsched.core.placement import kernels, reference
@@ -402,8 +402,9 @@ def as_preemptor(unit: RunningUnit, pods: Sequence[RunningPod], nodes: int) -> P
 
 #: the least share of a property run's examples in which victims are evicted: the
 #: invariants below say nothing about the others, so a strategy that rarely preempts
-#: tests little (it was 13% once)
-PREEMPTING_SHARE = 0.4
+#: tests little (it was 13% once, 21-25% with the strategies before they were steered; about
+#: 55% now, 39% at the least seen in 20 runs, so 0.3 holds by a margin and still fails the old)
+PREEMPTING_SHARE = 0.3
 
 
 def run_invariants(strategy: st.SearchStrategy[tuple[World, Preemptor]]) -> None:
@@ -537,8 +538,51 @@ def priority_worlds(draw: st.DrawFn) -> tuple[World, Preemptor]:
     return world, p
 
 
+def seven_small_and_one_two_gpu_pod() -> tuple[World, Preemptor]:
+    """Full nodes of 4, 4 and 8 GPUs, all work started together: on the 8-GPU node six
+    1-GPU pods and one 2-GPU pod. A 2-GPU pod costs as many GPU-hours as two 1-GPU pods,
+    and one pod fewer."""
+    w = World([4, 4, 8], one_queue())
+    for i in range(3):
+        w.run(f"r{i}", "q", [0])
+    w.run("r3", "q", [0, 1, 1], gpus=[1, 2, 2])
+    for i in range(4, 10):
+        w.run(f"r{i}", "q", [2])
+    w.run("r10", "q", [2], gpus=2)
+    return w, preemptor("p", "q", [2], nodes=3, priority=2)
+
+
+def more_room_places_less() -> tuple[World, Preemptor]:
+    """A gang of 2+4+4 GPUs that may evict r0 (1 GPU on node 1), r1 (2 GPUs on each of
+    nodes 1 and 0) and r4 (1 GPU on node 0). Evicting all three frees 4, 3 and 6 GPUs and
+    its 2-GPU member, placed first, takes room a 4-GPU member needed; without r0 (4, 2
+    and 6 free) it lands on node 1 and the quorum fits."""
+    w = World([8, 4, 8], one_queue())
+    w.run("r0", "q", [1])
+    w.run("r1", "q", [1, 0], gpus=2)
+    w.run("r2", "q", [1], priority=2)
+    w.run("r3", "q", [0, 0, 0], gpus=[1, 1, 2], priority=2)
+    w.run("r4", "q", [0])
+    w.run("r5", "q", [2], gpus=2, priority=2)
+    return w, preemptor("p", "q", [2, 4, 4], nodes=3, priority=2)
+
+
+def test_one_pod_of_two_gpus_is_evicted_rather_than_two_of_one() -> None:
+    world, p = seven_small_and_one_two_gpu_pod()
+    assert victims(world.select(p)) == [("r10", 1)]
+
+
+def test_a_gang_is_placed_when_evicting_everything_would_not_place_it() -> None:
+    world, p = more_room_places_less()
+    result = world.select(p)
+    assert sorted(victims(result)) == [("r1", 2), ("r4", 1)]
+    assert isinstance(result, Preemption) and sorted(result.nodes) == [0, 1, 2]
+
+
 @settings(PROPERTY, max_examples=200)
 @given(case=priority_worlds())
+@example(case=seven_small_and_one_two_gpu_pod())
+@example(case=more_room_places_less())
 def test_the_search_finds_the_cheapest_set(case: tuple[World, Preemptor]) -> None:
     """Exact for a single pod and for few candidates; for a gang among many, a valid set
     whenever there is one."""

@@ -35,14 +35,18 @@ then the fewest pods, then lower priorities and newer units. How it finds it:
 
 - candidates are added cheapest first until the quorum fits, then every victim that is not
   needed is dropped again, most expensive first (a whole gang may shrink to its extras).
-  When even that finds no set, there is none to take (adding more only frees more).
+  When that finds no set, freeing more is not always better: the placement kernel places
+  members in order, each on its best node, so more room can lead a small member onto the
+  node a large one needed. Evicting everything allowed is tried, then (few candidates) sets
+  cheapest first, or (more) everything with pieces dropped most expensive first.
 - **few candidates** (at most :data:`EXHAUSTIVE_PIECES`): every cheaper set is weighed,
   cheapest first, and the first valid one is taken: the cheapest there is.
 - **more**: that set is compared with what freeing single nodes costs: the nodes the quorum
   may use are ranked by what freeing room for its largest member there costs (every node
   at once, array arithmetic), and on the :data:`NODE_TRIALS` cheapest, the cheapest set
   of the node's own work that frees that room (all sets weighed when the node runs at
-  most :data:`NODE_EXACT_UNITS` candidates) is put first and the same add-then-drop search
+  most :data:`NODE_EXACT_UNITS` candidates, else up to :data:`NODE_SETS` sets in the order
+  of their cost) is put first and the same add-then-drop search
   runs from it; for a gang, one more run takes the nodes in that order. The cheapest valid
   set of all these wins. So eight 1-GPU pods that ran 7 hours on one node are not evicted
   for an 8-GPU pod when one 8-GPU pod started an hour ago on another node. For a single
@@ -71,6 +75,7 @@ And reclaim never leaves a victim queue below its nominal in a resource it was b
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -113,6 +118,10 @@ EXHAUSTIVE_PIECES = 8
 NODE_TRIALS = 3
 #: up to this many candidate units on a node, every set of them is weighed for that node
 NODE_EXACT_UNITS = 6
+#: beyond that, up to this many of the node's sets are weighed, cheapest first
+NODE_SETS = 512
+#: at most this many sets are checked when adding candidates as they help found none
+FALLBACK_CHECKS = 64
 
 #: what a set of victims costs: GPU-hours done, pods, then its pieces' own costs
 SetCost = tuple[float, int, tuple[Any, ...]]
@@ -401,7 +410,9 @@ class _Search:
         docstring), or None and why the last set tried failed."""
         chosen, message = self._greedy(candidates)
         if chosen is None:
-            return None, message  # even all it may evict, added as they help, is not enough
+            chosen = self._fallback(candidates)
+            if chosen is None:
+                return None, message
         best = self._prune(chosen)
         cost = _set_cost(best)
         if len(candidates) <= EXHAUSTIVE_PIECES:
@@ -417,6 +428,38 @@ class _Search:
                 best, cost = trial, _set_cost(trial)
         return best, ""
 
+    def _fallback(self, candidates: Sequence[_Piece]) -> list[_Piece] | None:
+        """A valid set when adding candidates as they help found none. The placement
+        kernel places members in order, each on its best node, so freeing more room can
+        make it fail where less succeeds (a small member takes the room a large one
+        needed): evicting everything is tried, then sets cheapest first (few candidates,
+        at most :data:`FALLBACK_CHECKS` checks), else everything with the most expensive
+        pieces dropped one by one while enough room is still freed in all."""
+        units: dict[int, _Piece] = {}
+        for pc in candidates:  # one piece per unit: the whole unit frees the most
+            if id(pc.unit) not in units or pc.whole:
+                units[id(pc.unit)] = pc
+        everything = sorted(units.values(), key=lambda pc: pc.cost)
+        if not self._check(everything)[0]:
+            return everything
+        if len(candidates) <= EXHAUSTIVE_PIECES:
+            return self._exhaustive(candidates, None, None, checks=FALLBACK_CHECKS)
+        short = self._short()
+        chosen = list(everything)
+        for pc in reversed(everything):
+            rest = [c for c in chosen if c is not pc]
+            if not rest or bool((np.sum([self._in_reach(c) for c in rest], axis=0) < short).any()):
+                continue
+            chosen = rest
+            if not self._check(chosen)[0]:
+                return chosen
+        return None
+
+    def _short(self) -> IntArray:
+        """What victims must free at least, in all, on the nodes in reach."""
+        free = np.clip(self.alloc[self.reach] - self.used[self.reach], 0, None).sum(axis=0)
+        return np.asarray((self.x - free) * (self.x > 0), dtype=np.int64)
+
     def _in_reach(self, pc: _Piece) -> IntArray:
         """What evicting ``pc`` frees on the nodes the quorum may use."""
         vec = np.zeros(self.used.shape[1], dtype=np.int64)
@@ -425,15 +468,18 @@ class _Search:
                 vec += pod.req
         return vec
 
-    def _exhaustive(self, candidates: Sequence[_Piece], best: list[_Piece], cost: SetCost) -> list[_Piece]:
+    def _exhaustive(
+        self, candidates: Sequence[_Piece], best: list[_Piece] | None, cost: SetCost | None, *,
+        checks: int | None = None,
+    ) -> list[_Piece] | None:
         """Every set of ``candidates`` (one piece per unit at most) cheaper than ``best``
-        (a valid set of cost ``cost``), cheapest first: the first valid one, else ``best``.
+        (a valid set of cost ``cost``; None: any set), cheapest first: the first valid one,
+        else ``best``; at most ``checks`` of them are checked when given.
         Sets that cannot free enough on the nodes in reach, all summed, are not checked."""
         units: dict[int, list[_Piece]] = {}
         for pc in candidates:
             units.setdefault(id(pc.unit), []).append(pc)
-        free = np.clip(self.alloc[self.reach] - self.used[self.reach], 0, None).sum(axis=0)
-        short = (self.x - free) * (self.x > 0)  # what victims must free at least, in all
+        short = self._short()
         freed = {id(pc): self._in_reach(pc) for pc in candidates}
         sets: list[tuple[SetCost, list[_Piece]]] = []
         for combo in itertools.product(*([None, *pcs] for pcs in units.values())):
@@ -444,10 +490,10 @@ class _Search:
             if bool((total < short).any()):
                 continue
             c = _set_cost(chosen)
-            if c < cost:
+            if cost is None or c < cost:
                 sets.append((c, chosen))
         sets.sort(key=lambda entry: entry[0])
-        for _, chosen in sets:
+        for _, chosen in sets[:checks]:
             if not self._check(chosen)[0]:
                 return chosen
         return best
@@ -588,13 +634,17 @@ def _rank_nodes(
 def _node_set(n: int, pieces: Sequence[_Piece], deficit: IntArray) -> list[_Piece] | None:
     """The cheapest set of ``pieces`` (one per unit) whose pods on node ``n`` free
     ``deficit`` there; every set is weighed for up to :data:`NODE_EXACT_UNITS` units, else
-    pieces are taken cheapest first. None when they cannot."""
+    sets are weighed cheapest first (up to :data:`NODE_SETS` of them), else pieces are
+    taken cheapest first. None when they cannot."""
     units: dict[int, list[_Piece]] = {}
     for pc in pieces:
         units.setdefault(id(pc.unit), []).append(pc)
     on_node = {id(pc): sum((pod.req for pod in pc.pods if pod.node == n), np.zeros_like(deficit))
                for pc in pieces}
     if len(units) > NODE_EXACT_UNITS:
+        found = _cheapest_first(pieces, on_node, deficit)
+        if found is not None:
+            return found
         chosen: list[_Piece] = []
         freed = np.zeros_like(deficit)
         for pc in pieces:
@@ -614,6 +664,43 @@ def _node_set(n: int, pieces: Sequence[_Piece], deficit: IntArray) -> list[_Piec
             if best is None or cost < best[0]:
                 best = (cost, chosen)
     return None if best is None else best[1]
+
+
+def _cheapest_first(
+    pieces: Sequence[_Piece], on_node: dict[int, IntArray], deficit: IntArray,
+) -> list[_Piece] | None:
+    """The cheapest set of ``pieces`` (one per unit) whose ``on_node`` room covers
+    ``deficit``, by weighing sets in the order of their GPU-hours and pods (a heap of sets
+    over the pieces in that order: each set leads to itself with the next piece added, or
+    with its last piece swapped for the next one); among sets of the first such cost, the
+    one :func:`_set_cost` puts first. None when :data:`NODE_SETS` sets settle nothing."""
+    order = sorted(pieces, key=lambda pc: (pc.gpu_hours, len(pc.pods), pc.cost))
+    if not order:
+        return None
+
+    def key(idx: tuple[int, ...]) -> tuple[float, int]:
+        return round(math.fsum(order[i].gpu_hours for i in idx), 9), sum(len(order[i].pods) for i in idx)
+
+    room = [on_node[id(pc)] for pc in order]
+    # (cost, indices into ``order``, the room they free): indices are unique, so the
+    # arrays are never compared
+    heap: list[tuple[tuple[float, int], tuple[int, ...], IntArray]] = [(key((0,)), (0,), room[0])]
+    found: list[list[_Piece]] = []
+    for _ in range(NODE_SETS):
+        if not heap:
+            break
+        cost, idx, freed = heapq.heappop(heap)
+        if found and cost > _set_cost(found[0])[:2]:
+            break
+        chosen = [order[i] for i in idx]
+        if bool((freed >= deficit).all()) and len({id(pc.unit) for pc in chosen}) == len(chosen):
+            found.append(chosen)
+        nxt = idx[-1] + 1
+        if nxt < len(order):
+            heapq.heappush(heap, (key((*idx, nxt)), (*idx, nxt), freed + room[nxt]))
+            swapped = (*idx[:-1], nxt)
+            heapq.heappush(heap, (key(swapped), swapped, freed - room[idx[-1]] + room[nxt]))
+    return min(found, key=_set_cost) if found else None
 
 
 def select_victims(
