@@ -10,8 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, NewType
+from dataclasses import dataclass, field, replace
+from typing import Any, NewType, Protocol, TypeVar, cast
 
 from batchsched.core.devices import (
     CardAsk,
@@ -236,6 +236,36 @@ def arrival_of(resource_version: str) -> int:
     grows with every write), 0 when it is not one (the apiserver promises nothing of its
     form; the session then numbers the object in the order it came)."""
     return int(resource_version) if resource_version.isascii() and resource_version.isdigit() else 0
+
+
+class _Arriving(Protocol):
+    @property
+    def uid(self) -> str: ...
+    @property
+    def arrival(self) -> int: ...
+
+
+_A = TypeVar("_A", bound=_Arriving)
+
+
+class Arrivals:
+    """Places in line, first come, first served: an object keeps the arrival it was first
+    seen with (a status write changes its resourceVersion, not its place in line), and one
+    whose version is not an integer is numbered in the order it came."""
+
+    def __init__(self) -> None:
+        self._count = 0
+
+    def first_seen(self, obj: _A, known: _A | None) -> _A:
+        """``obj`` with its place in line; ``known``: the version seen before, if any."""
+        if known is not None and known.uid == obj.uid:
+            arrival = known.arrival
+        elif obj.arrival:
+            return obj
+        else:
+            self._count += 1
+            arrival = self._count
+        return obj if obj.arrival == arrival else cast(_A, replace(cast(Any, obj), arrival=arrival))
 
 
 def parse_time(value: str | None) -> float:

@@ -33,7 +33,6 @@ stops.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import replace
 from typing import Any
 
 from batchsched.core import explain
@@ -64,7 +63,7 @@ from batchsched.core.gangs import (
     PodGroup,
 )
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.model import Node, Pod, PodUID, Term
+from batchsched.core.model import Arrivals, Node, Pod, PodUID, Term
 from batchsched.core.nodehealth import tolerating_health, with_health
 from batchsched.core.placement.topology import (
     TOPOLOGY_ANNOTATION,
@@ -190,7 +189,8 @@ class Session:
         #: the pending single pods by equivalence class
         self.singles = SingleIndex()
         #: the last arrival number given to a pod whose resourceVersion is not an integer
-        self._arrivals = 0
+        #: each pod's place in line among those created in the same second
+        self._arrivals = Arrivals()
         #: classes of single pods (``("class", key)``) and gangs (by unit key) that failed,
         #: asleep until an event could make them fit (:mod:`batchsched.core.requeue`)
         self.waits = WaitBook()
@@ -364,18 +364,8 @@ class Session:
         self._claims_changed(self.volumes.class_event(kind, *storage_class))
 
     def _arrived(self, pod: Pod) -> Pod:
-        """``pod`` with the arrival it was first seen with (a status write changes its
-        resourceVersion, not its place in line); one whose version is not an integer is
-        numbered in the order it came."""
-        known = self.state.pods.get(pod.uid)
-        if known is not None:
-            arrival = known.arrival
-        elif pod.arrival:
-            return pod
-        else:
-            self._arrivals += 1
-            arrival = self._arrivals
-        return pod if pod.arrival == arrival else replace(pod, arrival=arrival)
+        """``pod`` with its place in line (:class:`~batchsched.core.model.Arrivals`)."""
+        return self._arrivals.first_seen(pod, self.state.pods.get(pod.uid))
 
     def _classes_keyed_anew(self) -> None:
         """The label keys other pods' anti-affinity reads grew (or were listed afresh): the

@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ from batchsched.core.gangs.podgroup import (
 )
 from batchsched.core.gangs.status import Tally
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.model import PODS, Pod, PodUID
+from batchsched.core.model import PODS, Arrivals, Pod, PodUID
 from batchsched.core.placement.topology import (
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_PREFERRED_ANNOTATION,
@@ -182,8 +182,8 @@ class GroupBook:
         self._kueue_views: dict[GroupKey, dict[PodUID, PodGroup]] = {}
         #: bumps whenever a group or a priority class changes
         self.version = 0
-        #: the last arrival number given to a group whose resourceVersion is not an integer
-        self._arrivals = 0
+        #: each group's place in line among those created in the same second
+        self._arrivals = Arrivals()
         #: (namespace, name) of groups whose members or spec changed since the last
         #: :meth:`check` (None: all of them)
         self._dirty: set[tuple[str, str]] | None = None
@@ -202,16 +202,8 @@ class GroupBook:
         self.groups[group.key] = self._arrived(group)
 
     def _arrived(self, group: PodGroup) -> PodGroup:
-        """``group`` with the arrival it was first seen with (see :attr:`PodGroup.arrival`)."""
-        known = self.groups.get(group.key)
-        if known is not None and known.uid == group.uid:
-            arrival = known.arrival
-        elif group.arrival:
-            return group
-        else:
-            self._arrivals += 1
-            arrival = self._arrivals
-        return group if group.arrival == arrival else replace(group, arrival=arrival)
+        """``group`` with its place in line (:class:`~batchsched.core.model.Arrivals`)."""
+        return self._arrivals.first_seen(group, self.groups.get(group.key))
 
     def replace_groups(self, api: str, groups: Iterable[PodGroup]) -> None:
         """A relist of one API's groups: they are all of that API there is."""
