@@ -81,11 +81,9 @@ class PeerUnavailable(RuntimeError):
 
 
 def free_port() -> int:
-    import socket
+    from batchsched.sandbox.cluster import free_port as sandbox_port
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return sandbox_port()
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -110,7 +111,33 @@ def port_free(port: int) -> bool:
     return True
 
 
+#: ports handed out by :func:`free_port` in this process, never handed out twice
+_HANDED: set[int] = set()
+#: where :func:`free_port` looks when the kernel's range of local ports cannot be read
+_LISTEN_PORTS = range(20000, 32768)
+
+
+def _listen_ports() -> range:
+    """Ports for the sandbox's servers: below the kernel's ephemeral range, so that no
+    outgoing connection (of which the sandbox's own clients make thousands) can take a
+    port between the moment it is chosen and the moment a server binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _LISTEN_PORTS
+    return range(10000, low) if low > 11000 else _LISTEN_PORTS
+
+
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on, outside the ephemeral range, not
+    handed out before by this process. (A port the kernel picks with ``bind(0)`` is an
+    ephemeral one: an outgoing connection could take it before the server binds it.)"""
+    ports = _listen_ports()
+    for _ in range(200):
+        port = random.randrange(ports.start, ports.stop)
+        if port not in _HANDED and port_free(port):
+            _HANDED.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -29,7 +29,6 @@ import contextlib
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,7 @@ import yaml
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError
+from batchsched.sandbox.cluster import free_port
 from batchsched.sandbox.nodes import (
     SANDBOX_LABEL,
     NodeShape,
@@ -124,10 +124,6 @@ class WorldError(RuntimeError):
     """The world could not do what a fault or the runner asked."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the scheduler replicas ------------------------------------------------------------------
