@@ -7,7 +7,11 @@ writes, not eleven. So a :class:`CoalescingWriter` keeps, per key:
 - the latest value not yet written: a newer one replaces it (latest wins);
 - at most one write in flight, so an older value can never land after a newer one;
 - the value last written or queued, so asking for it again costs nothing (:meth:`offer`);
-  a write that did not land is forgotten there, so the next identical offer tries again.
+  a write that did not land is forgotten there, so the next identical offer tries again;
+- a value whose write was put off (:class:`WriteLater`: the replica may not write now, or
+  the server kept failing), tried again after a growing delay until it lands, a newer value
+  replaces it or the key is forgotten. Whoever decided it will not ask again: nothing about
+  the object changed, so without this it would show the old value until something did.
 
 A fixed number of workers (the write budget) write in :meth:`run` until cancelled;
 :meth:`drain` waits for everything queued and in flight, for a graceful shutdown. The
@@ -25,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["CoalescingWriter", "Transitions"]
+__all__ = ["CoalescingWriter", "Transitions", "WriteLater"]
 
 log = logging.getLogger("batchsched.coalesce")
 
@@ -33,10 +37,21 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
+#: the delay before a put-off write is tried again, doubled each time up to the cap
+LATER_FIRST_SECONDS = 1.0
+LATER_CAP_SECONDS = 30.0
+
+
+class WriteLater(Exception):
+    """Raised by a write that was not made now but should be: the value is kept and tried
+    again later (see the module docstring)."""
+
+
 class CoalescingWriter(Generic[K, V]):
     """Write the latest value per key with ``concurrency`` workers, one write per key at a time.
 
-    ``written`` counts writes that landed, ``dropped`` those that did not (or raised).
+    ``written`` counts writes that landed, ``dropped`` those that did not (or raised),
+    ``put_off`` those kept for a later try (:class:`WriteLater`).
     """
 
     def __init__(
@@ -53,8 +68,11 @@ class CoalescingWriter(Generic[K, V]):
         self._last: dict[K, V] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        #: keys whose value waits for a later try: how many tries were put off in a row
+        self._later: dict[K, int] = {}
         self.written = 0
         self.dropped = 0
+        self.put_off = 0
 
     @property
     def queued(self) -> int:
@@ -69,6 +87,11 @@ class CoalescingWriter(Generic[K, V]):
     def pending(self) -> int:
         """Values queued or being written."""
         return len(self._waiting) + len(self._busy)
+
+    @property
+    def waiting_later(self) -> int:
+        """Values put off, waiting for their next try."""
+        return len(self._later)
 
     def put(self, key: K, value: V) -> None:
         """Queue ``value`` for ``key``, replacing one still waiting. Never blocks."""
@@ -92,6 +115,7 @@ class CoalescingWriter(Generic[K, V]):
         flight finishes."""
         self._waiting.pop(key, None)
         self._last.pop(key, None)
+        self._later.pop(key, None)
         self._settle()
 
     async def run(self) -> None:
@@ -117,9 +141,11 @@ class CoalescingWriter(Generic[K, V]):
                 continue  # forgotten, or the write in flight re-queues the key when done
             value = self._waiting.pop(key)
             self._busy.add(key)
-            landed = False
+            landed, later = False, False
             try:
                 landed = await self._write(key, value)
+            except WriteLater:
+                later = True
             except Exception:  # a bug in one write must not stop the others
                 log.exception("%s: write of %r failed", self.name, key)
             finally:
@@ -129,10 +155,31 @@ class CoalescingWriter(Generic[K, V]):
                 self._settle()
             if landed:
                 self.written += 1
+                self._later.pop(key, None)
+            elif later:
+                self.put_off += 1
+                self._try_later(key, value)
             else:
                 self.dropped += 1
+                self._later.pop(key, None)
                 if self._last.get(key) == value:
                     del self._last[key]
+
+    def _try_later(self, key: K, value: V) -> None:
+        """Put ``value`` back after a growing delay, unless it was replaced or forgotten."""
+        if key in self._waiting or self._last.get(key) != value:
+            self._later.pop(key, None)  # a newer value is on its way, or none is wanted
+            return
+        tries = self._later.get(key, 0)
+        self._later[key] = tries + 1
+        delay = min(LATER_CAP_SECONDS, LATER_FIRST_SECONDS * 2 ** min(tries, 16))
+
+        def again() -> None:
+            if key in self._later and key not in self._waiting and key not in self._busy \
+                    and self._last.get(key) == value:
+                self.put(key, value)
+
+        asyncio.get_running_loop().call_later(delay, again)
 
     def _settle(self) -> None:
         if not self._waiting and not self._busy:

@@ -17,7 +17,7 @@ drops its write; temporary errors are retried under
 :func:`~batchsched.kube.retry.status_writes`; nothing here raises into the scheduler. The
 queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`. Each attempt first checks
 the replica's :class:`~batchsched.kube.leader.Fence`; a write whose fence has passed is
-dropped unsent.
+kept unsent and tried again later (it is not asked for again).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from batchsched.core.gangs import VOLCANO, GroupKey, GroupStatus, PodGroup, condition_type
 from batchsched.kube.api import JSON, KubeAPI
-from batchsched.kube.coalesce import CoalescingWriter, Transitions
+from batchsched.kube.coalesce import CoalescingWriter, Transitions, WriteLater
 from batchsched.kube.errors import NotFoundError
 from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes, try_write
@@ -152,8 +152,8 @@ class GroupStatusWriter:
 
         try:
             return await try_write(self.retry, patch, what=what)
-        except Fenced:
-            return False
+        except Fenced as exc:
+            raise WriteLater(str(exc)) from exc
 
 
 def _clipped(status: GroupStatus) -> GroupStatus:

@@ -15,7 +15,7 @@ that is gone (404) drops its write; temporary errors are retried under
 :func:`~batchsched.kube.retry.status_writes`; nothing here raises into the scheduler. The
 queue is a :class:`~batchsched.kube.coalesce.CoalescingWriter`. Each attempt first checks
 the replica's :class:`~batchsched.kube.leader.Fence`; a write whose fence has passed is
-dropped unsent.
+kept unsent and tried again later (it is not asked for again).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from batchsched.kube.api import JSON, KubeAPI
-from batchsched.kube.coalesce import CoalescingWriter, Transitions
+from batchsched.kube.coalesce import CoalescingWriter, Transitions, WriteLater
 from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes, try_write
 from batchsched.kube.status import MESSAGE_LIMIT, rfc3339
@@ -120,8 +120,8 @@ class QueueStatusWriter:
             landed = await try_write(
                 self.retry, self.fence.guard(lambda: self.client.patch(path, body), what=what), what=what
             )
-        except Fenced:
-            return False
+        except Fenced as exc:
+            raise WriteLater(str(exc)) from exc
         if landed:
             self._written[name] = status
         return landed

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from batchsched.kube.coalesce import WriteLater
 from batchsched.kube.errors import (
     ConflictError,
     KubeError,
@@ -146,7 +147,9 @@ async def try_write(
     """One best-effort write under ``policy``: True when it landed. Never raises a KubeError.
 
     An object that is gone (404, or 409 from a UID precondition) drops the write and calls
-    ``gone``; errors still failing after the retries, or refused, are logged and dropped.
+    ``gone``; a refused write is logged and dropped; temporary errors still failing after
+    the retries raise :class:`~batchsched.kube.coalesce.WriteLater` (the coalescing writer
+    tries the value again later).
     """
     try:
         await policy.call(write, what=what)
@@ -155,7 +158,8 @@ async def try_write(
         if gone is not None:
             gone()
     except TemporaryError as exc:
-        log.warning("giving up %s after %d tries: %s", what, policy.retries + 1, exc)
+        log.warning("putting off %s after %d tries: %s", what, policy.retries + 1, exc)
+        raise WriteLater(what) from exc
     except KubeError as exc:
         log.warning("could not write %s: %s", what, exc)
     else:

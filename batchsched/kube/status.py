@@ -21,12 +21,12 @@ The queue itself (latest wins, one write in flight per key, draining) is a
 key of its own, so they are never coalesced.
 
 Failures: a pod (or namespace) that is gone - 404, 409 - drops the write; temporary errors
-are retried under :func:`~batchsched.kube.retry.status_writes`; anything else is logged and dropped. Nothing here
-raises into the scheduler.
+are retried under :func:`~batchsched.kube.retry.status_writes`, and still failing, kept and tried again later;
+anything else is logged and dropped. Nothing here raises into the scheduler.
 
 Every write here is made for the leader: each attempt first checks the replica's
-:class:`~batchsched.kube.leader.Fence`, and a write whose fence has passed is dropped
-unsent, like a write that failed.
+:class:`~batchsched.kube.leader.Fence`, and a write whose fence has passed is kept unsent
+and tried again later (the scheduler, having decided it, does not ask again).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 
 from batchsched.core.plan import ObjectRef
 from batchsched.kube.api import JSON, KubeAPI
-from batchsched.kube.coalesce import CoalescingWriter
+from batchsched.kube.coalesce import CoalescingWriter, WriteLater
 from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes, try_write
 
@@ -93,9 +93,10 @@ class StatusWriter:
     """Queue Events and pod conditions; :meth:`run` writes them with bounded concurrency.
 
     ``written`` counts successful writes, ``dropped`` writes given up (the object is gone,
-    retries were exhausted, the server refused, the queue was full, or the fence had
-    passed), ``pending`` writes queued or in flight. ``retry`` is the policy each write is
-    retried under; ``fence`` is checked before each attempt (always open when not given).
+    the server refused, or the queue was full), ``pending`` writes queued or in flight
+    (writes put off by the fence or by temporary errors wait for their next try apart).
+    ``retry`` is the policy each write is retried under; ``fence`` is checked before each
+    attempt (always open when not given).
     """
 
     def __init__(
@@ -227,7 +228,7 @@ class StatusWriter:
             return await self._send(item)
         except Fenced as exc:
             log.debug("%s", exc)
-            return False
+            raise WriteLater(str(exc)) from exc
 
     async def _send(self, item: _EventWrite | _Condition | _Nominated) -> bool:
         fence = self.fence

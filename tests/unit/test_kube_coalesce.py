@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from batchsched.kube.coalesce import CoalescingWriter, Transitions
+from batchsched.kube import coalesce
+from batchsched.kube.coalesce import CoalescingWriter, Transitions, WriteLater
 
 
 class Recorder:
@@ -210,6 +211,83 @@ def test_a_write_that_raises_is_dropped_and_the_workers_go_on() -> None:
             assert seen == ["bad", "good"]
             assert (writer.written, writer.dropped) == (1, 1)
             assert not task.done()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+class Fenced:
+    """A write function whose writes are put off (:class:`WriteLater`) while ``closed``."""
+
+    def __init__(self) -> None:
+        self.closed = True
+        self.tries: list[tuple[str, int]] = []
+        self.landed: list[tuple[str, int]] = []
+
+    async def __call__(self, key: str, value: int) -> bool:
+        self.tries.append((key, value))
+        if self.closed:
+            raise WriteLater("not now")
+        self.landed.append((key, value))
+        return True
+
+
+def put_off_writer(monkeypatch: pytest.MonkeyPatch) -> tuple[CoalescingWriter[str, int], Fenced]:
+    monkeypatch.setattr(coalesce, "LATER_FIRST_SECONDS", 0.01)
+    monkeypatch.setattr(coalesce, "LATER_CAP_SECONDS", 0.04)
+    write = Fenced()
+    return CoalescingWriter(write=write, concurrency=2, name="t"), write
+
+
+async def until(check: Callable[[], bool], seconds: float = 2.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+def test_a_write_put_off_is_tried_again_until_it_lands_without_being_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer, write = put_off_writer(monkeypatch)
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(writer.run())
+        try:
+            assert writer.offer("k", 1)
+            await until(lambda: len(write.tries) >= 3)  # tried again and again, never asked
+            assert not write.landed and writer.waiting_later == 1 and writer.dropped == 0
+            assert not writer.offer("k", 1)  # asking again costs nothing: it is on its way
+            write.closed = False
+            await until(lambda: bool(write.landed))
+            assert write.landed == [("k", 1)] and writer.written == 1
+            assert writer.waiting_later == 0
+            assert not writer.offer("k", 1)  # written: nothing to do
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_newer_value_or_a_forget_replaces_a_write_put_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    writer, write = put_off_writer(monkeypatch)
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(writer.run())
+        try:
+            writer.offer("newer", 1)
+            writer.offer("gone", 1)
+            await until(lambda: writer.waiting_later == 2)
+            writer.offer("newer", 2)
+            writer.forget("gone")
+            await until(lambda: ("newer", 2) in write.tries)
+            write.closed = False
+            await until(lambda: bool(write.landed))
+            await asyncio.sleep(0.15)  # past every delay: a stale try would have come
+            assert write.landed == [("newer", 2)]
+            assert writer.waiting_later == 0
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
