@@ -211,3 +211,71 @@ async def queues(kube: KubeClient, *specs: tuple[str, dict[str, Any]]) -> AsyncI
         for name in reversed(made):
             with contextlib.suppress(NotFoundError):
                 await kube.delete(f"{QUEUES}/{name}")
+
+
+# -- a large gang against a stream of small pods (the reservation tests) ------------------------
+
+
+def small_gpu_pod(name: str, seconds: int, *, deadline: bool, pool: str | None = None) -> dict[str, Any]:
+    """A 1-GPU pod that kwok completes after ``seconds`` and that declares that run time:
+    as ``activeDeadlineSeconds`` (``deadline``) or as ``batchsched.io/expected-runtime``."""
+    annotations = {"batchsched.io/sim-duration": f"{seconds}s"}
+    spec: dict[str, Any] = {"nodeSelector": {"pool": pool}} if pool else {}
+    if deadline:
+        spec["activeDeadlineSeconds"] = seconds
+    else:
+        annotations["batchsched.io/expected-runtime"] = f"{seconds}s"
+    return pod_body(name, gpu=1, metadata={"annotations": annotations}, spec=spec)
+
+
+@contextlib.asynccontextmanager
+async def arriving(kube: KubeClient, namespace: str, make: Callable[[int], dict[str, Any]],
+                   every: float) -> AsyncIterator[None]:
+    """A new pod ``make(i)`` every ``every`` seconds while the block runs."""
+
+    async def stream() -> None:
+        for i in range(1_000_000):
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", make(i))
+            await asyncio.sleep(every)
+
+    task = asyncio.get_running_loop().create_task(stream())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def gang_wait(kube: KubeClient, namespace: str, group: str, members: list[str], *,
+                    since: float, timeout: float, late: str, what: str) -> tuple[float, dict[str, list[tuple[str, str]]]]:
+    """Wait until every member of the scheduler-plugins PodGroup ``group`` is bound; return
+    how long it waited since ``since`` (monotonic) and what it was told meanwhile, in order,
+    each (reason, message) once: ``told["pod"]`` the members' ``PodScheduled=False``
+    conditions, ``told["group"]`` the PodGroup's condition while not scheduled. Prints the
+    wait and how many pods named ``late...`` started meanwhile (also when it times out)."""
+    told: dict[str, list[tuple[str, str]]] = {"pod": [], "group": []}
+
+    def note(who: str, c: dict[str, Any]) -> None:
+        said = (c.get("reason", ""), c.get("message", ""))
+        if said not in told[who]:
+            told[who].append(said)
+
+    async def bound() -> bool:
+        pods = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
+        for name in members:
+            for c in pods[name]["status"].get("conditions") or []:
+                if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                    note("pod", c)
+        cond = condition(await get_group(kube, XK8S, namespace, group))
+        if cond.get("reason") and cond.get("status") == "False":
+            note("group", cond)
+        return all(pods[n]["spec"].get("nodeName") for n in members)
+
+    try:
+        await wait_for(bound, timeout=timeout, interval=0.5)
+    finally:
+        wait = time.monotonic() - since
+        started = sum(1 for p in await list_pods(kube, namespace)
+                      if p["metadata"]["name"].startswith(late) and p["spec"].get("nodeName"))
+        print(f"\n{what}: gang wait {wait:.1f} s (bound {timeout:g} s); {started} later small pods started meanwhile")
+    return wait, told

@@ -23,14 +23,15 @@ import pytest
 from batchsched.kube.client import KubeClient
 from tests.integration.helpers import (
     XK8S,
+    arriving,
     assert_no_overcommit,
-    condition,
     create_group,
     create_pods,
-    get_group,
+    gang_wait,
     list_pods,
     pod_body,
     running_scheduler,
+    small_gpu_pod,
     wait_for,
 )
 
@@ -41,16 +42,6 @@ GPU = "nvidia.com/gpu"
 BOUND = 60.0
 
 
-def small(name: str, pool: str, seconds: int, *, deadline: bool) -> dict[str, Any]:
-    annotations = {"batchsched.io/sim-duration": f"{seconds}s"}
-    spec: dict[str, Any] = {"nodeSelector": {"pool": pool}}
-    if deadline:
-        spec["activeDeadlineSeconds"] = seconds
-    else:
-        annotations["batchsched.io/expected-runtime"] = f"{seconds}s"
-    return pod_body(name, gpu=1, metadata={"annotations": annotations}, spec=spec)
-
-
 async def test_a_gang_short_of_min_resources_starts_within_a_bound_under_a_stream_of_small_pods(
     sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:
@@ -59,7 +50,7 @@ async def test_a_gang_short_of_min_resources_starts_within_a_bound_under_a_strea
     await make_nodes(count=2, gpus=8, labels={"pool": pool})
     async with running_scheduler(sandbox, namespace):
         await create_pods(kube, namespace, [
-            small(f"busy-{i:02d}", pool, rng.randint(10, 20), deadline=i % 2 == 0) for i in range(16)
+            small_gpu_pod(f"busy-{i:02d}", rng.randint(10, 20), deadline=i % 2 == 0, pool=pool) for i in range(16)
         ])
 
         async def busy() -> bool:
@@ -79,36 +70,12 @@ async def test_a_gang_short_of_min_resources_starts_within_a_bound_under_a_strea
         # are all younger than the gang
         await asyncio.sleep(1.5)
 
-        async def stream() -> None:
-            for i in range(10_000):
-                await kube.create(f"/api/v1/namespaces/{namespace}/pods",
-                                  small(f"late-{i:04d}", pool, rng.randint(10, 20), deadline=i % 2 == 1))
-                await asyncio.sleep(0.7)
+        def late(i: int) -> dict[str, Any]:
+            return small_gpu_pod(f"late-{i:04d}", rng.randint(10, 20), deadline=i % 2 == 1, pool=pool)
 
-        arrivals = asyncio.get_running_loop().create_task(stream())
-        told: dict[str, set[tuple[str, str]]] = {"pod": set(), "group": set()}
-        try:
-            async def gang_bound() -> bool:
-                pods = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
-                for name in ("big-0", "big-1"):
-                    for c in pods[name]["status"].get("conditions") or []:
-                        if c.get("type") == "PodScheduled" and c.get("status") == "False":
-                            told["pod"].add((c.get("reason", ""), c.get("message", "")))
-                group = condition(await get_group(kube, XK8S, namespace, "big"))
-                if group.get("reason") and group.get("status") == "False":
-                    told["group"].add((group.get("reason", ""), group.get("message", "")))
-                return all(pods[n]["spec"].get("nodeName") for n in ("big-0", "big-1"))
-
-            try:
-                await wait_for(gang_bound, timeout=BOUND, interval=0.5)
-            finally:
-                wait = time.monotonic() - created
-                started = sum(1 for p in await list_pods(kube, namespace)
-                              if p["metadata"]["name"].startswith("late-") and p["spec"].get("nodeName"))
-                print(f"\ngang with minResources: wait {wait:.1f} s (bound {BOUND:g} s); "
-                      f"{started} later small pods started meanwhile")
-        finally:
-            arrivals.cancel()
+        async with arriving(kube, namespace, late, every=0.7):
+            wait, told = await gang_wait(kube, namespace, "big", ["big-0", "big-1"], since=created,
+                                         timeout=BOUND, late="late-", what="gang with minResources")
         assert wait <= BOUND
         # while it waited, its pods and its PodGroup gave the minResources reason, then where
         # it holds its nodes

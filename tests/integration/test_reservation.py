@@ -13,7 +13,6 @@ does not start within the bound); each run prints the gang's wait.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import time
@@ -24,13 +23,14 @@ import pytest
 from batchsched.kube.client import KubeClient
 from tests.integration.helpers import (
     XK8S,
-    condition,
+    arriving,
     create_group,
     create_pods,
-    get_group,
+    gang_wait,
     list_pods,
     pod_body,
     running_scheduler,
+    small_gpu_pod,
     wait_for,
 )
 
@@ -41,16 +41,6 @@ BOUND = 60.0
 ENABLED = os.environ.get("RESERVATION_ENABLED", "true").lower() != "false"
 
 
-def small(name: str, seconds: int, *, deadline: bool) -> dict[str, Any]:
-    annotations = {"batchsched.io/sim-duration": f"{seconds}s"}
-    spec: dict[str, Any] = {}
-    if deadline:
-        spec["activeDeadlineSeconds"] = seconds
-    else:
-        annotations["batchsched.io/expected-runtime"] = f"{seconds}s"
-    return pod_body(name, gpu=1, metadata={"annotations": annotations}, spec=spec)
-
-
 async def test_a_large_gang_starts_within_a_bound_under_a_stream_of_small_pods(
     sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
 ) -> None:
@@ -58,7 +48,7 @@ async def test_a_large_gang_starts_within_a_bound_under_a_stream_of_small_pods(
     await make_nodes(count=3, gpus=8)
     async with running_scheduler(sandbox, namespace, reservation={"enabled": ENABLED}):  # type: ignore[attr-defined]
         await create_pods(kube, namespace, [
-            small(f"busy-{i:02d}", rng.randint(10, 20), deadline=i % 2 == 0) for i in range(24)
+            small_gpu_pod(f"busy-{i:02d}", rng.randint(10, 20), deadline=i % 2 == 0) for i in range(24)
         ])
 
         async def busy() -> bool:
@@ -72,38 +62,15 @@ async def test_a_large_gang_starts_within_a_bound_under_a_stream_of_small_pods(
         ])
         created = time.monotonic()
 
-        async def stream() -> None:
-            for i in range(10_000):
-                await kube.create(f"/api/v1/namespaces/{namespace}/pods",
-                                  small(f"late-{i:04d}", rng.randint(10, 20), deadline=i % 2 == 1))
-                await asyncio.sleep(0.4)
+        def late(i: int) -> dict[str, Any]:
+            return small_gpu_pod(f"late-{i:04d}", rng.randint(10, 20), deadline=i % 2 == 1)
 
-        arrivals = asyncio.get_running_loop().create_task(stream())
-        told: dict[str, Any] = {}
-        try:
-            async def gang_bound() -> bool:
-                pods = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
-                for name in ("big-0", "big-1"):
-                    for c in pods[name]["status"].get("conditions") or []:
-                        if c.get("type") == "PodScheduled" and c.get("reason") == "Reserved":
-                            told.setdefault("pod", c["message"])
-                group = condition(await get_group(kube, XK8S, namespace, "big"))
-                if group.get("reason") == "Reserved":
-                    told.setdefault("group", group["message"])
-                return all(pods[n]["spec"].get("nodeName") for n in ("big-0", "big-1"))
-
-            try:
-                await wait_for(gang_bound, timeout=BOUND, interval=0.5)
-            finally:
-                wait = time.monotonic() - created
-                started = sum(1 for p in await list_pods(kube, namespace)
-                              if p["metadata"]["name"].startswith("late-") and p["spec"].get("nodeName"))
-                print(f"\nreservation enabled={ENABLED}: gang wait {wait:.1f} s "
-                      f"(bound {BOUND:g} s); {started} later small pods started meanwhile")
-        finally:
-            arrivals.cancel()
+        async with arriving(kube, namespace, late, every=0.4):
+            wait, told = await gang_wait(kube, namespace, "big", ["big-0", "big-1"], since=created,
+                                         timeout=BOUND, late="late-", what=f"reservation enabled={ENABLED}")
         assert wait <= BOUND
         # while it waited, its pods and its PodGroup said it holds a reservation, and where
-        assert "; holds a reservation on node(s) " in told["pod"], told
-        assert "expected to start in about" in told["pod"]
-        assert "; holds a reservation on node(s) " in told["group"], told
+        reserved = {who: next((m for r, m in said if r == "Reserved"), "") for who, said in told.items()}
+        assert "; holds a reservation on node(s) " in reserved["pod"], told
+        assert "expected to start in about" in reserved["pod"]
+        assert "; holds a reservation on node(s) " in reserved["group"], told
