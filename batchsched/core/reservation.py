@@ -36,8 +36,10 @@ The holder is told it waits (``WAITING``, reason :data:`RESERVED`, the message s
 nodes and when it is expected to start); a unit held back by another's reservation is told
 on which nodes capacity is reserved and for whom.
 
-The walk is reached through the :class:`Walk` protocol: this module does not import the
-cycle.
+A cycle's reservations act on its :class:`~batchsched.core.statement.Statement` (the holds
+on the nodes, the units told they wait) and place with its
+:class:`~batchsched.core.placer.Placer`, each what-if placement inside an attempt that is
+discarded; this module never calls the cycle.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -57,8 +58,10 @@ from batchsched.core import explain
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod, PodUID
 from batchsched.core.placement.layout import Layout
-from batchsched.core.plan import Plan, Unit, UnitStatus
-from batchsched.core.queues import QueueInput, QueueName
+from batchsched.core.placer import Placer
+from batchsched.core.plan import Unit, UnitStatus
+from batchsched.core.queues import QueueName
+from batchsched.core.statement import Statement
 
 __all__ = [
     "RESERVED",
@@ -244,33 +247,6 @@ class Reservation:
     """What the quorum takes on each of ``hold_rows``."""
 
 
-class Walk(Protocol):
-    """What reservations use of the cycle's walk."""
-
-    @property
-    def snap(self) -> Snapshot: ...
-    @property
-    def qi(self) -> QueueInput: ...
-    @property
-    def plan(self) -> Plan: ...
-    @property
-    def used(self) -> IntArray: ...
-    @property
-    def rows(self) -> Mapping[str, int]: ...
-
-    def touch(self, rows: Any) -> None: ...
-
-    def touch_all(self) -> None: ...
-
-    def place(self, unit: Unit, lay: Layout, k: int, mc: int, out: IntArray) -> tuple[int, str]:
-        """Place the first ``k`` members, the first ``mc`` all or none: (placed, where)."""
-        ...
-
-    def fail(self, unit: Unit, message: str, *, reason: str = "", status: UnitStatus = ...) -> None:
-        """Record ``unit``'s result and tell its pods."""
-        ...
-
-
 class Reservations:
     """The reservation policy of a :class:`~batchsched.core.cycle.Cycle`; remembers between
     cycles only since when each unit holds its reservation (for ``max_hold``)."""
@@ -283,26 +259,25 @@ class Reservations:
         self.dropped: dict[str, float] = {}
         self.charged = _EndsCache()
 
-    def begin(self, walk: Walk, state: ClusterState | None) -> CycleReservations:
-        return CycleReservations(self, walk, state)
+    def begin(self, placer: Placer, st: Statement, now: float, state: ClusterState | None) -> CycleReservations:
+        """The reservations of one cycle at ``now``, placing with ``placer`` and holding on ``st``."""
+        return CycleReservations(self, placer, st, now, state)
 
 
 @dataclass(slots=True)
 class CycleReservations:
-    """The reservations of one cycle, and the hooks the walk calls."""
+    """The reservations of one cycle: those made, and how many per queue."""
 
     policy: Reservations
-    walk: Walk
+    placer: Placer
+    st: Statement
+    now: float
     state: ClusterState | None
     made: list[Reservation] = field(default_factory=list)
     per_queue: dict[QueueName | None, int] = field(default_factory=dict)
     _ends: _Ends | None = None
 
-    @property
-    def now(self) -> float:
-        return self.walk.qi.now
-
-    # -- hooks ---------------------------------------------------------------------------
+    # -- what the cycle asks ---------------------------------------------------------------
 
     def alike(self, unit: Unit) -> Callable[[Unit], bool]:
         """Which units may join the unqueued single pod ``unit`` in one kernel call: single
@@ -324,24 +299,21 @@ class CycleReservations:
     def lifted(self, unit: Unit) -> Iterator[None]:
         """While placing ``unit``: the holds of the reservations it cannot delay lifted."""
         lift = self._exempt(unit)
-        used = self.walk.used
         for i in lift:
             r = self.made[i]
-            used[r.hold_rows] -= r.hold
-            self.walk.touch(r.hold_rows)
+            self.st.hold(r.hold_rows, r.hold, -1)
         try:
             yield
         finally:
             for i in lift:
                 r = self.made[i]
-                used[r.hold_rows] += r.hold
-                self.walk.touch(r.hold_rows)
+                self.st.hold(r.hold_rows, r.hold)
 
     def fail(self, q: QueueName | None, unit: Unit, lay: Layout, k: int, message: str, *, reason: str = "") -> None:
         """``unit`` did not fit: reserve for it if it is at the head of its queue, else
         record the failure (saying whose reservation holds room it could use) with
         ``reason`` (default: unschedulable)."""
-        walk, s = self.walk, self.policy.settings
+        st, s = self.st, self.policy.settings
         mc = 1 if unit.single else unit.min_count
         eligible = (
             s.enabled and self.per_queue.get(q, 0) < s.per_queue and lay.reqs is not None
@@ -349,16 +321,16 @@ class CycleReservations:
             and not any(p.invalid for p in unit.pods[:mc])
         )
         if eligible and self._too_long(unit.key):
-            walk.fail(unit, explain.reservation_dropped(message, s.max_hold), reason=reason)
+            st.fail(unit, explain.reservation_dropped(message, s.max_hold), reason=reason)
             return
         r = self._reserve(q, unit, lay, mc) if eligible else None
         if r is None:
-            walk.fail(unit, self._held_back(unit, lay, message), reason=reason)
+            st.fail(unit, self._held_back(unit, lay, message), reason=reason)
             return
         self.per_queue[q] = self.per_queue.get(q, 0) + 1
         start_in = None if r.start == NEVER else r.start - self.now
-        walk.fail(unit, explain.reserved(message, r.nodes, start_in, r.ending), reason=RESERVED,
-                  status=UnitStatus.WAITING)
+        st.fail(unit, explain.reserved(message, r.nodes, start_in, r.ending), reason=RESERVED,
+                status=UnitStatus.WAITING)
 
     def finish(self) -> None:
         """After the walk: how long each holder has held its reservation."""
@@ -399,30 +371,28 @@ class CycleReservations:
 
     def ends(self) -> _Ends:
         if self._ends is None:
-            w = self.walk
-            self._ends = self.policy.charged.get(self.state, w.snap, w.rows).at(self.now)
+            p = self.placer
+            self._ends = self.policy.charged.get(self.state, p.snap, p.rows).at(self.now)
         return self._ends
 
     def _fits(self, unit: Unit, lay: Layout, mc: int, base: IntArray) -> npt.NDArray[np.int64] | None:
-        """Where the quorum goes if the usage were ``base``; None when it does not fit."""
-        used = self.walk.used
-        saved = used.copy()
+        """Where the quorum goes if the usage were ``base``; None when it does not fit. A
+        what-if: everything it writes is discarded."""
         out = np.full(mc, -1, dtype=np.int64)
+        mark = self.st.checkpoint()
         try:
-            used[:] = np.maximum(base, 0)
-            self.walk.touch_all()
-            placed, _ = self.walk.place(unit, lay, mc, mc, out)
+            self.st.assume(np.maximum(base, 0))
+            placed, _ = self.placer.place(unit, lay, mc, mc, out)
         finally:
-            used[:] = saved
-            self.walk.touch_all()
+            self.st.discard(mark)
         return out if placed >= mc else None
 
     def _reserve(self, q: QueueName | None, unit: Unit, lay: Layout, mc: int) -> Reservation | None:
-        walk = self.walk
-        nodes = len(walk.snap.nodes)
+        snap = self.placer.snap
+        nodes = len(snap.nodes)
         ends = self.ends()
         now = self.now
-        cur = walk.used.copy()
+        cur = self.st.used.copy()
         for r in self.made:  # earlier reservations: their quorum runs, with no end
             cur[r.hold_rows] += r.need - r.hold
         finite = ends.ends < NEVER
@@ -459,11 +429,10 @@ class CycleReservations:
         ending = int(np.count_nonzero(on & (ends.ends <= start))) if start < NEVER else 0
         r = Reservation(
             unit=unit.key, display=unit.display, queue=q, priority=unit.priority, rows=rows,
-            nodes=tuple(walk.snap.nodes[x].name for x in hold_rows), start=max(start, now),
+            nodes=tuple(snap.nodes[x].name for x in hold_rows), start=max(start, now),
             ending=ending, hold_rows=hold_rows, hold=hold, need=need,
         )
-        walk.used[hold_rows] += hold
-        walk.touch(hold_rows)
+        self.st.hold(hold_rows, hold)
         self.made.append(r)
         return r
 
@@ -472,10 +441,11 @@ class CycleReservations:
     ) -> tuple[npt.NDArray[np.int64] | None, IntArray]:
         """No finite start: free the work with no declared end on the fewest nodes, those
         holding the least of it first, until the quorum fits (rule 2)."""
-        walk, nodes = self.walk, len(self.walk.snap.nodes)
+        snap = self.placer.snap
+        nodes = len(snap.nodes)
         known = ends.freed(finite, nodes)
         unknown = ends.freed(~finite, nodes)
-        alloc = walk.snap.alloc.astype(np.float64)
+        alloc = snap.alloc.astype(np.float64)
         share = np.divide(unknown, alloc, out=np.zeros_like(alloc), where=alloc > 0).max(axis=1, initial=0.0)
         ranked = np.argsort(share, kind="stable")
         if self._fits(unit, lay, mc, cur - known - unknown) is None:
@@ -497,15 +467,16 @@ class CycleReservations:
         """``message``, and whose reservation holds room ``unit``'s first member could use."""
         if not self.made or lay.reqs is None or not len(lay.reqs):
             return message
-        walk, req, mask = self.walk, lay.reqs[0], lay.masks[int(lay.sig[0])]
-        alloc = walk.snap.alloc
+        snap, used = self.placer.snap, self.st.used
+        req, mask = lay.reqs[0], lay.masks[int(lay.sig[0])]
+        alloc = snap.alloc
         lift = set(self._exempt(unit))
         for i, r in enumerate(self.made):
             if i in lift:
                 continue
             rows = r.hold_rows
-            room = (alloc[rows] - walk.used[rows] + r.hold >= req).all(axis=1) & mask[rows]
+            room = (alloc[rows] - used[rows] + r.hold >= req).all(axis=1) & mask[rows]
             if room.any():
-                names = [walk.snap.nodes[int(x)].name for x in rows[room]]
+                names = [snap.nodes[int(x)].name for x in rows[room]]
                 return explain.behind_reservation(message, r.display, names)
         return message

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from batchsched.core import cycle as cycle_module
+from batchsched.core import placer as placer_module
 from batchsched.core.cycle import Cycle
 from batchsched.core.gangs import GroupBook, free_capacity
 from batchsched.core.mirror import ClusterState
@@ -212,9 +212,9 @@ def test_an_unannotated_gang_takes_the_plain_kernel_path(monkeypatch: pytest.Mon
     def never(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("topology placement used for a gang that asked for none")
 
-    monkeypatch.setattr(cycle_module, "place_gang_topology", never)
-    monkeypatch.setattr(cycle_module, "topology_placer", never)
-    monkeypatch.setattr(cycle_module.DomainCache, "get", never)
+    monkeypatch.setattr(placer_module, "place_gang_topology", never)
+    monkeypatch.setattr(placer_module, "topology_placer", never)
+    monkeypatch.setattr(placer_module.DomainCache, "get", never)
     w = World().busy(0, 4, 5, 12)
     key = w.gang("train", 4)
     [unit] = w.units()

@@ -1,7 +1,7 @@
 """Preemption and reclaim: who may be evicted, the victim search, a cycle's attempts
 and the nominations it holds."""
 
-from batchsched.core.preemption.attempt import CyclePreemption, Walk
+from batchsched.core.preemption.attempt import CyclePreemption, Verdict
 from batchsched.core.preemption.candidates import (
     Candidates,
     Claim,
@@ -11,7 +11,6 @@ from batchsched.core.preemption.candidates import (
 )
 from batchsched.core.preemption.nominations import (
     Held,
-    Terminating,
     held_nominations,
     restored_nominations,
 )
@@ -33,8 +32,7 @@ __all__ = [
     "Preemption",
     "Preemptor",
     "Room",
-    "Terminating",
-    "Walk",
+    "Verdict",
     "entitled",
     "eviction_kind",
     "held_nominations",

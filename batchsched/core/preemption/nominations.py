@@ -4,14 +4,13 @@ terminating.
 A preemption evicts its victims and records a :class:`~batchsched.core.plan.Nomination`
 (the nodes and requests held for the preemptor's quorum). Until the victims are gone the
 next cycles keep that capacity for it: :func:`held_nominations` gives the nominations to
-charge to their nodes and queue, and :class:`Terminating` tracks the victims the mirror
-still charges (their capacity is not in the walk's usage any more, but a pod bound there
-now would over-commit the node until they are gone).
+charge to their nodes and queue (the victims the mirror still charges are the cycle
+statement's: :class:`~batchsched.core.statement.Terminating`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +18,10 @@ import numpy.typing as npt
 
 from batchsched.core.gangs import GroupBook, GroupKey
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.placement.cards import cards_over
 from batchsched.core.plan import Nomination, Unit
 from batchsched.core.queues import QueueBook, QueueTree
 
-__all__ = ["Held", "Terminating", "held_nominations"]
+__all__ = ["Held", "held_nominations"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -59,48 +57,6 @@ def held_nominations(
                 reqs[m, c] = value
         if known:
             yield Held(n, held, reqs)
-
-
-class Terminating:
-    """Victims still charged by the mirror (terminating): taken out of ``used`` (the walk's
-    working usage, updated in place), but their nodes are not free to bind on until they
-    are gone."""
-
-    def __init__(self, used: IntArray, alloc: IntArray, touch: Callable[[list[int]], None] | None = None,
-                 device: IntArray | None = None) -> None:
-        self.used = used
-        #: the device descriptor: cards are counted card by card (:func:`cards_over`)
-        self.device = device
-        #: told of every row whose usage changes here
-        self.touch = touch
-        self.alloc = alloc
-        self.term = np.zeros_like(used)
-        self.pods: dict[int, set[str]] = {}
-        #: the uids of the victims
-        self.live: set[str] = set()
-
-    def add(self, uid: str, row: int, req: IntArray) -> None:
-        self.used[row] -= req
-        if self.touch is not None:
-            self.touch([row])
-        self.term[row] += req
-        self.pods.setdefault(row, set()).add(uid)
-        self.live.add(uid)
-
-    def blocked_by(self, rows: Sequence[int]) -> set[str]:
-        """Victims still terminating on those of ``rows`` that would be over-committed if
-        the pods just charged there were bound now (empty: they may be bound), resource by
-        resource and card by card."""
-        out: set[str] = set()
-        for row in set(rows):
-            if row not in self.pods:
-                continue
-            full = self.used[row] + self.term[row]
-            if bool((full > self.alloc[row]).any()) or (
-                self.device is not None and cards_over(self.alloc[row], full, self.device)
-            ):
-                out |= self.pods[row]
-        return out
 
 
 def restored_nominations(

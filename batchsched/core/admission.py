@@ -1,0 +1,142 @@
+"""A unit placed by a cycle, recorded on its statement.
+
+Whether a unit was placed by the fair-order walk, as a nominee on the room it held, or
+after a victim search found it fits with no victim, the same rule records it: the queue is
+charged, each placed member becomes a :class:`~batchsched.core.plan.Binding` (with the GPU
+cards it got), members that landed on room preempted pods still hold make the unit wait
+with a nomination instead, and the extras left out are told why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchsched.core import explain
+from batchsched.core.devices import annotations_for
+from batchsched.core.mirror import Snapshot
+from batchsched.core.model import Pod
+from batchsched.core.placement.cards import assigned, held_cards
+from batchsched.core.placement.layout import Layout, narrow
+from batchsched.core.placement.topology import CLUSTER
+from batchsched.core.placer import IntArray, Placer
+from batchsched.core.plan import (
+    Binding,
+    Nomination,
+    Unit,
+    UnitResult,
+    UnitStatus,
+    Unschedulable,
+)
+from batchsched.core.queues import QueueName
+from batchsched.core.statement import Statement
+
+__all__ = ["Admission"]
+
+
+class Admission:
+    """Places units with ``placer`` and records those placed on ``st`` at ``now``."""
+
+    def __init__(self, snap: Snapshot, now: float, st: Statement, placer: Placer) -> None:
+        self.snap = snap
+        self.now = now
+        self.st = st
+        self.placer = placer
+
+    def place_on_free_room(self, q: QueueName | None, unit: Unit) -> bool:
+        """Place ``unit`` (bound now) where no victim still terminates; nothing on failure.
+        A preemptor whose victims only held quota (or whose room freed meanwhile) need not
+        wait for them to go."""
+        with self.st.victims_room_closed():
+            return self.try_place(q, unit)
+
+    def try_place(self, q: QueueName | None, unit: Unit) -> bool:
+        """Place ``unit`` if quota and nodes allow, recording bindings; nothing on failure."""
+        pods = unit.pods
+        lay = self.placer.unit_layout(unit)
+        if lay.reqs is None or any(p.invalid for p in pods[: max(1, unit.min_count)]):
+            return False
+        mc = 1 if unit.single else unit.min_count
+        k = len(pods) if q is None else self.st.tree.admissible_prefix(q, lay.reqs, mc)
+        if k == 0:
+            return False
+        out = np.full(k, -1, dtype=np.int64)
+        placed, where = self.placer.place(unit, lay, k, mc, out)
+        if placed == 0:
+            return False
+        self.admitted(q, unit, lay, out, k, where)
+        return True
+
+    def admitted(
+        self, q: QueueName | None, unit: Unit, lay: Layout, out: IntArray, k: int, where: str = ""
+    ) -> None:
+        """Record the placed members of ``unit`` (``out``: node per member of the first
+        ``k``; ``where``: the topology domain they are in, if any); extras that did not
+        fit, or that quota refused, are told why.
+
+        Members placed on capacity that preempted pods still hold (they are terminating)
+        are not bound yet: the unit gets a nomination on those nodes instead."""
+        assert lay.reqs is not None
+        st, placer = self.st, self.placer
+        st.spare(unit.key)
+        members = [m for m in range(k) if out[m] >= 0]
+        if q is not None:
+            st.admit(q, lay.reqs[members].sum(axis=0))
+        rows = [int(out[m]) for m in members]
+        waiting = st.gone.blocked_by(rows)
+        if waiting:
+            names = tuple(self.snap.nodes[r].name for r in rows)
+            st.nominate(Nomination(
+                unit=unit.key, queue=q, pods=tuple(unit.pods[m].uid for m in members), nodes=names,
+                requests=tuple({**unit.pods[m].requests, **held_cards(lay.reqs[m], placer.arrays.device, self.snap.columns)}
+                               for m in members),
+                victims=frozenset(waiting), since=self.now, priority=unit.priority,
+            ))
+            st.record(unit.key, UnitResult(
+                UnitStatus.WAITING, "WaitingForPreemption", explain.waiting_for_victims(len(waiting), names),
+            ))
+            return
+        st.record(unit.key, UnitResult(UnitStatus.SCHEDULED, "Scheduled", placed=len(members), where=where))
+        domain = "" if where == CLUSTER else where
+        level = unit.topology_level
+        told = lay
+        if domain and unit.topology_required and level is not None and not lay.domain and rows:
+            # the extras left out were held to the gang's domain: explain them there
+            told = narrow(lay, placer.domains(), level, rows[0]) or lay
+        # read the cards now: explaining the others below runs the kernel on these rows
+        cards = {m: assigned(unit.pods[m].card_asks, lay.reqs[m], placer.arrays.device)
+                 for m in members if unit.pods[m].card_asks}
+        for m, pod in enumerate(unit.pods):
+            if m < k and out[m] >= 0:
+                self._bind(unit, pod, int(out[m]), domain, cards.get(m))
+                continue
+            if pod.invalid:
+                message = explain.invalid_pod(pod.key, pod.invalid)
+            elif m >= k and q is not None:
+                message = self.st.tree.admissible(q, lay.reqs[m]) or explain.QUEUE_FULL_ANY
+            else:
+                message = placer.explain_member(pod, told, m)
+            st.tell(Unschedulable(pod, explain.elastic_member(message), unit.key))
+
+    def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "",
+              cards: tuple[tuple[int, ...], ...] | None = None) -> None:
+        self.placer.topo.add(pod, row)
+        notes: tuple[tuple[str, str], ...] = ()
+        labels: tuple[tuple[str, str], ...] = ()
+        if cards is not None:
+            a, lb = annotations_for(pod.card_asks, cards)
+            notes, labels = tuple(sorted(a.items())), tuple(sorted(lb.items()))
+        self.st.bind(Binding(
+            pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key, where,
+            cards=cards, annotations=notes, labels=labels,
+        ))
+
+    def place_quorum(self, q: QueueName | None, unit: Unit, lay: Layout) -> bool:
+        """Place ``unit``'s quorum alone (a victim search found that it fits with no
+        victim); nothing on failure."""
+        mc = 1 if unit.single else unit.min_count
+        out = np.full(len(unit.pods), -1, dtype=np.int64)
+        placed, where = self.placer.place(unit, lay, mc, mc, out)
+        if not placed:
+            return False
+        self.admitted(q, unit, lay, out, mc, where)
+        return True
