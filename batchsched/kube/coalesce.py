@@ -68,8 +68,9 @@ class CoalescingWriter(Generic[K, V]):
         self._last: dict[K, V] = {}
         self._idle = asyncio.Event()
         self._idle.set()
-        #: keys whose value waits for a later try: how many tries were put off in a row
-        self._later: dict[K, int] = {}
+        #: keys whose value waits for a later try: how many tries were put off in a row, and
+        #: the value
+        self._later: dict[K, tuple[int, V]] = {}
         self.written = 0
         self.dropped = 0
         self.put_off = 0
@@ -166,17 +167,18 @@ class CoalescingWriter(Generic[K, V]):
                     del self._last[key]
 
     def _try_later(self, key: K, value: V) -> None:
-        """Put ``value`` back after a growing delay, unless it was replaced or forgotten."""
-        if key in self._waiting or self._last.get(key) != value:
-            self._later.pop(key, None)  # a newer value is on its way, or none is wanted
+        """Put ``value`` back after a growing delay, unless a newer value replaced it or
+        the key was forgotten meanwhile."""
+        if key in self._waiting:
+            self._later.pop(key, None)  # a newer value is on its way
             return
-        tries = self._later.get(key, 0)
-        self._later[key] = tries + 1
+        tries = self._later[key][0] if key in self._later else 0
+        self._later[key] = (tries + 1, value)
         delay = min(LATER_CAP_SECONDS, LATER_FIRST_SECONDS * 2 ** min(tries, 16))
 
         def again() -> None:
-            if key in self._later and key not in self._waiting and key not in self._busy \
-                    and self._last.get(key) == value:
+            entry = self._later.get(key)
+            if entry is not None and entry[1] is value and key not in self._waiting and key not in self._busy:
                 self.put(key, value)
 
         asyncio.get_running_loop().call_later(delay, again)

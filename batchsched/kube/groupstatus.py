@@ -85,6 +85,11 @@ class GroupStatusWriter:
     def dropped(self) -> int:
         return self._writes.dropped
 
+    @property
+    def put_off(self) -> int:
+        """Writes put off (the fence had passed, or temporary errors outlasted the retries)."""
+        return self._writes.put_off
+
     def update(self, group: PodGroup, status: GroupStatus) -> None:
         """Ask for ``status`` on ``group``; a no-op when that is what it has or will have."""
         self._writes.offer(

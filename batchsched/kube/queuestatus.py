@@ -72,6 +72,11 @@ class QueueStatusWriter:
     def dropped(self) -> int:
         return self._writes.dropped
 
+    @property
+    def put_off(self) -> int:
+        """Writes put off (the fence had passed, or temporary errors outlasted the retries)."""
+        return self._writes.put_off
+
     def update(self, name: str, status: Mapping[str, Any]) -> None:
         """Ask for ``status`` on queue ``name``; a no-op when that is what it has or will have."""
         self._writes.offer(name, dict(status))

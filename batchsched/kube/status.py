@@ -137,6 +137,11 @@ class StatusWriter:
     def dropped(self) -> int:
         return self._writes.dropped + self._refused
 
+    @property
+    def put_off(self) -> int:
+        """Writes put off (the fence had passed, or temporary errors outlasted the retries)."""
+        return self._writes.put_off
+
     # -- what the scheduler calls (never blocks) ------------------------------------------
 
     def event(self, ref: ObjectRef, *, type: str, reason: str, message: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from batchsched.core.gangs import XK8S, GroupStatus, PodGroup
 from batchsched.core.plan import Binding, Eviction
+from batchsched.kube import coalesce
 from batchsched.kube.binder import BOUND_BY, Binder
 from batchsched.kube.cleanup import CleanupWriter
 from batchsched.kube.errors import ConflictError, TemporaryError
@@ -280,23 +281,40 @@ def test_a_cleanup_past_the_deadline_is_dropped() -> None:
 # -- status writes ----------------------------------------------------------------------
 
 
-def test_status_writes_past_the_deadline_are_dropped_quietly_and_tried_again_when_open(
-    caplog: pytest.LogCaptureFixture,
+def test_status_writes_past_the_deadline_are_kept_quietly_and_written_once_open(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A late renewal: what was decided meanwhile is not sent past the deadline, and is
+    written once the fence opens again, without being asked for again (the session
+    remembers having told it and will not tell it again)."""
+    monkeypatch.setattr(coalesce, "LATER_FIRST_SECONDS", 0.01)
+    monkeypatch.setattr(coalesce, "LATER_CAP_SECONDS", 0.02)
+
     async def main() -> None:
         fence, clock = fence_until(10.0, 10.0)
         kube = FakeKube()
         writer = StatusWriter(kube, instance="a", fence=fence, clock=clock)
-        writer.pod_unschedulable(POD, "no room")
-        writer.pod_nominated(POD, "n1")
-        await writing(writer.run, writer.drain)
-        assert kube.calls == []
-        assert (writer.written, writer.dropped) == (0, 3)
-        # leading again: the same message is not taken for written
-        fence.extend(20.0)
-        writer.pod_unschedulable(POD, "no room")
-        await writing(writer.run, writer.drain)
-        assert sorted(kube.paths()) == ["/api/v1/namespaces/ns/events", f"{POD_PATH}/status"]
+        task = asyncio.get_running_loop().create_task(writer.run())
+        try:
+            writer.pod_unschedulable(POD, "no room")
+            writer.pod_nominated(POD, "n1")
+            async with asyncio.timeout(2.0):
+                while writer.put_off < 3:
+                    await asyncio.sleep(0.005)
+            assert kube.calls == []
+            assert (writer.written, writer.dropped) == (0, 0)
+            fence.extend(20.0)  # the renewal arrives
+            async with asyncio.timeout(2.0):
+                while writer.written < 3:
+                    await asyncio.sleep(0.005)
+            assert sorted(kube.paths()) == [
+                "/api/v1/namespaces/ns/events", f"{POD_PATH}/status", f"{POD_PATH}/status",
+            ]
+            assert writer.dropped == 0
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     with caplog.at_level(logging.DEBUG):
         asyncio.run(main())
@@ -331,7 +349,7 @@ def test_a_standby_keeps_what_it_was_asked_to_write_and_writes_it_once_it_leads(
     asyncio.run(main())
 
 
-def test_a_condition_retried_past_the_deadline_is_dropped() -> None:
+def test_a_condition_retried_past_the_deadline_is_put_off() -> None:
     async def main() -> None:
         fence, clock = fence_until(10.0, 9.9)
         kube = FakeKube()
@@ -341,14 +359,19 @@ def test_a_condition_retried_past_the_deadline_is_dropped() -> None:
         writer.pod_unschedulable(POD, "no room")
         await writing(writer.run, writer.drain)
         # the condition was tried once; its retry, and the Event queued behind it, found the
-        # deadline passed
+        # deadline passed: both are kept for a later try, none is sent
         assert kube.paths() == [f"{POD_PATH}/status"]
-        assert (writer.written, writer.dropped) == (0, 2)
+        assert (writer.written, writer.dropped, writer.put_off) == (0, 0, 2)
 
     asyncio.run(main())
 
 
-def test_group_and_queue_status_past_the_deadline_are_not_sent() -> None:
+def test_group_and_queue_status_past_the_deadline_are_not_sent_until_it_opens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(coalesce, "LATER_FIRST_SECONDS", 0.01)
+    monkeypatch.setattr(coalesce, "LATER_CAP_SECONDS", 0.02)
+
     async def main() -> None:
         fence, clock = fence_until(10.0, 9.9)
         kube = FakeKube()
@@ -358,19 +381,25 @@ def test_group_and_queue_status_past_the_deadline_are_not_sent() -> None:
         clock.now = 10.0
         groups.update(group, GroupStatus(phase="Pending", reason="Unschedulable", message="no room"))
         queues.update("q", {"pending": 1})
-        await writing(groups.run, groups.drain)
-        await writing(queues.run, queues.drain)
-        assert kube.calls == []
-        assert (groups.dropped, queues.dropped) == (1, 1)
-        fence.extend(20.0)
-        groups.update(group, GroupStatus(phase="Pending", reason="Unschedulable", message="no room"))
-        queues.update("q", {"pending": 1})
-        await writing(groups.run, groups.drain)
-        await writing(queues.run, queues.drain)
-        assert kube.paths() == [
-            "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/g/status",
-            "/apis/batchsched.io/v1alpha1/queues/q/status",
-        ]
+        tasks = [asyncio.get_running_loop().create_task(w.run()) for w in (groups, queues)]
+        try:
+            async with asyncio.timeout(2.0):
+                while groups.put_off < 2 or queues.put_off < 2:  # tried, and tried again
+                    await asyncio.sleep(0.005)
+            assert kube.calls == []
+            assert (groups.dropped, queues.dropped) == (0, 0)
+            fence.extend(20.0)  # nothing is asked again: what was put off is written
+            async with asyncio.timeout(2.0):
+                while groups.written < 1 or queues.written < 1:
+                    await asyncio.sleep(0.005)
+            assert sorted(kube.paths()) == [
+                "/apis/batchsched.io/v1alpha1/queues/q/status",
+                "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/g/status",
+            ]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(main())
 
