@@ -1,4 +1,5 @@
-"""What each PodGroup is told: its status, the message its pods get, and its Events.
+"""The statuses: what each PodGroup is told (its status, the message its pods get, its
+Events), and each Queue's status.
 
 A group's status is written when something about it changed (a member arrived or was
 bound, a cycle decided about it, its spec changed) and, besides, on a slow sweep over every
@@ -7,6 +8,9 @@ evenly), and groups with a gang timer (backing off, partly placed) in every step
 message, but a waiting gang's message changes with every change of capacity ("only 12 fit
 now"), so they are told a new one at most every :data:`POD_MESSAGE_SECONDS` (a write per
 member), while the PodGroup condition follows each change (one write).
+
+The Queue statuses are written at most every ``queue_status_interval`` (at once after the
+queues changed), from the queue tree as the last cycle charged it.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from collections.abc import Callable
 from batchsched.core import explain
 from batchsched.core.decisions import Decisions, EventNote, group_ref
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup, Room, desired_status
-from batchsched.core.mirror import ClusterState
+from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import format_time
 from batchsched.core.placement.topology import CLUSTER, TopologyLevels
 from batchsched.core.plan import Unit, UnitResult, UnitStatus
+from batchsched.core.queues import QueueBook, QueueInput, QueueTree
 from batchsched.core.reservation import RESERVED
 
-__all__ = ["GROUP_SWEEP_SECONDS", "POD_MESSAGE_SECONDS", "GroupReports"]
+__all__ = ["GROUP_SWEEP_SECONDS", "POD_MESSAGE_SECONDS", "GroupReports", "QueueStatuses"]
 
 #: a full pass over every group's status, besides the groups known to have changed
 GROUP_SWEEP_SECONDS = 60.0
@@ -174,3 +179,59 @@ class GroupReports:
                 schedule_start=self._schedule_start.get(key, ""),
             )
             out.group_statuses.append((group, status))
+
+
+class QueueStatuses:
+    """When the Queue statuses were last written, and the queue tree as last charged (one
+    writer: this module)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last = -1e18
+        #: the queue tree as last charged (by a cycle, or for the Queue statuses): what the
+        #: queue views read; None before the first
+        self.charged: QueueTree | None = None
+
+    def due(self) -> None:
+        """The queues changed: their statuses are written at the next step."""
+        self._last = -1e18
+
+    def charge(self, tree: QueueTree) -> None:
+        """The tree a cycle just charged."""
+        self.charged = tree
+
+    def sync(
+        self, now: float, out: Decisions, *, state: ClusterState, groups: GroupBook, queues: QueueBook,
+        account: Callable[[Snapshot, QueueInput], object], charged: QueueInput | None = None,
+    ) -> None:
+        """The Queue statuses, at most every ``interval``.
+
+        ``charged``: the input of the cycle that just ran (its tree is charged with what the
+        cycle decided); without one, running work and nominations are charged to a fresh
+        tree by ``account`` (the cycle's own accounting)."""
+        if not queues.queue_objects or out.queue_statuses:
+            return
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        if charged is None:
+            snap = state.snapshot()
+            charged = queues.prepare(state=state, groups=groups, snap=snap, units=[], now=now)
+            account(snap, charged)
+        self.charged = charged.tree
+
+        def pending(key: str) -> bool:
+            return _has_pending(key, state, groups)
+
+        out.queue_statuses.extend(queues.statuses(charged.tree, pending).items())
+
+
+def _has_pending(key: str, state: ClusterState, groups: GroupBook) -> bool:
+    """Whether the unit ``key`` (a group's, or a single pod's ``namespace/name``) still
+    has a pod waiting."""
+    pending = state.pending
+    group = groups.groups.get(GroupKey(key))
+    if group is not None:
+        return any(uid in pending for uid in groups.member_uids(group))
+    uid = state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
+    return uid is not None and uid in pending
