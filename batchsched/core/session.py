@@ -45,6 +45,7 @@ from batchsched.core.books.followup import PreemptionFollowUp, gang_evicted
 from batchsched.core.books.holds import Holds
 from batchsched.core.books.intake import PodIntake
 from batchsched.core.books.ledger import BindLedger
+from batchsched.core.books.nominations import NominationBook
 from batchsched.core.books.statuses import GroupReports, QueueStatuses
 from batchsched.core.books.told import ToldBook
 from batchsched.core.cycle import Cycle
@@ -56,7 +57,7 @@ from batchsched.core.model import Node, Pod, PodUID, Term
 from batchsched.core.nodehealth import with_health
 from batchsched.core.placement.topology import TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
 from batchsched.core.plan import Binding, Eviction, Plan, Unit, UnitResult, UnitStatus
-from batchsched.core.preemption import Room, restored_nominations
+from batchsched.core.preemption import Room
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueTree
 from batchsched.core.requeue import WaitBook
 from batchsched.core.reservation import RESERVED
@@ -130,10 +131,9 @@ class Session:
         self.followup = PreemptionFollowUp()
         self.reports = GroupReports(self.groups, s.levels)
         self.queue_statuses = QueueStatuses(s.queue_status_interval)
+        self.nominations = NominationBook(s.queues.nomination_timeout)
         self.cycles = 0
         self.wants_step = False
-        #: nominations were rebuilt from the pods' nominatedNodeName (first step after a start)
-        self._restored = False
         self._last_full_check = -1e18
 
     @property
@@ -291,7 +291,7 @@ class Session:
         """Which queue a unit goes to, or whether it fits its quota, may have changed."""
         if self.queues.generation != before:
             self.backlog.forget_all()
-            self.queue_statuses.due()
+            self.queue_statuses.queues_changed()
             self.wants_step = True
 
     def on_queues_listed(self, items: Sequence[Mapping[str, Any]]) -> set[str]:
@@ -418,7 +418,7 @@ class Session:
             return gang_evicted(e, outcome, error, group)
         if outcome in ("evicted", "gone"):  # (gone: nothing left to evict, the capacity is free)
             return self.followup.victim_evicted(e, self.groups) if outcome == "evicted" else Decisions()
-        dropped = self.queues.drop(e.preemptor)
+        dropped = self.nominations.drop(e.preemptor)
         out = self.followup.blocked(e, outcome, error, dropped, self.state)
         # try again: the unit may find other victims, or the same once the budget allows
         for uid in dropped.pods if dropped is not None else ():
@@ -456,16 +456,19 @@ class Session:
         self.told.tell_joined(out, self.state.pending, self.backlog.class_of, self.backlog.asleep_class)
         if not units:
             return
-        snap = snapshot()
-        self._restore_nominations(units, snap, now)
+        snap, state, structure = snapshot(), self.state, self.queues.structure()
+        for n in self.nominations.restore(units, state, self.groups, self.queues, snap, now):
+            self.followup.restored(n, [state.pods[PodUID(uid)] for uid in n.pods], self.groups)
         self.followup.given_up(
-            self.queues.expired(self.state, now), self.queues.stopped(self.state, now),
-            timeout=self.settings.queues.nomination_timeout, state=self.state, out=out,
+            self.nominations.expired(state, now), self.nominations.stopped(state, structure, now),
+            timeout=self.nominations.timeout, state=state, out=out,
         )
-        queues = self.queues.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
+        queues = self.queues.prepare(state=state, groups=self.groups, snap=snap, units=units, now=now,
+                                     nominations=self.nominations.live(state, structure, now))
         queues.turns = self.backlog.turned
-        plan = self.cycle.run(snap, units, queues=queues, state=self.state, classes=self.backlog.classes(self.groups))
+        plan = self.cycle.run(snap, units, queues=queues, state=state, classes=self.backlog.classes(self.groups))
         self.queues.settle(plan, queues.queue_of)
+        self.nominations.settle(plan)
         self.cycles += 1
         out.plan = plan
         self._follow(plan, units, queues, now, out)
@@ -564,19 +567,19 @@ class Session:
                 if pod is not None:
                     self.told.tell(out, pod, result.reason, message, shared_at=now)
 
-    def _restore_nominations(self, units: list[Unit], snap: Snapshot, now: float) -> None:
-        """After a restart: units whose quorum carries ``status.nominatedNodeName`` hold
-        those nodes again (:func:`~batchsched.core.preemption.restored_nominations`)."""
-        if self._restored:
+    def _sync_queues(self, now: float, out: Decisions, charged: QueueInput | None = None) -> None:
+        """The Queue statuses, when due: from ``charged`` (the input of the cycle that just
+        ran, its tree charged with what it decided), else from running work and the
+        nominations charged to a fresh tree by the cycle's own accounting."""
+        if not self.queue_statuses.due(now, self.queues, out):
             return
-        self._restored = True
-        for n in restored_nominations(units, self.state, self.groups, self.queues, snap, now):
-            self.queues.restore(n)
-            self.followup.restored(n, [self.state.pods[PodUID(uid)] for uid in n.pods], self.groups)
-
-    def _sync_queues(self, now: float, out: Decisions, queues: QueueInput | None = None) -> None:
-        self.queue_statuses.sync(now, out, state=self.state, groups=self.groups, queues=self.queues,
-                                 account=self.cycle.account, charged=queues)
+        state = self.state
+        if charged is None:
+            snap = state.snapshot()
+            charged = self.queues.prepare(state=state, groups=self.groups, snap=snap, units=[], now=now,
+                                          nominations=self.nominations.live(state, self.queues.structure(), now))
+            self.cycle.account(snap, charged)
+        self.queue_statuses.write(charged, out, state=state, groups=self.groups, queues=self.queues)
 
     def check(self, now: float) -> None:
         """The mirror's invariants (raises :class:`~batchsched.core.mirror.StateError`):
@@ -594,8 +597,8 @@ class Session:
         """The units worth trying at ``now`` (:meth:`~batchsched.core.books.backlog.Backlog.units`);
         ``snapshot()``: the step's snapshot."""
         return self.backlog.units(
-            now, state=self.state, groups=self.groups, queues=self.queues, nominated=self.queues.nominations,
-            snapshot=snapshot or _once(self.state.snapshot), restored=self._restored,
+            now, state=self.state, groups=self.groups, queues=self.queues, nominated=self.nominations,
+            snapshot=snapshot or _once(self.state.snapshot), restored=self.nominations.restored,
         )
 
     def last_word(self, key: str) -> tuple[str, str] | None:

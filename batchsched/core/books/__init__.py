@@ -10,5 +10,6 @@ plan, classes to wake or tell) that the session routes:
 - :mod:`~batchsched.core.books.ledger`: assumed pods, pods in doubt, stale cleanups;
 - :mod:`~batchsched.core.books.holds`: gang timers, suspended, drained, unhealthy work;
 - :mod:`~batchsched.core.books.followup`: the Events and evictions of preemptions;
+- :mod:`~batchsched.core.books.nominations`: the capacity held for preemptors, birth to end;
 - :mod:`~batchsched.core.books.statuses`: PodGroup and Queue statuses.
 """

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from batchsched.core import explain
 from batchsched.core.decisions import Decisions, EventNote, group_ref
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup, Room, desired_status
-from batchsched.core.mirror import ClusterState, Snapshot
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import format_time
 from batchsched.core.placement.topology import CLUSTER, TopologyLevels
 from batchsched.core.plan import Unit, UnitResult, UnitStatus
@@ -192,7 +192,7 @@ class QueueStatuses:
         #: queue views read; None before the first
         self.charged: QueueTree | None = None
 
-    def due(self) -> None:
+    def queues_changed(self) -> None:
         """The queues changed: their statuses are written at the next step."""
         self._last = -1e18
 
@@ -200,24 +200,18 @@ class QueueStatuses:
         """The tree a cycle just charged."""
         self.charged = tree
 
-    def sync(
-        self, now: float, out: Decisions, *, state: ClusterState, groups: GroupBook, queues: QueueBook,
-        account: Callable[[Snapshot, QueueInput], object], charged: QueueInput | None = None,
-    ) -> None:
-        """The Queue statuses, at most every ``interval``.
-
-        ``charged``: the input of the cycle that just ran (its tree is charged with what the
-        cycle decided); without one, running work and nominations are charged to a fresh
-        tree by ``account`` (the cycle's own accounting)."""
-        if not queues.queue_objects or out.queue_statuses:
-            return
-        if now - self._last < self.interval:
-            return
+    def due(self, now: float, queues: QueueBook, out: Decisions) -> bool:
+        """Whether the Queue statuses are to be written at ``now`` (at most every
+        ``interval``, once per step, and only with Queues to write); if so, from now on
+        they count as written."""
+        if not queues.queue_objects or out.queue_statuses or now - self._last < self.interval:
+            return False
         self._last = now
-        if charged is None:
-            snap = state.snapshot()
-            charged = queues.prepare(state=state, groups=groups, snap=snap, units=[], now=now)
-            account(snap, charged)
+        return True
+
+    def write(self, charged: QueueInput, out: Decisions, *, state: ClusterState, groups: GroupBook,
+              queues: QueueBook) -> None:
+        """The Queue statuses from ``charged`` (a cycle's queue input, its tree charged)."""
         self.charged = charged.tree
 
         def pending(key: str) -> bool:
