@@ -60,7 +60,6 @@ from batchsched.core.plan import Binding, Eviction, Plan, Unit, UnitResult, Unit
 from batchsched.core.preemption import Room
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueTree
 from batchsched.core.requeue import WaitBook
-from batchsched.core.reservation import RESERVED
 from batchsched.core.runtimes import RunTimes, like_key
 from batchsched.core.settings import SessionSettings
 from batchsched.core.volumes import VolumeBook, VolumeClaim
@@ -100,13 +99,6 @@ def _once(make: Callable[[], Snapshot]) -> Callable[[], Snapshot]:
         return held[0]
 
     return get
-
-
-def _failed_with(plan: Plan, key: str, message: str) -> bool:
-    """Whether ``key`` failed in ``plan`` with ``message`` (the gang's own message, not an
-    elastic extra's)."""
-    result = plan.results.get(key)
-    return result is not None and result.failed and result.message == message
 
 
 class Session:
@@ -357,10 +349,8 @@ class Session:
         """The gangs whose PodGroup names one of these PriorityClasses have a new priority
         or preemption policy (a pod's are fixed at its admission): tried again at once, they
         may now preempt or go first."""
-        for group in self.groups.groups.values():
-            if group.priority_class in names:
-                self.backlog.forget_gang(group.key)
-                self.wants_step = True
+        if self.backlog.forget_gangs(g.key for g in self.groups.groups.values() if g.priority_class in names):
+            self.wants_step = True
 
     # -- result intake -------------------------------------------------------------------------
 
@@ -477,7 +467,10 @@ class Session:
         """A cycle's plan, phase by phase."""
         gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
         self._assume(plan, now, out)
-        failed, awake = self._unplaced(plan, gangs, now, out)
+        failed, awake = self.told.unplaced(
+            plan, gangs, now, out, delay=self.settings.gang_report_delay, turned=self.backlog.turned,
+            class_of=self.backlog.class_of, gang_message=self.reports.pod_message,
+        )
         told, again = self.backlog.sleep_classes(failed, awake, plan, self.queues, now)
         self.told.tell_classes(told, self.backlog.cut, self.backlog.members_after_cut, now, out)
         self.told.prune_classes(self.backlog.singles.classes)
@@ -505,38 +498,6 @@ class Session:
             self._sync(uid)
             self.ledger.assumed(uid, now)
             out.binds.append(b)
-
-    def _unplaced(
-        self, plan: Plan, gangs: Mapping[str, Unit], now: float, out: Decisions,
-    ) -> tuple[dict[Any, tuple[str, str, Pod]], set[Any]]:
-        """The pods the cycle did not place, told why (a blocked gang only after the report
-        delay; a fair turn that failed, nothing new). Returns the classes of single pods that
-        failed (their word and a member) and those a victim search is owed to."""
-        delay, turned = self.settings.gang_report_delay, self.backlog.turned
-        failed: dict[Any, tuple[str, str, Pod]] = {}
-        reserved: dict[Any, tuple[str, str, Pod]] = {}
-        awake: set[Any] = set()
-        for u in plan.unschedulable:
-            unit = gangs.get(u.unit)
-            message = u.message
-            if unit is None:
-                ckey = self.backlog.class_of(u.pod.uid)
-                if u.unit in plan.deferred:
-                    awake.add(ckey)  # its victim search is owed: next cycle
-                elif u.reason == RESERVED:
-                    reserved[ckey] = (u.reason, message, u.pod)
-                elif ckey is not None:
-                    failed[ckey] = (u.reason, message, u.pod)
-            elif unit.blocked and self.told.too_early(unit.key, now, delay):
-                continue  # members and PodGroups usually arrive together: do not report yet
-            elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
-                message = self.reports.pod_message(unit.key, u.reason, message, now)
-            if u.unit not in turned:
-                self.told.tell(out, u.pod, u.reason, message)
-        for ckey, (_, _, head) in reserved.items():
-            # its head holds a reservation: it sleeps too, and the rest are told they wait behind it
-            failed.setdefault(ckey, ("Unschedulable", explain.behind(f"pod {head.key}"), head))
-        return failed, awake
 
     def _gang_results(self, plan: Plan, gangs: Mapping[str, Unit], now: float, out: Decisions) -> None:
         """Each gang's result: told to its PodGroup, and whether it sleeps."""

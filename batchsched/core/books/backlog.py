@@ -17,7 +17,7 @@ cycle which classes and gangs failed (to be told so).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from batchsched.core import explain
@@ -67,16 +67,8 @@ class Backlog:
         self._holders: set[str] = set()
         #: classes of single pods whose first member held a reservation after the last cycle
         self._holder_classes: set[Any] = set()
-        #: gang members' classes, by UID, with the version of the pod they were computed for
-        self._member_classes: dict[PodUID, tuple[Pod, Any]] = {}
-        self._member_keys: dict[Any, Any] = {}
-        #: gang key -> its class across gangs, order, smallest member's request, quorum
-        #: (kept while it sleeps: of a class woken together only the first few are built)
-        self._gang_class: dict[str, GangEntry] = {}
-        #: class -> the gangs of it left out of this step's cycle
-        self._gang_cut: dict[Any, list[str]] = {}
-        #: this step's class of each gang handed over
-        self._step_classes: dict[str, Any] = {}
+        #: the gangs by their class across gangs
+        self.gangs = GangClasses(self.singles)
         #: units handed over for a fair turn in this step, and their classes of single pods
         #: (:mod:`batchsched.core.requeue`): they take free capacity only, and failing they
         #: are told nothing new (their regular try, with its victim search, tells them)
@@ -108,9 +100,7 @@ class Backlog:
 
     def _keyed_anew(self) -> None:
         """The classes of gang members and of gangs are found anew, every gang is awake."""
-        self._member_classes.clear()
-        self._member_keys.clear()
-        for key in list(self._gang_class):
+        for key in self.gangs.keyed_anew():
             self.forget_gang(key)
 
     def place(self, uid: PodUID, pod: Pod | None) -> tuple[Any, Any]:
@@ -130,7 +120,15 @@ class Backlog:
     def forget_gang(self, key: str) -> None:
         """The gang changed or was placed: worth trying at once, its class found anew."""
         self.waits.forget(key)
-        self._gang_class.pop(key, None)
+        self.gangs.forget(key)
+
+    def forget_gangs(self, keys: Iterable[str]) -> bool:
+        """Each of these gangs changed (see :meth:`forget_gang`); whether there was one."""
+        found = False
+        for key in keys:
+            self.forget_gang(key)
+            found = True
+        return found
 
     def forget_class_of(self, uid: PodUID) -> None:
         """The pod's class is worth trying at once (no back-off carried over)."""
@@ -151,7 +149,7 @@ class Backlog:
         return False
 
     def member_gone(self, uid: PodUID) -> None:
-        self._member_classes.pop(uid, None)
+        self.gangs.member_gone(uid)
 
     def freed_root(self, root: str) -> None:
         """The usage of a queue tree fell (a charged pod went)."""
@@ -194,9 +192,7 @@ class Backlog:
             return isinstance(key, str) and GroupKey(key) in groups.groups
 
         self.waits.prune(still_waiting)
-        self._gang_class = {k: v for k, v in self._gang_class.items() if k in self.waits}
-        live = {id(v[1]) for v in self._member_classes.values()}
-        self._member_keys = {k: v for k, v in self._member_keys.items() if id(v) in live}
+        self.gangs.prune(self.waits)
 
     # -- what the views read -------------------------------------------------------------------
 
@@ -227,7 +223,7 @@ class Backlog:
         blocked, to be told so); and every unit holding a nomination (``nominated``), asleep
         or not. ``snapshot()``: the step's snapshot; ``restored``: the nominations of before
         a start were looked at (else pods nominated then are tried too)."""
-        self._step_classes = {}
+        self.gangs.new_step()
         units: list[Unit] = []
         seen: set[PodUID] = set()
         self._cut = {}
@@ -290,8 +286,8 @@ class Backlog:
                 if members is not None and members[0].uid not in seen:
                     self._turned_classes.add(turn[1])
                     hand(turn[1], members)
-            elif isinstance(turn, str) and turn in self._gang_class and turn not in nominated:
-                gang_turns.append((self._gang_class[turn][1], turn))
+            elif isinstance(turn, str) and turn in self.gangs and turn not in nominated:
+                gang_turns.append((self.gangs.order_of(turn), turn))
         if gang_turns:
             units.extend(self._gang_turns(gang_turns, now, state, groups, room, nominated, fits))
 
@@ -299,59 +295,21 @@ class Backlog:
                nominated: Mapping[str, Any], fits: Fits) -> list[Unit]:
         """The gangs to hand to the cycle: those awake, and of each class of alike gangs
         only the oldest that could fit and one more (the rest share their outcome)."""
-        retry = self.retry
-        self._gang_cut = {}
-        # gangs known to fail alike: of each class, only the first few are built at all
-        awake: dict[Any, list[tuple[Order, str]]] = {}
-        for key, (ckey, order, _, _) in self._gang_class.items():
-            if key not in nominated and not self.waits.asleep(key, now, retry):
-                awake.setdefault(ckey, []).append((order, key))
-        skip: set[str] = set()
-        for ckey, members in awake.items():
-            members.sort()
-            n = _gang_fit(self._gang_class[members[0][1]], fits, len(members))
-            if n < len(members):
-                self._gang_cut[ckey] = [k for _, k in members[n:]]
-                skip.update(k for _, k in members[n:])
+        def asleep(key: str) -> bool:
+            return self.waits.asleep(key, now, self.retry)
+
+        skip = self.gangs.cut_awake(nominated, asleep, fits)
 
         def want(key: str) -> bool:
-            return key in nominated or (key not in skip and not self.waits.asleep(key, now, retry))
+            return key in nominated or (key not in skip and not asleep(key))
 
-        return self._cut_alike(groups.units(state, now, room, want=want), groups, nominated, fits)
-
-    def _cut_alike(self, built: list[Unit], groups: GroupBook, nominated: Mapping[str, Any], fits: Fits) -> list[Unit]:
-        """Of each class of alike gangs built, the oldest that could fit and one more; the
-        rest are left out (:attr:`_gang_cut`) to share their outcome."""
-        out: list[Unit] = []
-        by_class: dict[Any, list[Unit]] = {}
-        for unit in built:
-            ckey = self.gang_key(unit, groups)
-            if unit.blocked or unit.key in nominated or not gang_like(ckey.parts[1]):
-                out.append(unit)
-            else:
-                by_class.setdefault(ckey, []).append(unit)
-        for ckey, alike in by_class.items():
-            alike.sort(key=Unit.order)
-            first = alike[0]
-            n = _gang_fit((ckey, first.order(), _smallest(first), first.min_count), fits, len(alike))
-            out.extend(alike[:n])
-            if n < len(alike):
-                self._gang_cut.setdefault(ckey, []).extend(u.key for u in alike[n:])
-                for u in alike[n:]:
-                    self._gang_class[u.key] = (ckey, u.order(), _smallest(u), u.min_count)
-        return out
+        return self.gangs.cut_alike(groups.units(state, now, room, want=want), groups, nominated, fits)
 
     def _gang_turns(self, turns: list[tuple[Order, str]], now: float, state: ClusterState, groups: GroupBook,
                     room: Room, nominated: Mapping[str, Any], fits: Fits) -> list[Unit]:
         """Gangs given a fair turn: of each class, as many as could fit and one more, built."""
-        by_class: dict[Any, list[tuple[Order, str]]] = {}
-        for order, key in sorted(turns):
-            by_class.setdefault(self._gang_class[key][0], []).append((order, key))
-        want: set[str] = set()
-        for alike in by_class.values():
-            n = _gang_fit(self._gang_class[alike[0][1]], fits, len(alike))
-            want.update(key for _, key in alike[:n])
-        return self._cut_alike(groups.units(state, now, room, want=want.__contains__), groups, nominated, fits)
+        want = self.gangs.turns_wanted(turns, fits)
+        return self.gangs.cut_alike(groups.units(state, now, room, want=want.__contains__), groups, nominated, fits)
 
     def _fair_turns(self, now: float, units: Sequence[Unit], state: ClusterState, groups: GroupBook,
                     queues: QueueBook, snapshot: Callable[[], Snapshot], fits: Fits) -> list[object]:
@@ -393,8 +351,7 @@ class Backlog:
 
     def _quorum_of(self, key: object) -> int:
         """How many members of a sleeper must be placed together (1 for a class)."""
-        entry = self._gang_class.get(key) if isinstance(key, str) else None
-        return max(entry[3], 1) if entry is not None else 1
+        return self.gangs.quorum_of(key) if isinstance(key, str) else 1
 
     def _head_order(self, key: object) -> Order:
         """Where a sleeper comes in its queue: its first pod's (a class) or its own (a gang)
@@ -404,43 +361,13 @@ class Backlog:
             if members:
                 pod = members[0]
                 return (-pod.priority, pod.created, pod.arrival, pod.uid)
-        elif isinstance(key, str) and key in self._gang_class:
-            order: Order = self._gang_class[key][1]
-            return order
+        elif isinstance(key, str) and key in self.gangs:
+            return self.gangs.order_of(key)
         return (0, float("inf"), 0, "")
-
-    # -- classes -----------------------------------------------------------------------------------
-
-    def _pod_class(self, pod: Pod) -> Any:
-        """A pod's equivalence class: the index's for a single pod, else computed once per
-        version of the pod."""
-        found = self.singles.class_of(pod.uid)
-        if found is not None:
-            return found
-        cached = self._member_classes.get(pod.uid)
-        if cached is not None and cached[0] is pod:
-            return cached[1]
-        found = pod_class(pod, self.singles.read)
-        found = self._member_keys.setdefault(found, found)  # one key object per class
-        self._member_classes[pod.uid] = (pod, found)
-        return found
-
-    def gang_key(self, unit: Unit, groups: GroupBook) -> Any:
-        """A gang's class across gangs: its shape and members (:func:`unit_class`) and the
-        queue its PodGroup names."""
-        found = self._step_classes.get(unit.key)
-        if found is None:
-            group = groups.groups.get(GroupKey(unit.key))
-            queue = (group.queue, group.labels.get(QUEUE_LABEL, "")) if group is not None else ("", "")
-            found = self._step_classes[unit.key] = ClassKey((queue, unit_class(unit, self._pod_class)))
-        return found
 
     def classes(self, groups: GroupBook) -> Callable[[Unit], Any]:
         """Each unit's class, as the cycle groups alike units."""
-        def of(unit: Unit) -> Any:
-            return unit_class(unit, self._pod_class) if unit.single else self.gang_key(unit, groups)
-
-        return of
+        return self.gangs.of(groups)
 
     # -- after a cycle ---------------------------------------------------------------------------
 
@@ -483,7 +410,7 @@ class Backlog:
             # failed, or holds a reservation (tried again whenever others are)
             need = _smallest(unit)
             self.waits.sleep(key, now, need, quota=self._quota_root(key, plan, queues), queue=_waits_in(key, queues))
-            self._gang_class[key] = (self.gang_key(unit, groups), unit.order(), need, unit.min_count)
+            self.gangs.remember(unit, groups, need)
 
     def share_gang_results(
         self, plan: Plan, gangs: Mapping[str, Unit], groups: GroupBook, queues: QueueBook, now: float,
@@ -496,12 +423,12 @@ class Backlog:
             result = plan.results.get(key)
             if result is None or unit.blocked:
                 continue
-            ckey = self.gang_key(unit, groups)
+            ckey = self.gangs.key(unit, groups)
             if (result.failed or result.reason == RESERVED) and key not in plan.deferred:
                 first_failed.setdefault(ckey, unit)
         shared_out: list[tuple[list[str], UnitResult]] = []
         again = False
-        for ckey, keys in self._gang_cut.items():
+        for ckey, keys in self.gangs.cut.items():
             first = first_failed.get(ckey)
             if first is None:
                 again = True  # the class was not found failing: hand the rest over now
@@ -515,7 +442,7 @@ class Backlog:
                 continue  # a fair turn that failed: they wait for their own try, as they did
             quota, queue = self._quota_root(first.key, plan, queues), _waits_in(first.key, queues)
             for key in keys:
-                self.waits.sleep(key, now, self._gang_class[key][2], quota=quota, queue=queue)
+                self.waits.sleep(key, now, self.gangs.need_of(key), quota=quota, queue=queue)
             shared_out.append((keys, shared))
         return shared_out, again
 
@@ -534,6 +461,151 @@ class Backlog:
             return None
         q = queues.waiting.get(key)
         return queues.root_of(q) if isinstance(q, str) else ""
+
+
+class GangClasses:
+    """Gangs by their class across gangs (their shape, members and queue): of a class of
+    alike gangs only the oldest that could fit and one more are built and handed over, the
+    rest are *cut* and share the class's outcome (one writer: this module)."""
+
+    def __init__(self, singles: SingleIndex) -> None:
+        #: the classes of single pods (read only here: a member's class is its own if single)
+        self._singles = singles
+        #: gang members' classes, by UID, with the version of the pod they were computed for
+        self._member_classes: dict[PodUID, tuple[Pod, Any]] = {}
+        self._member_keys: dict[Any, Any] = {}
+        #: gang key -> its class across gangs, order, smallest member's request, quorum
+        #: (kept while it sleeps: of a class woken together only the first few are built)
+        self._entries: dict[str, GangEntry] = {}
+        #: class -> the gangs of it left out of this step's cycle
+        self._cut: dict[Any, list[str]] = {}
+        #: this step's class of each gang handed over
+        self._step: dict[str, Any] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def new_step(self) -> None:
+        self._step = {}
+
+    def keyed_anew(self) -> list[str]:
+        """The label keys read grew: members' classes are found anew; returns the gangs
+        known (each to be forgotten)."""
+        self._member_classes.clear()
+        self._member_keys.clear()
+        return list(self._entries)
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def member_gone(self, uid: PodUID) -> None:
+        self._member_classes.pop(uid, None)
+
+    def prune(self, asleep: Container[object]) -> None:
+        """Keep the classes of the gangs still ``asleep``, and the member classes in use."""
+        self._entries = {k: v for k, v in self._entries.items() if k in asleep}
+        live = {id(v[1]) for v in self._member_classes.values()}
+        self._member_keys = {k: v for k, v in self._member_keys.items() if id(v) in live}
+
+    def order_of(self, key: str) -> Order:
+        return self._entries[key][1]
+
+    def need_of(self, key: str) -> Mapping[str, int]:
+        return self._entries[key][2]
+
+    def quorum_of(self, key: str) -> int:
+        entry = self._entries.get(key)
+        return max(entry[3], 1) if entry is not None else 1
+
+    def remember(self, unit: Unit, groups: GroupBook, need: Mapping[str, int]) -> None:
+        """A gang that sleeps: its class, kept while it does."""
+        self._entries[unit.key] = (self.key(unit, groups), unit.order(), need, unit.min_count)
+
+    @property
+    def cut(self) -> Mapping[Any, list[str]]:
+        """Class -> the gangs of it left out of this step's cycle."""
+        return self._cut
+
+    def cut_awake(self, nominated: Mapping[str, Any], asleep: Callable[[str], bool], fits: Fits) -> set[str]:
+        """Of the gangs known to fail alike that are awake, those not to build at all (of
+        each class, all but the first few)."""
+        self._cut = {}
+        awake: dict[Any, list[tuple[Order, str]]] = {}
+        for key, (ckey, order, _, _) in self._entries.items():
+            if key not in nominated and not asleep(key):
+                awake.setdefault(ckey, []).append((order, key))
+        skip: set[str] = set()
+        for ckey, members in awake.items():
+            members.sort()
+            n = _gang_fit(self._entries[members[0][1]], fits, len(members))
+            if n < len(members):
+                self._cut[ckey] = [k for _, k in members[n:]]
+                skip.update(k for _, k in members[n:])
+        return skip
+
+    def cut_alike(self, built: list[Unit], groups: GroupBook, nominated: Mapping[str, Any], fits: Fits) -> list[Unit]:
+        """Of each class of alike gangs built, the oldest that could fit and one more; the
+        rest are left out (:attr:`cut`) to share their outcome."""
+        out: list[Unit] = []
+        by_class: dict[Any, list[Unit]] = {}
+        for unit in built:
+            ckey = self.key(unit, groups)
+            if unit.blocked or unit.key in nominated or not gang_like(ckey.parts[1]):
+                out.append(unit)
+            else:
+                by_class.setdefault(ckey, []).append(unit)
+        for ckey, alike in by_class.items():
+            alike.sort(key=Unit.order)
+            first = alike[0]
+            n = _gang_fit((ckey, first.order(), _smallest(first), first.min_count), fits, len(alike))
+            out.extend(alike[:n])
+            if n < len(alike):
+                self._cut.setdefault(ckey, []).extend(u.key for u in alike[n:])
+                for u in alike[n:]:
+                    self._entries[u.key] = (ckey, u.order(), _smallest(u), u.min_count)
+        return out
+
+    def turns_wanted(self, turns: list[tuple[Order, str]], fits: Fits) -> set[str]:
+        """Of the gangs given a fair turn, of each class as many as could fit and one more."""
+        by_class: dict[Any, list[tuple[Order, str]]] = {}
+        for order, key in sorted(turns):
+            by_class.setdefault(self._entries[key][0], []).append((order, key))
+        want: set[str] = set()
+        for alike in by_class.values():
+            n = _gang_fit(self._entries[alike[0][1]], fits, len(alike))
+            want.update(key for _, key in alike[:n])
+        return want
+
+    def _pod_class(self, pod: Pod) -> Any:
+        """A pod's equivalence class: the index's for a single pod, else computed once per
+        version of the pod."""
+        found = self._singles.class_of(pod.uid)
+        if found is not None:
+            return found
+        cached = self._member_classes.get(pod.uid)
+        if cached is not None and cached[0] is pod:
+            return cached[1]
+        found = pod_class(pod, self._singles.read)
+        found = self._member_keys.setdefault(found, found)  # one key object per class
+        self._member_classes[pod.uid] = (pod, found)
+        return found
+
+    def key(self, unit: Unit, groups: GroupBook) -> Any:
+        """A gang's class across gangs: its shape and members (:func:`unit_class`) and the
+        queue its PodGroup names."""
+        found = self._step.get(unit.key)
+        if found is None:
+            group = groups.groups.get(GroupKey(unit.key))
+            queue = (group.queue, group.labels.get(QUEUE_LABEL, "")) if group is not None else ("", "")
+            found = self._step[unit.key] = ClassKey((queue, unit_class(unit, self._pod_class)))
+        return found
+
+    def of(self, groups: GroupBook) -> Callable[[Unit], Any]:
+        """Each unit's class, as the cycle groups alike units."""
+        def of(unit: Unit) -> Any:
+            return unit_class(unit, self._pod_class) if unit.single else self.key(unit, groups)
+
+        return of
 
 
 def _waits_in(key: str, queues: QueueBook) -> str | None:

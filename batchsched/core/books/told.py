@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from batchsched.core import explain
 from batchsched.core.decisions import Decisions, PodCondition, pod_ref
 from batchsched.core.model import Pod, PodUID
+from batchsched.core.plan import Plan, Unit
+from batchsched.core.reservation import RESERVED
 
 __all__ = ["SHARED_REFRESH_SECONDS", "ToldBook"]
 
@@ -67,6 +70,41 @@ class ToldBook:
             return
         self._told[pod.uid] = (reason, message, shared_at if shared_at is not None else before[2] if before else 0.0)
         out.unschedulable.append(PodCondition(pod_ref(pod), reason, message))
+
+    def unplaced(
+        self, plan: Plan, gangs: Mapping[str, Unit], now: float, out: Decisions, *, delay: float,
+        turned: Collection[str], class_of: Callable[[PodUID], Any],
+        gang_message: Callable[[str, str, str, float], str],
+    ) -> tuple[dict[Any, tuple[str, str, Pod]], set[Any]]:
+        """The pods the cycle did not place, told why: a blocked gang's only once it was
+        blocked for ``delay``, a gang's through ``gang_message(key, reason, message, now)``
+        (:meth:`~batchsched.core.books.statuses.GroupReports.pod_message`), a fair turn's
+        (``turned``) nothing new. Returns the classes of single pods that failed (their word
+        and a member) and those a victim search is owed to (they do not sleep)."""
+        failed: dict[Any, tuple[str, str, Pod]] = {}
+        reserved: dict[Any, tuple[str, str, Pod]] = {}
+        awake: set[Any] = set()
+        for u in plan.unschedulable:
+            unit = gangs.get(u.unit)
+            message = u.message
+            if unit is None:
+                ckey = class_of(u.pod.uid)
+                if u.unit in plan.deferred:
+                    awake.add(ckey)  # its victim search is owed: next cycle
+                elif u.reason == RESERVED:
+                    reserved[ckey] = (u.reason, message, u.pod)
+                elif ckey is not None:
+                    failed[ckey] = (u.reason, message, u.pod)
+            elif unit.blocked and self.too_early(unit.key, now, delay):
+                continue  # members and PodGroups usually arrive together: do not report yet
+            elif u.reason == RESERVED or _failed_with(plan, unit.key, message):
+                message = gang_message(unit.key, u.reason, message, now)
+            if u.unit not in turned:
+                self.tell(out, u.pod, u.reason, message)
+        for ckey, (_, _, head) in reserved.items():
+            # its head holds a reservation: it sleeps too, and the rest are told they wait behind it
+            failed.setdefault(ckey, ("Unschedulable", explain.behind(f"pod {head.key}"), head))
+        return failed, awake
 
     def tell_joined(
         self, out: Decisions, pending: Mapping[PodUID, Pod], class_of: Callable[[PodUID], Any],
@@ -123,3 +161,10 @@ class ToldBook:
         """Forget the gangs ``blocked(key)`` says are no longer blocked (or gone)."""
         for key in [k for k in self._blocked_since if not blocked(k)]:
             del self._blocked_since[key]
+
+
+def _failed_with(plan: Plan, key: str, message: str) -> bool:
+    """Whether ``key`` failed in ``plan`` with ``message`` (the gang's own message, not an
+    elastic extra's)."""
+    result = plan.results.get(key)
+    return result is not None and result.failed and result.message == message
