@@ -56,7 +56,7 @@ from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Node, Pod, PodUID, Term
 from batchsched.core.nodehealth import with_health
 from batchsched.core.placement.topology import TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
-from batchsched.core.plan import Binding, Eviction, Plan, Unit, UnitResult, UnitStatus
+from batchsched.core.plan import Binding, Eviction, Plan, Unit, UnitStatus
 from batchsched.core.preemption import Room
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueTree
 from batchsched.core.requeue import WaitBook
@@ -185,28 +185,15 @@ class Session:
         before, was_pending, group = state.capacity_generation, state.pending.get(uid), self.groups.group_of(uid)
         self._mirror_pod(kind, pod, group)
         self._sync(uid)
-        pending, now_group = state.pending.get(uid), self.groups.group_of(uid)
-        # a member arrived, left, or changed what placement reads: the gang is tried again
-        # (not for a change of its status, such as the condition we wrote)
-        changed = (kind == "DELETED" or was_pending is None or pending is None or group is not now_group
-                   or self.backlog.changed_class(was_pending, pending))
-        for g in (group, now_group):
-            if g is not None:
-                self.reports.dirty.add(g.key)
-                if pending is not None and changed:
-                    self.backlog.forget_gang(g.key)
-                    self.wants_step = True
+        now_group = self.groups.group_of(uid)
+        self.reports.dirty.update(g.key for g in (group, now_group) if g is not None)
         if kind == "DELETED" or pod.holds_resources or pod.terminal:
             self.ledger.settled(uid)
-            self.backlog.member_gone(uid)
-            if was_pending is not None and self.backlog.holder_left(pod.key, group.key if group else None):
-                self.wants_step = True
-        if state.capacity_generation != before or (uid in state.stale and not self.ledger.cleaning(uid)):
-            self.wants_step = True
-        elif (pending is not None and (was_pending is None or was_pending is not pending)
-              and self.backlog.pending_changed(uid)):
-            # new or changed: worth a step unless its class sleeps (a gang's member was
-            # handled above; a gated pod waits)
+        capacity = state.capacity_generation != before or (uid in state.stale and not self.ledger.cleaning(uid))
+        if self.backlog.pod_changed(
+            kind, pod, was=was_pending, now=state.pending.get(uid), group=group.key if group else None,
+            now_group=now_group.key if now_group else None, moved=group is not now_group, capacity=capacity,
+        ) or capacity:
             self.wants_step = True
 
     def _mirror_pod(self, kind: str, pod: Pod, group: PodGroup | None) -> None:
@@ -406,8 +393,8 @@ class Session:
             if outcome != "evicted":
                 self.groups.eviction_done(key, PodUID(e.uid))
             return gang_evicted(e, outcome, error, group)
-        if outcome in ("evicted", "gone"):  # (gone: nothing left to evict, the capacity is free)
-            return self.followup.victim_evicted(e, self.groups) if outcome == "evicted" else Decisions()
+        if outcome in ("evicted", "gone"):
+            return self.followup.victim_evicted(e, outcome, self.groups)
         dropped = self.nominations.drop(e.preemptor)
         out = self.followup.blocked(e, outcome, error, dropped, self.state)
         # try again: the unit may find other victims, or the same once the budget allows
@@ -420,33 +407,43 @@ class Session:
     # -- a step ----------------------------------------------------------------------------------
 
     def step(self, now: float) -> Decisions:
-        """Everything due at ``now``: one cycle and the writes that follow it, phase by phase."""
+        """Everything due at ``now``: one cycle and the writes that follow it, phase by phase
+        (in the order of the module's docstring)."""
         self.wants_step = False
-        state, groups = self.state, self.groups
+        state, groups, out = self.state, self.groups, Decisions()
         self.intake.ran(now, self.runtimes)
-        out = Decisions()
         self.holds.notes(out)
         self.ledger.check_assumed(state, now, out)
         self.ledger.clean_stale(state, now, out)
         self.reports.dirty.update(self.holds.gang_timers(state, groups, now, out))
         self.holds.hold_running(state, groups, self.queues, now, out)
-        self._run_cycle(now, out)
+        self.backlog.wake(state)
+        # one snapshot for the whole decision (the units' admission and the cycle), taken
+        # only when there is something to decide
+        snapshot = _once(state.snapshot)
+        units = self.schedulable_units(now, snapshot)
+        self.told.tell_joined(out, state.pending, self.backlog.class_of, self.backlog.asleep_class)
+        if units:
+            plan, queues = self._cycle(units, snapshot(), now, out)
+            gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
+            self._assume(plan, now, out)
+            self._unplaced(plan, gangs, now, out)
+            self.followup.preempted(plan, state, groups, out)
+            self._gang_results(plan, gangs, now, out)
+            self._cut_gangs(plan, gangs, now, out)
+            self.backlog.held(plan, gangs)
+            self.queue_statuses.charge(queues.tree)
+            self._sync_queues(now, out, queues)
+            self.told.keep_blocked(lambda key: key in gangs and bool(gangs[key].blocked))
         self.reports.statuses(state, now, lambda: Room(state, groups, self.queues, _once(state.snapshot), now), out)
         self._sync_queues(now, out)
         self.check(now)
         return out
 
-    def _run_cycle(self, now: float, out: Decisions) -> None:
-        """The units worth trying, the cycle over them, and its plan followed up."""
-        self.backlog.wake(self.state)
-        # one snapshot for the whole decision (the units' admission and the cycle), taken
-        # only when there is something to decide
-        snapshot = _once(self.state.snapshot)
-        units = self.schedulable_units(now, snapshot)
-        self.told.tell_joined(out, self.state.pending, self.backlog.class_of, self.backlog.asleep_class)
-        if not units:
-            return
-        snap, state, structure = snapshot(), self.state, self.queues.structure()
+    def _cycle(self, units: list[Unit], snap: Snapshot, now: float, out: Decisions) -> tuple[Plan, QueueInput]:
+        """The nominations brought up to date (restored after a start, given up), then the
+        cycle over ``units``; returns its plan and its queue input (its tree charged)."""
+        state, structure = self.state, self.queues.structure()
         for n in self.nominations.restore(units, state, self.groups, self.queues, snap, now):
             self.followup.restored(n, [state.pods[PodUID(uid)] for uid in n.pods], self.groups)
         self.followup.given_up(
@@ -461,32 +458,9 @@ class Session:
         self.nominations.settle(plan)
         self.cycles += 1
         out.plan = plan
-        self._follow(plan, units, queues, now, out)
-
-    def _follow(self, plan: Plan, units: list[Unit], queues: QueueInput, now: float, out: Decisions) -> None:
-        """A cycle's plan, phase by phase."""
-        gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
-        self._assume(plan, now, out)
-        failed, awake = self.told.unplaced(
-            plan, gangs, now, out, delay=self.settings.gang_report_delay, turned=self.backlog.turned,
-            class_of=self.backlog.class_of, gang_message=self.reports.pod_message,
-        )
-        told, again = self.backlog.sleep_classes(failed, awake, plan, self.queues, now)
-        self.told.tell_classes(told, self.backlog.cut, self.backlog.members_after_cut, now, out)
-        self.told.prune_classes(self.backlog.singles.classes)
-        self.followup.preempted(plan, self.state, self.groups, out)
-        self._gang_results(plan, gangs, now, out)
-        shared, cut_again = self.backlog.share_gang_results(plan, gangs, self.groups, self.queues, now)
-        for keys, result in shared:
-            self._tell_cut_gangs(keys, result, now, out)
-        self.backlog.held(plan, gangs)
-        if again or cut_again or plan.deferred:
-            # a class was cut and did not fail, or a victim search did not fit in this
-            # cycle's budget: next cycle, not later
-            out.again = True
-        self.queue_statuses.charge(queues.tree)
-        self._sync_queues(now, out, queues)
-        self.told.keep_blocked(lambda key: key in gangs and bool(gangs[key].blocked))
+        if plan.deferred:
+            out.again = True  # a victim search did not fit in this cycle's budget: next cycle, not later
+        return plan, queues
 
     def _assume(self, plan: Plan, now: float, out: Decisions) -> None:
         """Each binding: the pod assumed on its node (and its class worth trying at once)."""
@@ -499,12 +473,23 @@ class Session:
             self.ledger.assumed(uid, now)
             out.binds.append(b)
 
+    def _unplaced(self, plan: Plan, gangs: Mapping[str, Unit], now: float, out: Decisions) -> None:
+        """The pods the cycle did not place told why; the classes of single pods that failed
+        put to sleep, and their members not handed over told the same."""
+        failed, awake = self.told.unplaced(
+            plan, gangs, now, out, delay=self.settings.gang_report_delay, turned=self.backlog.turned,
+            class_of=self.backlog.class_of, gang_message=self.reports.pod_message,
+        )
+        told, again = self.backlog.sleep_classes(failed, awake, plan, self.queues, now)
+        self.told.tell_classes(told, self.backlog.cut, self.backlog.members_after_cut, now, out)
+        self.told.prune_classes(self.backlog.singles.classes)
+        if again:
+            out.again = True  # a class was cut and none of it failed: place more of it now
+
     def _gang_results(self, plan: Plan, gangs: Mapping[str, Unit], now: float, out: Decisions) -> None:
         """Each gang's result: told to its PodGroup, and whether it sleeps."""
         turned = self.backlog.turned
         for key, unit in gangs.items():
-            if not unit.blocked:
-                self.told.unblocked(key)
             result = plan.results.get(key)
             if key in turned and result is not None and result.failed:
                 continue  # a fair turn that failed: its back-off runs on to its own try
@@ -515,18 +500,20 @@ class Session:
                 self.groups.placed_whole(key)
             self.backlog.gang_result(unit, result, plan, groups=self.groups, queues=self.queues, now=now)
 
-    def _tell_cut_gangs(self, keys: list[str], result: UnitResult, now: float, out: Decisions) -> None:
-        """The PodGroups and pending pods of gangs that share a class's outcome."""
-        for key in keys:
+    def _cut_gangs(self, plan: Plan, gangs: Mapping[str, Unit], now: float, out: Decisions) -> None:
+        """The gangs cut as alike to others: their PodGroups and pending pods share their
+        class's outcome (or they are handed over at once when the class did not fail)."""
+        shared, again = self.backlog.share_gang_results(plan, gangs, self.groups, self.queues, now)
+        if again:
+            out.again = True
+        for key, result in ((k, r) for keys, r in shared for k in keys):
             group = self.groups.groups.get(GroupKey(key))
             if group is None:
                 continue
             self.reports.shared(group.key, result)
             message = self.reports.pod_message(key, result.reason, result.message, now)
-            for uid in self.groups.member_uids(group):
-                pod = self.state.pending.get(uid)
-                if pod is not None:
-                    self.told.tell(out, pod, result.reason, message, shared_at=now)
+            pending = [p for uid in self.groups.member_uids(group) if (p := self.state.pending.get(uid)) is not None]
+            self.told.tell_shared(pending, result.reason, message, now, out)
 
     def _sync_queues(self, now: float, out: Decisions, charged: QueueInput | None = None) -> None:
         """The Queue statuses, when due: from ``charged`` (the input of the cycle that just
@@ -565,15 +552,7 @@ class Session:
     def last_word(self, key: str) -> tuple[str, str] | None:
         """The ``(reason, message)`` a unit (a group's key, or a pod's ``namespace/name``)
         was last told about why it waits; None when it was told nothing yet."""
-        found = self.reports.last_message(key)
-        if found is not None:
-            return found
-        uid = self.state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
-        told = self.told.last(uid) if uid is not None else None
-        if told is not None:
-            return told
-        pod = self.state.pending.get(uid) if uid is not None else None
-        return pod.shows if pod is not None else None
+        return self.reports.last_message(key) or self.told.last_word(key, self.state)
 
     def next_due(self, now: float) -> float | None:
         """When a step after ``now`` would try something an event already woke (a back-off

@@ -155,6 +155,31 @@ class Backlog:
         """The usage of a queue tree fell (a charged pod went)."""
         self._freed_roots.add(root)
 
+    def pod_changed(
+        self, kind: str, pod: Pod, *, was: Pod | None, now: Pod | None, group: str | None, now_group: str | None,
+        moved: bool, capacity: bool,
+    ) -> bool:
+        """A pod event, as the mirror took it: ``was`` and ``now``, the pending pod before and
+        after (None: not pending); ``group`` and ``now_group``, its gang's key before and
+        after; ``moved``, whether its gang changed; ``capacity``, whether the event changed
+        capacity (a step is wanted for that alone). Returns whether it is worth a step."""
+        wake = False
+        gangs = [k for k in (group, now_group) if k is not None]
+        # a member arrived, left, or changed what placement reads: the gang is tried again
+        # (not for a change of its status, such as the condition we wrote)
+        if now is not None and gangs and (kind == "DELETED" or was is None or moved or self.changed_class(was, now)):
+            for key in gangs:
+                self.forget_gang(key)
+            wake = True
+        if kind == "DELETED" or pod.holds_resources or pod.terminal:
+            self.gangs.member_gone(pod.uid)
+            wake = (was is not None and self.holder_left(pod.key, group)) or wake
+        if not capacity and now is not None and (was is None or was is not now):
+            # new or changed: worth a step unless its class sleeps (a gang's member was
+            # handled above; a gated pod waits)
+            wake = self.pending_changed(pod.uid) or wake
+        return wake
+
     def pending_changed(self, uid: PodUID) -> bool:
         """A pending single pod is new or changed: whether that is worth a step (not when
         its class sleeps: it would fail alike)."""

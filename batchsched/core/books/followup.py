@@ -87,9 +87,12 @@ class PreemptionFollowUp:
                 out.events.append(EventNote(ref, "Warning", "NominationDropped", message))
             _clear_nominated(n.pods, state, out)
 
-    def victim_evicted(self, e: Eviction, groups: GroupBook) -> Decisions:
-        """A victim's eviction went through: tell who preempted it."""
+    def victim_evicted(self, e: Eviction, outcome: str, groups: GroupBook) -> Decisions:
+        """A victim's eviction went through (``outcome`` evicted): tell who preempted it;
+        or there was nothing left to evict (gone): the capacity is free, nothing to tell."""
         out = Decisions()
+        if outcome != "evicted":
+            return out
         group = groups.groups.get(GroupKey(e.unit))
         out.events.append(EventNote(pod_ref(e), "Normal", "Preempted", e.reason))
         if group is not None and (e.preemptor, e.unit) not in self._told_groups:

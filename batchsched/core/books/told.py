@@ -18,6 +18,7 @@ from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.decisions import Decisions, PodCondition, pod_ref
+from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Pod, PodUID
 from batchsched.core.plan import Plan, Unit
 from batchsched.core.reservation import RESERVED
@@ -142,10 +143,20 @@ class ToldBook:
         if len(self._class_told) > 2 * len(live) + 64:
             self._class_told = {k: v for k, v in self._class_told.items() if k in live}
 
-    def last(self, uid: PodUID) -> tuple[str, str] | None:
-        """The ``(reason, message)`` the pod was last told (None: nothing yet)."""
-        told = self._told.get(uid)
-        return (told[0], told[1]) if told is not None else None
+    def tell_shared(self, pods: Iterable[Pod], reason: str, message: str, now: float, out: Decisions) -> None:
+        """Pods that share another unit's outcome, told it (see :meth:`tell`)."""
+        for pod in pods:
+            self.tell(out, pod, reason, message, shared_at=now)
+
+    def last_word(self, key: str, state: ClusterState) -> tuple[str, str] | None:
+        """The ``(reason, message)`` the single pod ``key`` (``namespace/name``) was last
+        told, or its condition says since before we started; None: nothing yet."""
+        uid = state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
+        told = self._told.get(uid) if uid is not None else None
+        if told is not None:
+            return told[0], told[1]
+        pod = state.pending.get(uid) if uid is not None else None
+        return pod.shows if pod is not None else None
 
     # -- blocked gangs ------------------------------------------------------------------------
 
@@ -153,9 +164,6 @@ class ToldBook:
         """Whether a blocked gang was first found blocked less than ``delay`` ago (its pods
         are not told yet: members and PodGroups usually arrive together)."""
         return now - self._blocked_since.setdefault(key, now) < delay
-
-    def unblocked(self, key: str) -> None:
-        self._blocked_since.pop(key, None)
 
     def keep_blocked(self, blocked: Callable[[str], bool]) -> None:
         """Forget the gangs ``blocked(key)`` says are no longer blocked (or gone)."""
