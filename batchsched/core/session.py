@@ -60,7 +60,7 @@ from batchsched.core.plan import Binding, Eviction, Plan, Unit, UnitStatus
 from batchsched.core.preemption import Room
 from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueTree
 from batchsched.core.requeue import WaitBook
-from batchsched.core.runtimes import RunTimes, like_key
+from batchsched.core.runtimes import RunTimes
 from batchsched.core.settings import SessionSettings
 from batchsched.core.volumes import VolumeBook, VolumeClaim
 
@@ -201,12 +201,9 @@ class Session:
         state = self.state
         charged = pod.uid in state.charges
         state.pod_event(kind, pod)
-        if charged and pod.uid not in state.charges:
-            root = self.queues.pod_queue_root(state.pods.get(pod.uid, pod), group)
-            if root is not None:
-                self.backlog.freed_root(root)
-            if pod.phase == "Succeeded" and pod.started:
-                self.intake.succeeded(like_key(pod, group.key if group is not None else None), pod.started)
+        if charged and pod.uid not in state.charges:  # its usage went: what it was charged to wakes
+            self.backlog.freed_root(self.queues.pod_queue_root(state.pods.get(pod.uid, pod), group))
+            self.intake.ended(pod, group.key if group is not None else None)
         if kind == "DELETED" or not pod.holds_resources:
             self.holds.released(pod.uid)
         self.groups.pod_event(kind, pod)
@@ -266,8 +263,11 @@ class Session:
             self.wants_step = True
         self.reports.changed(group, spec=spec, deleted=kind == "DELETED")
 
-    def _queues_changed(self, before: int) -> None:
-        """Which queue a unit goes to, or whether it fits its quota, may have changed."""
+    def _queues_change(self, change: Callable[..., None], *args: Any) -> None:
+        """``change(*args)`` to the queues' book; when it changed which queue a unit goes to,
+        or whether it fits its quota: every sleeper is worth trying, the statuses are due."""
+        before = self.queues.generation
+        change(*args)
         if self.queues.generation != before:
             self.backlog.forget_all()
             self.queue_statuses.queues_changed()
@@ -275,27 +275,19 @@ class Session:
 
     def on_queues_listed(self, items: Sequence[Mapping[str, Any]]) -> set[str]:
         """A full list of the Queues; returns the names of those that are gone."""
-        before = self.queues.generation
         gone = set(self.queues.queue_objects) - {str(o["metadata"]["name"]) for o in items}
-        self.queues.replace_queues(items)
-        self._queues_changed(before)
+        self._queues_change(self.queues.replace_queues, items)
         return gone
 
     def on_queue(self, kind: str, obj: Mapping[str, Any]) -> None:
-        before = self.queues.generation
-        self.queues.queue_event(kind, obj)
-        self._queues_changed(before)
+        self._queues_change(self.queues.queue_event, kind, obj)
 
     def on_namespaces_listed(self, items: Sequence[Mapping[str, Any]]) -> None:
-        before = self.queues.generation
-        self.queues.replace_namespaces(items)
-        self._queues_changed(before)
+        self._queues_change(self.queues.replace_namespaces, items)
         self._close_namespaces({_name(o) for o in items if _closing(o)})
 
     def on_namespace(self, kind: str, obj: Mapping[str, Any]) -> None:
-        before = self.queues.generation
-        self.queues.namespace_event(kind, obj)
-        self._queues_changed(before)
+        self._queues_change(self.queues.namespace_event, kind, obj)
         name = _name(obj)
         closed = self.state.closed_namespaces - {name}
         self._close_namespaces(closed | {name} if kind != "DELETED" and _closing(obj) else closed)

@@ -151,9 +151,10 @@ class Backlog:
     def member_gone(self, uid: PodUID) -> None:
         self.gangs.member_gone(uid)
 
-    def freed_root(self, root: str) -> None:
-        """The usage of a queue tree fell (a charged pod went)."""
-        self._freed_roots.add(root)
+    def freed_root(self, root: str | None) -> None:
+        """The usage of the queue tree ``root`` fell (a charged pod went; None: no queue)."""
+        if root is not None:
+            self._freed_roots.add(root)
 
     def pod_changed(
         self, kind: str, pod: Pod, *, was: Pod | None, now: Pod | None, group: str | None, now_group: str | None,
@@ -344,39 +345,13 @@ class Backlog:
         held = self.waits.backing_off(now, self.retry)
         if held and units:
             room = {key: fits(self.waits.sleepers[key].need) for key in held}
-            held = {key: leaf for key, leaf in held.items() if room[key] < 0 or room[key] >= self._quorum_of(key)}
+            held = {key: leaf for key, leaf in held.items()
+                    if room[key] < 0 or room[key] >= (self.gangs.quorum_of(key) if isinstance(key, str) else 1)}
         if not held or not units:
             return []
-        structure = queues.structure()
-        asks: dict[object, tuple[str, Mapping[str, int]]] = {}
-        for unit in units:
-            if not unit.blocked:
-                q = queues.queue_of(unit.pods, groups.groups.get(GroupKey(unit.key)), structure)
-                if isinstance(q, str):
-                    asks[unit.key] = (q, _quorum(unit))
-        if not asks:
-            return []
-        awake = set(asks)
-        asks.update((key, (q, self.waits.sleepers[key].need)) for key, q in held.items())
-        ranks = queues.ranks(asks, state=state, groups=groups, snap=snapshot(), now=now)
-        last: dict[str, dict[str, tuple[bool, float]]] = {}  # cohort -> queue -> its last unit awake
-        for key in awake & ranks.keys():
-            root, rank = ranks[key]
-            by_queue = last.setdefault(root, {})
-            leaf = asks[key][0]
-            by_queue[leaf] = max(by_queue.get(leaf, rank), rank)
-        heads: dict[str, tuple[Order, object]] = {}  # queue -> its first sleeper due a turn
-        for key, leaf in held.items():
-            if key in ranks and any(other != leaf and rank > ranks[key][1]
-                                    for other, rank in last.get(ranks[key][0], {}).items()):
-                order = self._head_order(key)
-                if leaf not in heads or order < heads[leaf][0]:
-                    heads[leaf] = (order, key)
-        return [key for _, key in heads.values()]
-
-    def _quorum_of(self, key: object) -> int:
-        """How many members of a sleeper must be placed together (1 for a class)."""
-        return self.gangs.quorum_of(key) if isinstance(key, str) else 1
+        need = {key: self.waits.sleepers[key].need for key in held}
+        return _first_owed(held, need, units, state=state, groups=groups, queues=queues, snapshot=snapshot, now=now,
+                           head_order=self._head_order)
 
     def _head_order(self, key: object) -> Order:
         """Where a sleeper comes in its queue: its first pod's (a class) or its own (a gang)
@@ -443,14 +418,7 @@ class Backlog:
         """Gangs left out as alike to others: when the class failed, they share its outcome
         and sleep (returned: their keys and the outcome to tell them); when it did not, they
         are handed over next (True: a step is wanted at once)."""
-        first_failed: dict[Any, Unit] = {}
-        for key, unit in gangs.items():
-            result = plan.results.get(key)
-            if result is None or unit.blocked:
-                continue
-            ckey = self.gangs.key(unit, groups)
-            if (result.failed or result.reason == RESERVED) and key not in plan.deferred:
-                first_failed.setdefault(ckey, unit)
+        first_failed = self.gangs.first_failed(plan, gangs, groups)
         shared_out: list[tuple[list[str], UnitResult]] = []
         again = False
         for ckey, keys in self.gangs.cut.items():
@@ -539,6 +507,7 @@ class GangClasses:
         return self._entries[key][2]
 
     def quorum_of(self, key: str) -> int:
+        """How many members of a sleeping gang must be placed together."""
         entry = self._entries.get(key)
         return max(entry[3], 1) if entry is not None else 1
 
@@ -601,6 +570,19 @@ class GangClasses:
             want.update(key for _, key in alike[:n])
         return want
 
+    def first_failed(self, plan: Plan, gangs: Mapping[str, Unit], groups: GroupBook) -> dict[Any, Unit]:
+        """Of each class of the gangs handed over, the first that failed (or holds a
+        reservation) in ``plan``, its victim search not owed."""
+        out: dict[Any, Unit] = {}
+        for key, unit in gangs.items():
+            result = plan.results.get(key)
+            if result is None or unit.blocked:
+                continue
+            ckey = self.key(unit, groups)
+            if (result.failed or result.reason == RESERVED) and key not in plan.deferred:
+                out.setdefault(ckey, unit)
+        return out
+
     def _pod_class(self, pod: Pod) -> Any:
         """A pod's equivalence class: the index's for a single pod, else computed once per
         version of the pod."""
@@ -631,6 +613,42 @@ class GangClasses:
             return unit_class(unit, self._pod_class) if unit.single else self.key(unit, groups)
 
         return of
+
+
+def _first_owed(
+    held: Mapping[object, str], need: Mapping[object, Mapping[str, int]], units: Sequence[Unit], *,
+    state: ClusterState, groups: GroupBook, queues: QueueBook, snapshot: Callable[[], Snapshot], now: float,
+    head_order: Callable[[object], Order],
+) -> list[object]:
+    """Of the sleepers ``held`` back (key -> the queue each waits in; ``need``: what each
+    asks), the first of each queue that the fair order puts before a unit handed over from
+    another queue of its cohort (``head_order``: where a sleeper comes in its queue)."""
+    structure = queues.structure()
+    asks: dict[object, tuple[str, Mapping[str, int]]] = {}
+    for unit in units:
+        if not unit.blocked:
+            q = queues.queue_of(unit.pods, groups.groups.get(GroupKey(unit.key)), structure)
+            if isinstance(q, str):
+                asks[unit.key] = (q, _quorum(unit))
+    if not asks:
+        return []
+    awake = set(asks)
+    asks.update((key, (q, need[key])) for key, q in held.items())
+    ranks = queues.ranks(asks, state=state, groups=groups, snap=snapshot(), now=now)
+    last: dict[str, dict[str, tuple[bool, float]]] = {}  # cohort -> queue -> its last unit awake
+    for key in awake & ranks.keys():
+        root, rank = ranks[key]
+        by_queue = last.setdefault(root, {})
+        leaf = asks[key][0]
+        by_queue[leaf] = max(by_queue.get(leaf, rank), rank)
+    heads: dict[str, tuple[Order, object]] = {}  # queue -> its first sleeper due a turn
+    for key, leaf in held.items():
+        if key in ranks and any(other != leaf and rank > ranks[key][1]
+                                for other, rank in last.get(ranks[key][0], {}).items()):
+            order = head_order(key)
+            if leaf not in heads or order < heads[leaf][0]:
+                heads[leaf] = (order, key)
+    return [key for _, key in heads.values()]
 
 
 def _waits_in(key: str, queues: QueueBook) -> str | None:

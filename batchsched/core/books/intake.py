@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence, Set
 
 from batchsched.core.model import Arrivals, Pod, PodUID
 from batchsched.core.nodehealth import NodeHealthSettings, tolerating_health
-from batchsched.core.runtimes import RunTimes
+from batchsched.core.runtimes import RunTimes, like_key
 from batchsched.core.volumes import VolumeBook
 
 __all__ = ["PodIntake"]
@@ -60,9 +60,11 @@ class PodIntake:
         """The pod as parsed (before its claims were applied)."""
         return self._claiming.get(pod.uid, pod)
 
-    def succeeded(self, key: str, started: float) -> None:
-        """A pod like ``key`` that started at ``started`` succeeded."""
-        self._succeeded.append((key, started))
+    def ended(self, pod: Pod, group: str | None) -> None:
+        """A pod (of the gang ``group``) is no longer charged: if it succeeded, how long it
+        ran is recorded at the next step."""
+        if pod.phase == "Succeeded" and pod.started:
+            self._succeeded.append((like_key(pod, group), pod.started))
 
     def ran(self, now: float, runtimes: RunTimes) -> None:
         """How long the pods that succeeded since the last step ran, recorded at ``now``."""
