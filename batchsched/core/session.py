@@ -21,17 +21,29 @@ replay on a virtual clock drive the same policy. :attr:`Session.wants_step` says
 an event gave a reason to run a step now (the shell sleeps until it does, or until the
 slow retry timer).
 
-A step, in order: how long the pods that succeeded ran -> the Events decided on intake ->
-pods assumed bound but never confirmed are read again, stale card assignments cleaned
-(the ledger) -> gang timers, then suspended, drained and unhealthy work evicted (holds) ->
-the sleepers events woke (the backlog) -> the units worth trying -> pods that joined a
-sleeping class told -> after a start, nominations restored from the pods -> nominations
-that expired or whose queue stopped given up -> the cycle -> each binding assumed -> the
-pods not placed told why, the classes and gangs that failed put to sleep -> Events and
-evictions of the preemptions -> each gang's result -> the gangs cut as alike share their
-class's outcome -> PodGroup statuses of the groups that changed -> Queue statuses (at most
-every few seconds). After each step the mirror's invariants are checked
-(:meth:`Session.check`); a broken one raises, and the process stops.
+A step (:meth:`Session.step`), in order:
+
+1. intake: how long the pods that succeeded since the last step ran is recorded; the
+   Events decided on intake (unreadable nodes) are written;
+2. the bind ledger: pods assumed bound but never confirmed are read again; stale card
+   assignments are cleaned;
+3. holds: gang timers (gangs stuck below quorum evicted); suspended, drained and unhealthy
+   work evicted;
+4. the backlog: the sleepers the events since the last step woke; the units worth trying
+   (each class or gang that failed is skipped until something changed or the retry
+   interval passed); the pods that joined a sleeping class are told its word;
+5. the nominations: restored after a start, those expired or of a stopped queue given up
+   (their preemptors told), the rest charged; then the cycle;
+6. its plan followed up: each binding assumed; the pods not placed told why, the classes
+   of single pods that failed put to sleep; the preemptions' Events, nominated nodes and
+   evictions; each gang's result (its PodGroup, its sleep); the gangs cut as alike share
+   their class's outcome; the holders of reservations noted; the Queue statuses from the
+   cycle's tree (at most every few seconds);
+7. the PodGroup statuses of the groups that changed, and the Queue statuses if due and no
+   cycle wrote them.
+
+After each step the mirror's invariants are checked (:meth:`Session.check`); a broken one
+raises, and the process stops.
 """
 
 from __future__ import annotations
@@ -379,12 +391,8 @@ class Session:
         """``outcome``: evicted, gone (nothing left to evict), blocked (a disruption budget
         refused), failed (``error`` says why)."""
         if not e.preemptor:
-            key = GroupKey(e.unit)
-            group = self.groups.groups.get(key)
-            self.reports.dirty.add(key)
-            if outcome != "evicted":
-                self.groups.eviction_done(key, PodUID(e.uid))
-            return gang_evicted(e, outcome, error, group)
+            self.reports.dirty.add(GroupKey(e.unit))
+            return gang_evicted(e, outcome, error, self.groups)
         if outcome in ("evicted", "gone"):
             return self.followup.victim_evicted(e, outcome, self.groups)
         dropped = self.nominations.drop(e.preemptor)
@@ -435,15 +443,13 @@ class Session:
     def _cycle(self, units: list[Unit], snap: Snapshot, now: float, out: Decisions) -> tuple[Plan, QueueInput]:
         """The nominations brought up to date (restored after a start, given up), then the
         cycle over ``units``; returns its plan and its queue input (its tree charged)."""
-        state, structure = self.state, self.queues.structure()
-        for n in self.nominations.restore(units, state, self.groups, self.queues, snap, now):
+        state = self.state
+        due = self.nominations.before_cycle(units, state, self.groups, self.queues, snap, now)
+        for n in due.restored:
             self.followup.restored(n, [state.pods[PodUID(uid)] for uid in n.pods], self.groups)
-        self.followup.given_up(
-            self.nominations.expired(state, now), self.nominations.stopped(state, structure, now),
-            timeout=self.nominations.timeout, state=state, out=out,
-        )
+        self.followup.given_up(due.expired, due.stopped, timeout=self.nominations.timeout, state=state, out=out)
         queues = self.queues.prepare(state=state, groups=self.groups, snap=snap, units=units, now=now,
-                                     nominations=self.nominations.live(state, structure, now))
+                                     nominations=due.live)
         queues.turns = self.backlog.turned
         plan = self.cycle.run(snap, units, queues=queues, state=state, classes=self.backlog.classes(self.groups))
         self.queues.settle(plan, queues.queue_of)
@@ -502,8 +508,7 @@ class Session:
             group = self.groups.groups.get(GroupKey(key))
             if group is None:
                 continue
-            self.reports.shared(group.key, result)
-            message = self.reports.pod_message(key, result.reason, result.message, now)
+            message = self.reports.shared(group.key, result, now)
             pending = [p for uid in self.groups.member_uids(group) if (p := self.state.pending.get(uid)) is not None]
             self.told.tell_shared(pending, result.reason, message, now, out)
 

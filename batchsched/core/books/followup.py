@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from batchsched.core import explain
 from batchsched.core.decisions import Decisions, EventNote, group_ref, pod_ref
-from batchsched.core.gangs import GroupBook, GroupKey, PodGroup
+from batchsched.core.gangs import GroupBook, GroupKey
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Pod, PodUID
 from batchsched.core.plan import Eviction, Nomination, ObjectRef, Plan, VictimKind
@@ -117,9 +117,14 @@ class PreemptionFollowUp:
         return out
 
 
-def gang_evicted(e: Eviction, outcome: str, error: str, group: PodGroup | None) -> Decisions:
-    """A member of a gang evicted whole (gang timers, holds): told on its PodGroup."""
+def gang_evicted(e: Eviction, outcome: str, error: str, groups: GroupBook) -> Decisions:
+    """A member of a gang evicted whole (gang timers, holds): told on its PodGroup, and
+    the gang no longer waits for it unless it was evicted (then its deletion ends the wait)."""
     out = Decisions()
+    key = GroupKey(e.unit)
+    group = groups.groups.get(key)
+    if outcome != "evicted":
+        groups.eviction_done(key, PodUID(e.uid))
     if group is None:
         return out
     ref = group_ref(group)

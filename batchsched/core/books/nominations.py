@@ -21,6 +21,7 @@ The book is a read-only mapping of the nominations held, by unit key.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from batchsched.core.gangs import GroupBook
 from batchsched.core.mirror import ClusterState, Snapshot
@@ -29,7 +30,21 @@ from batchsched.core.plan import Nomination, Plan, Unit
 from batchsched.core.preemption import restored_nominations
 from batchsched.core.queues import QueueBook, QueueTree, StopPolicy
 
-__all__ = ["NominationBook"]
+__all__ = ["Due", "NominationBook"]
+
+
+@dataclass(slots=True, frozen=True)
+class Due:
+    """What is due of the nominations before a cycle."""
+
+    #: rebuilt from the pods after a start (their Events go to their units again)
+    restored: Sequence[Nomination]
+    #: given up because they timed out (their preemptors are told)
+    expired: Sequence[Nomination]
+    #: given up because their queue is stopped, each with the policy (their preemptors are told)
+    stopped: Sequence[tuple[Nomination, StopPolicy]]
+    #: still held: charged by the cycle
+    live: Sequence[Nomination]
 
 
 class NominationBook(Mapping[str, Nomination]):
@@ -50,6 +65,17 @@ class NominationBook(Mapping[str, Nomination]):
 
     def __len__(self) -> int:
         return len(self._held)
+
+    def before_cycle(
+        self, units: Sequence[Unit], state: ClusterState, groups: GroupBook, queues: QueueBook, snap: Snapshot,
+        now: float,
+    ) -> Due:
+        """Before a cycle over ``units``: the nominations restored (after a start), those to
+        give up (expired, of a stopped queue) and those the cycle charges (the rest)."""
+        structure = queues.structure()
+        restored = self.restore(units, state, groups, queues, snap, now)
+        expired, stopped = self.expired(state, now), self.stopped(state, structure, now)
+        return Due(restored, expired, stopped, self.live(state, structure, now))
 
     def restore(
         self, units: Sequence[Unit], state: ClusterState, groups: GroupBook, queues: QueueBook, snap: Snapshot,

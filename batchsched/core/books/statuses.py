@@ -106,13 +106,15 @@ class GroupReports:
         elif result.failed or result.reason == RESERVED:
             self._message[key] = (result.reason, result.message)
 
-    def shared(self, key: GroupKey, result: UnitResult) -> None:
+    def shared(self, key: GroupKey, result: UnitResult, now: float) -> str:
         """A gang left out of the cycle shares the failure of an alike gang's (its status
-        is written again only if that changes what it says)."""
+        is written again only if that changes what it says); returns what its pods are told
+        (:meth:`pod_message`)."""
         told = (result.reason, result.message)
         if self._message.get(key) != told:
             self.dirty.add(key)
             self._message[key] = told
+        return self.pod_message(key, result.reason, result.message, now)
 
     def _sweep_slice(self, now: float) -> None:
         """Mark the next slice of the sweep: as many groups as the time since the last
