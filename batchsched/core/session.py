@@ -67,10 +67,9 @@ from batchsched.core.gangs import GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Node, Pod, PodUID, Term
 from batchsched.core.nodehealth import with_health
-from batchsched.core.placement.topology import TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
 from batchsched.core.plan import Binding, Eviction, Plan, Unit, UnitStatus
 from batchsched.core.preemption import Room
-from batchsched.core.queues import QUEUE_LABEL, QueueBook, QueueInput, QueueTree
+from batchsched.core.queues import QueueBook, QueueInput, QueueTree
 from batchsched.core.requeue import WaitBook
 from batchsched.core.runtimes import RunTimes
 from batchsched.core.settings import SessionSettings
@@ -80,15 +79,6 @@ __all__ = ["Session", "SessionSettings"]
 
 #: how often the mirror's usage is recomputed from every charge to check it
 FULL_CHECK_SECONDS = 60.0
-
-
-def _spec(group: PodGroup) -> tuple[Any, ...]:
-    """What of a group decides its placement (its status, which we write, does not)."""
-    return (
-        group.min_member, dict(group.min_resources), dict(group.min_task_member),
-        group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
-        group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
-    )
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -267,11 +257,8 @@ class Session:
     def on_podgroup(self, kind: str, group: PodGroup) -> None:
         old = self.groups.groups.get(group.key)
         self.groups.group_event(kind, group)
-        spec = old is None or _spec(old) != _spec(group)
-        if kind == "DELETED":
-            self.backlog.holder_left(group.key, None)
+        spec = self.backlog.group_changed(kind, old, group)
         if kind == "DELETED" or spec:
-            self.backlog.forget_gang(group.key)
             self.wants_step = True
         self.reports.changed(group, spec=spec, deleted=kind == "DELETED")
 
@@ -320,9 +307,7 @@ class Session:
     def on_budget(self, kind: str, budget: DisruptionBudget) -> None:
         old = self.queues.budgets.get(budget.namespace, budget.name)
         self.queues.budget_event(kind, budget)
-        if old is not None and old.allowed == 0 and (kind == "DELETED" or budget.allowed > 0):
-            # work it protected may be preempted now: look at waiting units again
-            self.backlog.forget_all()
+        if self.backlog.budget_changed(kind, old, budget):
             self.wants_step = True
 
     def on_priority_classes_listed(self, classes: Mapping[str, int], never: Iterable[str] = ()) -> None:

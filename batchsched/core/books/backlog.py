@@ -21,6 +21,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from batchsched.core import explain
+from batchsched.core.disruption import DisruptionBudget
 from batchsched.core.equivalence import (
     ClassKey,
     SingleIndex,
@@ -31,9 +32,10 @@ from batchsched.core.equivalence import (
     pod_class,
     unit_class,
 )
-from batchsched.core.gangs import GroupBook, GroupKey
+from batchsched.core.gangs import GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod, PodUID
+from batchsched.core.placement.topology import TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
 from batchsched.core.plan import Plan, Unit, UnitResult, UnitStatus, single_unit
 from batchsched.core.preemption import Room
 from batchsched.core.queues import QUEUE_LABEL, QueueBook
@@ -135,6 +137,25 @@ class Backlog:
         ckey = self.singles.class_of(uid)
         if ckey is not None:
             self.waits.forget(("class", ckey))
+
+    def group_changed(self, kind: str, old: PodGroup | None, group: PodGroup) -> bool:
+        """A PodGroup event (``old``: the group before it): whether what decides its
+        placement changed (then, or when it went, the gang is worth trying at once)."""
+        spec = old is None or _spec(old) != _spec(group)
+        if kind == "DELETED":
+            self.holder_left(group.key, None)
+        if kind == "DELETED" or spec:
+            self.forget_gang(group.key)
+        return spec
+
+    def budget_changed(self, kind: str, old: DisruptionBudget | None, budget: DisruptionBudget) -> bool:
+        """A disruption budget event: one that allowed no disruption and now allows some
+        (or went) lets work it protected be preempted: every sleeper is worth trying at
+        once (True)."""
+        if old is not None and old.allowed == 0 and (kind == "DELETED" or budget.allowed > 0):
+            self.forget_all()
+            return True
+        return False
 
     def forget_all(self) -> None:
         """Queues, namespaces or budgets changed: every sleeper is worth trying at once."""
@@ -351,19 +372,7 @@ class Backlog:
             return []
         need = {key: self.waits.sleepers[key].need for key in held}
         return _first_owed(held, need, units, state=state, groups=groups, queues=queues, snapshot=snapshot, now=now,
-                           head_order=self._head_order)
-
-    def _head_order(self, key: object) -> Order:
-        """Where a sleeper comes in its queue: its first pod's (a class) or its own (a gang)
-        priority, then first come, first served (:meth:`~batchsched.core.plan.Unit.order`)."""
-        if isinstance(key, tuple):
-            members = self.singles.classes.get(key[1])
-            if members:
-                pod = members[0]
-                return (-pod.priority, pod.created, pod.arrival, pod.uid)
-        elif isinstance(key, str) and key in self.gangs:
-            return self.gangs.order_of(key)
-        return (0, float("inf"), 0, "")
+                           head_order=lambda key: _head_order(key, self.singles, self.gangs))
 
     def classes(self, groups: GroupBook) -> Callable[[Unit], Any]:
         """Each unit's class, as the cycle groups alike units."""
@@ -384,7 +393,7 @@ class Backlog:
             if ckey in self._turned_classes:
                 continue
             if ckey not in awake:
-                self.waits.sleep(("class", ckey), now, pod.requests, quota=self._quota_root(pod.key, plan, queues),
+                self.waits.sleep(("class", ckey), now, pod.requests, quota=_quota_root(pod.key, plan, queues),
                                  queue=_waits_in(pod.key, queues))
             told[ckey] = (reason, message)
         return told, any(ckey not in failed for ckey in self._cut)
@@ -409,7 +418,7 @@ class Backlog:
         elif (result.failed or result.reason == RESERVED) and not unit.blocked and key not in plan.deferred:
             # failed, or holds a reservation (tried again whenever others are)
             need = _smallest(unit)
-            self.waits.sleep(key, now, need, quota=self._quota_root(key, plan, queues), queue=_waits_in(key, queues))
+            self.waits.sleep(key, now, need, quota=_quota_root(key, plan, queues), queue=_waits_in(key, queues))
             self.gangs.remember(unit, groups, need)
 
     def share_gang_results(
@@ -433,7 +442,7 @@ class Backlog:
                 shared = UnitResult(result.status, result.reason, explain.like_gang(first.display, result.message))
             if first.key in self._turned:
                 continue  # a fair turn that failed: they wait for their own try, as they did
-            quota, queue = self._quota_root(first.key, plan, queues), _waits_in(first.key, queues)
+            quota, queue = _quota_root(first.key, plan, queues), _waits_in(first.key, queues)
             for key in keys:
                 self.waits.sleep(key, now, self.gangs.need_of(key), quota=quota, queue=queue)
             shared_out.append((keys, shared))
@@ -446,14 +455,6 @@ class Backlog:
         self._holder_classes = {
             self.singles.class_of(u.pod.uid) for u in plan.unschedulable
             if u.reason == RESERVED and u.unit not in gangs} - {None}
-
-    def _quota_root(self, key: str, plan: Plan, queues: QueueBook) -> str | None:
-        """For a unit its queue's quota held back: the top of that queue's tree (whose
-        usage falling wakes it); None when quota did not hold it back."""
-        if key not in plan.quota_blocked:
-            return None
-        q = queues.waiting.get(key)
-        return queues.root_of(q) if isinstance(q, str) else ""
 
 
 class GangClasses:
@@ -649,6 +650,37 @@ def _first_owed(
             if leaf not in heads or order < heads[leaf][0]:
                 heads[leaf] = (order, key)
     return [key for _, key in heads.values()]
+
+
+def _spec(group: PodGroup) -> tuple[Any, ...]:
+    """What of a group decides its placement (its status, which we write, does not)."""
+    return (
+        group.min_member, dict(group.min_resources), dict(group.min_task_member),
+        group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
+        group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
+    )
+
+
+def _head_order(key: object, singles: SingleIndex, gangs: GangClasses) -> Order:
+    """Where a sleeper comes in its queue: its first pod's (a class) or its own (a gang)
+    priority, then first come, first served (:meth:`~batchsched.core.plan.Unit.order`)."""
+    if isinstance(key, tuple):
+        members = singles.classes.get(key[1])
+        if members:
+            pod = members[0]
+            return (-pod.priority, pod.created, pod.arrival, pod.uid)
+    elif isinstance(key, str) and key in gangs:
+        return gangs.order_of(key)
+    return (0, float("inf"), 0, "")
+
+
+def _quota_root(key: str, plan: Plan, queues: QueueBook) -> str | None:
+    """For a unit its queue's quota held back: the top of that queue's tree (whose usage
+    falling wakes it); None when quota did not hold it back."""
+    if key not in plan.quota_blocked:
+        return None
+    q = queues.waiting.get(key)
+    return queues.root_of(q) if isinstance(q, str) else ""
 
 
 def _waits_in(key: str, queues: QueueBook) -> str | None:
