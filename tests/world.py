@@ -704,7 +704,7 @@ class World:
                 continue
             self.seen_checks["usage recount"] += 1
             told = _milli(status["used"].get(GPU, "0"))
-            if told != usage[name] and not self.session.queues.nominations:
+            if told != usage[name] and not self.session.nominations:
                 self.fail("usage recount", f"queue {name} status says used {GPU} {status['used'].get(GPU)} "
                           f"but its bound pods ask {usage[name]}m")
 
@@ -819,7 +819,7 @@ class World:
         return True
 
     def _check_liveness(self, d: Decisions) -> None:
-        quiet = (not self.going and not self.session.queues.nominations and self.session.holding_count == 0
+        quiet = (not self.going and not self.session.nominations and self.session.holding_count == 0
                  and not any(o["status"].get("nominatedNodeName") for o in self.pods.values()))
         heads = self.heads()
         for job in list(self.fit_for):

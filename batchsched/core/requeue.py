@@ -29,10 +29,11 @@ Back-off saves futile retries; it never gives a turn away. Capacity freed in a c
 taken by whoever the cycle is handed, so a queue whose classes back off would lose what the
 fair order owes it to a queue whose class just placed pods (and so is awake), and then
 reclaim it by eviction, or never get it when it asks beyond its nominal. Hence the *fair
-turn* (``Session._fair_turns``): when a step hands the cycle a unit of a queue, a sleeper an
-event woke that waits out its back-off in another queue of the same cohort is handed over
-too when the fair order puts it first (:func:`~batchsched.core.queues.fair.queue_rank`: it
-would not borrow where the other would, or its queue's share with it admitted is lower).
+turn* (:mod:`batchsched.core.books.backlog`): when a step hands the cycle a unit of a
+queue, a sleeper an event woke that waits out its back-off in another queue of the same
+cohort is handed over too when the fair order puts it first
+(:func:`~batchsched.core.queues.fair.queue_rank`: it would not borrow where the other
+would, or its queue's share with it admitted is lower).
 What keeps it cheap with a large backlog: only sleepers that free capacity could hold now
 (:func:`~batchsched.core.equivalence.fit_count`), only the first of each queue (by
 priority, then age), only while a unit of another queue of the cohort is awake (else the

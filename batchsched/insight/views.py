@@ -129,7 +129,7 @@ def _state(session: Session, key: str, pods: list[Pod], group: PodGroup | None, 
         return "invalid", *problem
     if pending and all(p.gated for p in pending):
         return "gated", "SchedulingGated", f"{len(pending)} pod(s) carry scheduling gates"
-    if key in session.queues.nominations:
+    if key in session.nominations:
         return "preempting", *(told if told[0] else ("WaitingForPreemption", ""))
     if session.holds_reservation(key):
         return "reserved", *told

@@ -11,13 +11,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchsched.core.books.nominations import NominationBook
 from batchsched.core.cycle import Cycle
 from batchsched.core.disruption import parse_pdb
 from batchsched.core.gangs import GroupBook, parse_podgroup
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Pod, PodUID, parse_node, parse_pod
 from batchsched.core.placement.scoring import ScoringConfig
-from batchsched.core.plan import Plan, Unit, single_unit
+from batchsched.core.plan import Nomination, Plan, Unit, single_unit
 from batchsched.core.queues import QueueBook, QueueInput, QueueSettings
 from tests.builders import make_group, make_node, make_pod
 
@@ -45,6 +46,8 @@ class QueueWorld:
         self.state = ClusterState()
         self.groups = GroupBook()
         self.book = QueueBook(settings)
+        #: the nominations held across cycles (the session's book of them)
+        self.nominations = NominationBook(self.book.settings.nomination_timeout)
         self.cycle = Cycle(ScoringConfig(), use_jit=use_jit)
         #: unit key -> the test's name for it
         self.names: dict[str, str] = {}
@@ -154,14 +157,20 @@ class QueueWorld:
     def step(self, now: float, *, apply: bool = True) -> Plan:
         snap = self.state.snapshot()
         units = self.units()
-        qi = self.book.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now)
+        qi = self.book.prepare(state=self.state, groups=self.groups, snap=snap, units=units, now=now,
+                               nominations=self.live(now))
         self.last_input = qi
         plan = self.cycle.run(snap, units, queues=qi)
         self.book.settle(plan, qi.queue_of)
+        self.nominations.settle(plan)
         if apply:
             for b in plan.bindings:
                 self.bind(b.uid, b.node, now)
         return plan
+
+    def live(self, now: float) -> tuple[Nomination, ...]:
+        """The nominations still worth holding at ``now``, as the session charges them."""
+        return self.nominations.live(self.state, self.book.structure(), now)
 
     def bind(self, uid: str, node: str, now: float) -> None:
         pod = self.state.pods[PodUID(uid)]

@@ -153,7 +153,7 @@ def test_a_nomination_holds_the_freed_nodes_until_the_victims_are_gone() -> None
         w.delete(f"default-low-{i}")
     plan = w.step(10_002)
     assert sorted((b.name, b.node) for b in plan.bindings) == [("small", "n2"), ("urgent", "n1")]
-    assert not plan.nominations and not w.book.nominations
+    assert not plan.nominations and not w.nominations
 
 
 def test_a_nomination_expires() -> None:
@@ -164,7 +164,7 @@ def test_a_nomination_expires() -> None:
     w.unit("urgent", GPU8, queue="research", priority=10, created=9000)
     assert w.step(10_000).preemptions
     assert w.step(10_030).nominated
-    assert w.book.expired(w.state, 10_061) and w.book.expired(w.state, 10_061)[0].unit == "default/urgent"
+    assert w.nominations.expired(w.state, 10_061) and w.nominations.expired(w.state, 10_061)[0].unit == "default/urgent"
     plan = w.step(10_061)
     # given up: the victim is still there (an eviction never happened), so it preempts again
     [rec] = plan.preemptions
@@ -264,11 +264,11 @@ def test_a_nomination_is_kept_while_its_unit_is_not_handed_in() -> None:
     w.unit("low", GPU8, priority=-1, nodes=["n1"], start=1)
     w.unit("urgent", GPU8, priority=10, created=5)
     w.step(10_000)
-    assert list(w.book.nominations) == ["default/urgent"]
+    assert list(w.nominations) == ["default/urgent"]
     w.unit("other", [{"gpu": 1}], priority=50, created=6)
     snap = w.state.snapshot()
     others = [u for u in w.units() if u.key != "default/urgent"]
-    qi = w.book.prepare(state=w.state, groups=w.groups, snap=snap, units=others, now=10_001)
+    qi = w.book.prepare(state=w.state, groups=w.groups, snap=snap, units=others, now=10_001, nominations=w.live(10_001))
     plan = w.cycle.run(snap, others, queues=qi)
     # the held node stays held: "other" may not take it
     assert [n.unit for n in plan.nominations] == ["default/urgent"]

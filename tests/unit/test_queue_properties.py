@@ -124,7 +124,7 @@ def check(w: QueueWorld, now: float) -> bool:
     snap = w.state.snapshot()
     assert np.all(snap.used <= snap.alloc), "a node is over-committed"
     # what really runs, charged afresh
-    qi = w.book.prepare(state=w.state, groups=w.groups, snap=snap, units=[], now=now)
+    qi = w.book.prepare(state=w.state, groups=w.groups, snap=snap, units=[], now=now, nominations=w.live(now))
     w.cycle.run(snap, [], queues=qi)
     qi.tree.check()
     gpu = snap.columns.index(GPU)

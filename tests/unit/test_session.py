@@ -389,7 +389,7 @@ def test_a_gang_with_min_resources_preempts_what_it_may_and_only_that() -> None:
 
 
 def test_a_gangs_pods_are_told_a_new_reason_at_once_with_its_message() -> None:
-    from batchsched.core.reporting import GroupReports
+    from batchsched.core.books.statuses import GroupReports
 
     reports = GroupReports(Session().groups, Session().settings.levels)
     assert reports.pod_message("g", "Unschedulable", "only 1 fit now", T0) == "only 1 fit now"

@@ -2,8 +2,9 @@
 
 The book mirrors the Queue objects, the namespaces' labels (for the
 ``batchsched.io/default-queue`` label) and the PodDisruptionBudgets, and keeps what lives
-across cycles: the nominations of preemptors waiting for their victims to terminate, and
-the usage history of fair share. Each cycle it builds the :class:`~batchsched.core.cycle.QueueInput`:
+across cycles: the usage history of fair share (the nominations of preemptors waiting for
+their victims to terminate are the caller's, passed in). Each cycle it builds the
+:class:`~batchsched.core.cycle.QueueInput`:
 
 - the queue tree over the snapshot's columns (uncharged: the cycle charges it);
 - the queue of each pending unit (:func:`~batchsched.core.queues.assign_queue`): the pod's
@@ -15,9 +16,8 @@ the usage history of fair share. Each cycle it builds the :class:`~batchsched.co
   (the earliest ``status.startTime``), which members are elastic extras (beyond
   ``minMember`` and every ``minTaskMember``, the last started first), and whether it is
   protected from eviction (a pod terminating, or a PodDisruptionBudget without room);
-- the nominations still worth holding: a nomination is given up when it is older than the
-  timeout, its queue is stopped, or a member of its unit is no longer pending (bound,
-  deleted).
+- the nominations still worth holding, as the caller's book of them found them
+  (:class:`~batchsched.core.books.nominations.NominationBook`).
 
 Pure, like the rest of :mod:`batchsched.core`: the time is passed in.
 """
@@ -37,7 +37,7 @@ from batchsched.core import explain
 from batchsched.core.disruption import DisruptionBook, DisruptionBudget
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.model import Pod, PodUID
+from batchsched.core.model import Pod
 from batchsched.core.nodehealth import NodeHealthSettings, lost_gpus, sick_rows
 from batchsched.core.plan import (
     Nomination,
@@ -142,7 +142,7 @@ class _Waiting:
 
 
 class QueueBook:
-    """Queues, namespace labels, disruption budgets and nominations (one writer)."""
+    """Queues, namespace labels and disruption budgets (one writer)."""
 
     def __init__(self, settings: QueueSettings | None = None, *, node_health: NodeHealthSettings | None = None) -> None:
         self.settings = settings or QueueSettings()
@@ -150,7 +150,6 @@ class QueueBook:
         self.queue_objects: dict[str, Mapping[str, Any]] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.budgets = DisruptionBook()
-        self.nominations: dict[str, Nomination] = {}
         s = self.settings
         self.history = (
             UsageHistory(s.history_half_life, weight=s.history_weight) if s.history_half_life > 0 else None
@@ -273,8 +272,10 @@ class QueueBook:
         snap: Snapshot,
         units: Sequence[Unit],
         now: float,
+        nominations: Sequence[Nomination] = (),
     ) -> QueueInput:
-        """The cycle's queue input for ``units`` (``now``: wall-clock seconds)."""
+        """The cycle's queue input for ``units`` (``now``: wall-clock seconds), charging the
+        ``nominations`` still worth holding."""
         tree = self.tree(snap.columns)
         if self._sick[0] != snap.node_generation:  # which nodes are sick changes with the nodes only
             self._sick = (snap.node_generation, sick_rows(self.node_health, snap.nodes))
@@ -288,7 +289,6 @@ class QueueBook:
             q = self.queue_of(u.pods, groups.groups.get(GroupKey(u.key)), tree)
             if q is not None:
                 queue_of[u.key] = q
-        self.nominations = self._live(state, now)
         running = _Once(lambda: self.running(state=state, groups=groups, snap=snap, tree=tree, now=now))
         self.last_running = running
         s = self.settings
@@ -296,7 +296,7 @@ class QueueBook:
             tree=tree,
             queue_of=queue_of,
             running=running,
-            nominations=tuple(self.nominations.values()),
+            nominations=tuple(nominations),
             now=now,
             history=self.history,
             max_wait=s.max_wait or None,
@@ -332,45 +332,6 @@ class QueueBook:
                 out[key] = (tree.root(queue), queue_rank(tree, queue, req, now=now, history=self.history))
         return out
 
-    def _live(self, state: ClusterState, now: float) -> dict[str, Nomination]:
-        out: dict[str, Nomination] = {}
-        timeout = self.settings.nomination_timeout
-        tree = self.structure()
-        for key, n in self.nominations.items():
-            if now - n.since > timeout or self._stop_of(n, tree) is not StopPolicy.NONE:
-                continue
-            if not all(PodUID(uid) in state.pending for uid in n.pods):
-                continue
-            out[key] = n
-        return out
-
-    def expired(self, state: ClusterState, now: float) -> list[Nomination]:
-        """The nominations the next :meth:`prepare` gives up because they timed out."""
-        timeout = self.settings.nomination_timeout
-        return [
-            n for n in self.nominations.values()
-            if now - n.since > timeout and all(PodUID(u) in state.pending for u in n.pods)
-        ]
-
-    def stopped(self, state: ClusterState, now: float) -> list[tuple[Nomination, StopPolicy]]:
-        """The nominations the next :meth:`prepare` gives up because their queue (or a cohort
-        above it) is stopped, each with that policy (those that also timed out are left to
-        :meth:`expired`). A stopped queue admits nothing: not even a preemptor whose victims
-        are gone, so the capacity held for it is freed at once."""
-        tree = self.structure()
-        timeout = self.settings.nomination_timeout
-        out: list[tuple[Nomination, StopPolicy]] = []
-        for n in self.nominations.values():
-            stop = self._stop_of(n, tree)
-            if stop is not StopPolicy.NONE and now - n.since <= timeout and all(
-                    PodUID(u) in state.pending for u in n.pods):
-                out.append((n, stop))
-        return out
-
-    @staticmethod
-    def _stop_of(n: Nomination, tree: QueueTree) -> StopPolicy:
-        return tree.stop_policy(n.queue) if n.queue is not None else StopPolicy.NONE
-
     def running(
         self,
         *,
@@ -402,8 +363,7 @@ class QueueBook:
         return self.settings.kueue_preemptible or not kueue_managed(pods)
 
     def settle(self, plan: Plan, queue_of: Mapping[str, QueueName | QueueProblem | None]) -> None:
-        """After a cycle: keep its nominations, and which units wait in which queue."""
-        self.nominations = {n.unit: n for n in plan.nominations}
+        """After a cycle: which units wait in which queue."""
         results = plan.results
         for key in plan.tried:
             result = results.get(key)
@@ -414,14 +374,6 @@ class QueueBook:
         for key, result in results.items():
             if result.failed and key in queue_of:
                 self.waiting[key] = queue_of[key]
-
-    def restore(self, nomination: Nomination) -> None:
-        """Hold capacity again for a preemptor found after a restart (see the session)."""
-        self.nominations.setdefault(nomination.unit, nomination)
-
-    def drop(self, unit: str) -> Nomination | None:
-        """Give up ``unit``'s nomination (an eviction for it was refused, or it is gone)."""
-        return self.nominations.pop(unit, None)
 
     # -- status ----------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""What each PodGroup is told: its status, the message its pods get, and its Events.
+"""The statuses: what each PodGroup is told (its status, the message its pods get, its
+Events), and each Queue's status.
 
 A group's status is written when something about it changed (a member arrived or was
 bound, a cycle decided about it, its spec changed) and, besides, on a slow sweep over every
@@ -7,6 +8,9 @@ evenly), and groups with a gang timer (backing off, partly placed) in every step
 message, but a waiting gang's message changes with every change of capacity ("only 12 fit
 now"), so they are told a new one at most every :data:`POD_MESSAGE_SECONDS` (a write per
 member), while the PodGroup condition follows each change (one write).
+
+The Queue statuses are written at most every ``queue_status_interval`` (at once after the
+queues changed), from the queue tree as the last cycle charged it.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from batchsched.core.mirror import ClusterState
 from batchsched.core.model import format_time
 from batchsched.core.placement.topology import CLUSTER, TopologyLevels
 from batchsched.core.plan import Unit, UnitResult, UnitStatus
+from batchsched.core.queues import QueueBook, QueueInput, QueueTree
 from batchsched.core.reservation import RESERVED
 
-__all__ = ["GROUP_SWEEP_SECONDS", "POD_MESSAGE_SECONDS", "GroupReports"]
+__all__ = ["GROUP_SWEEP_SECONDS", "POD_MESSAGE_SECONDS", "GroupReports", "QueueStatuses"]
 
 #: a full pass over every group's status, besides the groups known to have changed
 GROUP_SWEEP_SECONDS = 60.0
@@ -101,13 +106,15 @@ class GroupReports:
         elif result.failed or result.reason == RESERVED:
             self._message[key] = (result.reason, result.message)
 
-    def shared(self, key: GroupKey, result: UnitResult) -> None:
+    def shared(self, key: GroupKey, result: UnitResult, now: float) -> str:
         """A gang left out of the cycle shares the failure of an alike gang's (its status
-        is written again only if that changes what it says)."""
+        is written again only if that changes what it says); returns what its pods are told
+        (:meth:`pod_message`)."""
         told = (result.reason, result.message)
         if self._message.get(key) != told:
             self.dirty.add(key)
             self._message[key] = told
+        return self.pod_message(key, result.reason, result.message, now)
 
     def _sweep_slice(self, now: float) -> None:
         """Mark the next slice of the sweep: as many groups as the time since the last
@@ -174,3 +181,53 @@ class GroupReports:
                 schedule_start=self._schedule_start.get(key, ""),
             )
             out.group_statuses.append((group, status))
+
+
+class QueueStatuses:
+    """When the Queue statuses were last written, and the queue tree as last charged (one
+    writer: this module)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last = -1e18
+        #: the queue tree as last charged (by a cycle, or for the Queue statuses): what the
+        #: queue views read; None before the first
+        self.charged: QueueTree | None = None
+
+    def queues_changed(self) -> None:
+        """The queues changed: their statuses are written at the next step."""
+        self._last = -1e18
+
+    def charge(self, tree: QueueTree) -> None:
+        """The tree a cycle just charged."""
+        self.charged = tree
+
+    def due(self, now: float, queues: QueueBook, out: Decisions) -> bool:
+        """Whether the Queue statuses are to be written at ``now`` (at most every
+        ``interval``, once per step, and only with Queues to write); if so, from now on
+        they count as written."""
+        if not queues.queue_objects or out.queue_statuses or now - self._last < self.interval:
+            return False
+        self._last = now
+        return True
+
+    def write(self, charged: QueueInput, out: Decisions, *, state: ClusterState, groups: GroupBook,
+              queues: QueueBook) -> None:
+        """The Queue statuses from ``charged`` (a cycle's queue input, its tree charged)."""
+        self.charged = charged.tree
+
+        def pending(key: str) -> bool:
+            return _has_pending(key, state, groups)
+
+        out.queue_statuses.extend(queues.statuses(charged.tree, pending).items())
+
+
+def _has_pending(key: str, state: ClusterState, groups: GroupBook) -> bool:
+    """Whether the unit ``key`` (a group's, or a single pod's ``namespace/name``) still
+    has a pod waiting."""
+    pending = state.pending
+    group = groups.groups.get(GroupKey(key))
+    if group is not None:
+        return any(uid in pending for uid in groups.member_uids(group))
+    uid = state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
+    return uid is not None and uid in pending

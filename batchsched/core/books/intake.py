@@ -1,0 +1,73 @@
+"""Pod intake: each pod as the scheduler reads it, before anything else sees it.
+
+A pod event is *admitted* before it reaches the mirror: it is given its place in line
+among the pods created in the same second (:class:`~batchsched.core.model.Arrivals`), the
+tolerations of the nodes' GPU health taints it implies, and, pending with volume or
+resource claims, the node terms its claims allow (:mod:`batchsched.core.volumes`). The
+pods with claims are kept as parsed: when a claim, volume or storage class changes, they
+are returned to be admitted and routed again. The pods seen to succeed are kept until the
+next step, which records how long they ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+
+from batchsched.core.model import Arrivals, Pod, PodUID
+from batchsched.core.nodehealth import NodeHealthSettings, tolerating_health
+from batchsched.core.runtimes import RunTimes, like_key
+from batchsched.core.volumes import VolumeBook
+
+__all__ = ["PodIntake"]
+
+
+class PodIntake:
+    """Arrivals, claims and volumes, and the pods that succeeded (one writer: this module)."""
+
+    def __init__(self, health: NodeHealthSettings) -> None:
+        self.health = health
+        self.volumes = VolumeBook()
+        #: pending pods with claims, as parsed (their claims are applied again on a change)
+        self._claiming: dict[PodUID, Pod] = {}
+        #: each pod's place in line among those created in the same second
+        self._arrivals = Arrivals()
+        #: pods seen to succeed since the last step: (like key, start), timed at the step
+        self._succeeded: list[tuple[str, float]] = []
+
+    def admit(self, kind: str, pod: Pod, known: Pod | None) -> Pod:
+        """The pod as the scheduler reads it (``known``: the version seen before, if any)."""
+        return self._with_volumes(kind, tolerating_health(self._arrivals.first_seen(pod, known), self.health))
+
+    def relisted(self, pods: Sequence[Pod], known: Mapping[PodUID, Pod]) -> list[Pod]:
+        """A full list of the pods, each admitted (``known``: the versions seen before)."""
+        self._claiming.clear()
+        return [self.admit("ADDED", p, known.get(p.uid)) for p in pods]
+
+    def _with_volumes(self, kind: str, pod: Pod) -> Pod:
+        """A pending pod with volume or resource claims, as its claims let it be placed
+        (:mod:`batchsched.core.volumes`); the pod as parsed is kept to look at again."""
+        if kind == "DELETED" or pod.node_name or not (pod.claims or pod.resource_claims):
+            self._claiming.pop(pod.uid, None)
+            return pod
+        self._claiming[pod.uid] = pod
+        return self.volumes.apply(pod)
+
+    def claiming(self, keys: Set[tuple[str, str]]) -> list[Pod]:
+        """The pending pods, as parsed, using one of the claims ``keys`` (namespace, name)."""
+        return [pod for pod in self._claiming.values() if any((pod.namespace, name) in keys for name in pod.claims)]
+
+    def parsed(self, pod: Pod) -> Pod:
+        """The pod as parsed (before its claims were applied)."""
+        return self._claiming.get(pod.uid, pod)
+
+    def ended(self, pod: Pod, group: str | None) -> None:
+        """A pod (of the gang ``group``) is no longer charged: if it succeeded, how long it
+        ran is recorded at the next step."""
+        if pod.phase == "Succeeded" and pod.started:
+            self._succeeded.append((like_key(pod, group), pod.started))
+
+    def ran(self, now: float, runtimes: RunTimes) -> None:
+        """How long the pods that succeeded since the last step ran, recorded at ``now``."""
+        for key, started in self._succeeded:
+            runtimes.record(key, now - started)
+        self._succeeded.clear()
