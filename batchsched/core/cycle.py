@@ -72,6 +72,7 @@ from batchsched.core.placement.layout import (
     request_matrix,
 )
 from batchsched.core.placement.podtopology import TopologyCache
+from batchsched.core.placement.problem import Place, PlaceMembers, PlacementProblem, positional
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import (
     CLUSTER,
@@ -108,7 +109,6 @@ from batchsched.core.queues.running import RunningBook
 from batchsched.core.reservation import Reservations, ReservationSettings
 
 IntArray = npt.NDArray[np.int64]
-Kernel = Callable[..., int]
 
 
 class Cycle:
@@ -127,7 +127,7 @@ class Cycle:
         self.scoring = scoring
         self.levels = levels if levels is not None else TopologyLevels()
         self._domain_cache = DomainCache()
-        self._place: Kernel = kernels.place_members if use_jit else reference.place_members
+        self._place: Place = kernels.place if use_jit else reference.place
         self._insufficient: Callable[..., Any] = (
             kernels.insufficient_counts if use_jit else reference.insufficient_counts
         )
@@ -351,19 +351,21 @@ class _Walk:
             self.explain_cache[key] = message
         return message
 
+    def _problem(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int) -> PlacementProblem:
+        """Members ``reqs`` (signatures ``sig``, masks and static scores of ``lay``) on the
+        snapshot's nodes and the walk's usage, scored as this cycle scores."""
+        return PlacementProblem(self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, self.arrays, min_count)
+
     def _kernel(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int, out: IntArray,
-                place: Kernel | None = None, pods: Sequence[Pod] = ()) -> int:
+                place: Place | None = None, pods: Sequence[Pod] = ()) -> int:
         k0 = time.perf_counter()
-        a = self.arrays
         fn = place or self.cycle._place
-        args = (self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, a.weights, a.scalar,
-                a.shape_u, a.shape_s, a.strategy, min_count, out, a.device)
-        if fn is kernels.place_members and pods and not lay.domain:
+        problem = self._problem(reqs, lay, sig, min_count)
+        if fn is kernels.place and pods and not lay.domain:
             # the plain layout of these pods on the walk's usage: the kinds' views carry over
-            v = self.views
-            placed = kernels.place_members_cached(*args, v.kinds(pods), v.total, v.ok, v.stamp, v.version)
+            placed = kernels.place(problem, out, views=self.views, kinds=self.views.kinds(pods))
         else:
-            placed = fn(*args)
+            placed = fn(problem, out)
             self.touch(out[: reqs.shape[0]][out[: reqs.shape[0]] >= 0])
         self.kernel_time += time.perf_counter() - k0
         return int(placed)
@@ -393,7 +395,7 @@ class _Walk:
             return placed, lay.domain if placed else ""
         k0 = time.perf_counter()
         placed, where = place_gang_topology(
-            self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, self.arrays, mc, out,
+            self._problem(reqs, lay, sig, mc), out,
             self.domains(), required_level=level if unit.topology_required else None,
             place=self.topo.kernel(unit.pods), columns=self.snap.columns,
         )
@@ -401,17 +403,17 @@ class _Walk:
         self.kernel_time += time.perf_counter() - k0
         return placed, where
 
-    def placer(self, unit: Unit) -> Kernel:
+    def placer(self, unit: Unit) -> PlaceMembers:
         """The placement the victim search checks room with: topology-aware for a gang with
         a policy, so that the room it frees is room the gang can use."""
         level = unit.topology_level
         place = self.topo.kernel(unit.pods)
         if level is None:
-            return place
-        return topology_placer(
+            return positional(place)
+        return positional(topology_placer(
             self.domains(), required_level=level if unit.topology_required else None,
             place=place, columns=self.snap.columns,
-        )
+        ))
 
     def fail(
         self, unit: Unit, message: str, *, reason: str = "",
