@@ -42,6 +42,7 @@ from batchsched.core.mirror import ClusterState
 from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID, parse_pod
 from batchsched.core.placement import kernels, reference
 from batchsched.core.placement.cards import CardPolicy
+from batchsched.core.placement.problem import PlacementProblem
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import Unit, single_unit
 from perf import procstat
@@ -205,10 +206,7 @@ def bench_gang(nodes: int, size: int, *, repeats: int = 5) -> dict[str, Any]:
     for _ in range(repeats + 1):
         used = snap.used.copy()
         t = time.perf_counter()
-        placed = kernels.place_members(
-            snap.alloc, used, reqs, sig, masks, static, arrays.weights, arrays.scalar,
-            arrays.shape_u, arrays.shape_s, arrays.strategy, size, out, arrays.device,
-        )
+        placed = kernels.place(PlacementProblem(snap.alloc, used, reqs, sig, masks, static, arrays, size), out)
         k_times.append(time.perf_counter() - t)
         plan, t_cycle = _timed(cycle.run, snap, [unit])
         c_times.append(t_cycle)

@@ -33,6 +33,7 @@ from batchsched.core.placement.layout import (
     request_matrix,
 )
 from batchsched.core.placement.podtopology import PodSource, TopologyCache
+from batchsched.core.placement.problem import Place, PlacementProblem, positional
 from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import (
     DomainCache,
@@ -46,10 +47,9 @@ from batchsched.core.placement.views import NodeViews
 from batchsched.core.plan import Unit
 from batchsched.core.statement import Statement
 
-__all__ = ["CycleKernels", "Kernel", "Placer"]
+__all__ = ["CycleKernels", "Placer"]
 
 IntArray = npt.NDArray[np.int64]
-Kernel = Callable[..., int]
 
 
 class CycleKernels:
@@ -68,7 +68,7 @@ class CycleKernels:
         self.scoring = scoring
         self.levels = levels if levels is not None else TopologyLevels()
         self._domain_cache = DomainCache()
-        self._place: Kernel = kernels.place_members if use_jit else reference.place_members
+        self._place: Place = kernels.place if use_jit else reference.place
         self._insufficient: Callable[..., Any] = (
             kernels.insufficient_counts if use_jit else reference.insufficient_counts
         )
@@ -212,19 +212,21 @@ class Placer:
 
     # -- placing ------------------------------------------------------------------------------
 
+    def _problem(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int) -> PlacementProblem:
+        """Members ``reqs`` (signatures ``sig``, masks and static scores of ``lay``) on the
+        snapshot's nodes and the statement's usage, scored as this cycle scores."""
+        return PlacementProblem(self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, self.arrays, min_count)
+
     def _kernel(self, reqs: IntArray, lay: Layout, sig: IntArray, min_count: int, out: IntArray,
-                place: Kernel | None = None, pods: Sequence[Pod] = ()) -> int:
+                place: Place | None = None, pods: Sequence[Pod] = ()) -> int:
         k0 = time.perf_counter()
-        a = self.arrays
         fn = place or self.cycle._place
-        args = (self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, a.weights, a.scalar,
-                a.shape_u, a.shape_s, a.strategy, min_count, out, a.device)
-        if fn is kernels.place_members and pods and not lay.domain:
-            # the plain layout of these pods on the walk's usage: the kinds' views carry over
-            v = self.views
-            placed = kernels.place_members_cached(*args, v.kinds(pods), v.total, v.ok, v.stamp, v.version)
+        problem = self._problem(reqs, lay, sig, min_count)
+        if fn is kernels.place and pods and not lay.domain:
+            # the plain layout of these pods on the statement's usage: the kinds' views carry over
+            placed = kernels.place(problem, out, views=self.views, kinds=self.views.kinds(pods))
         else:
-            placed = fn(*args)
+            placed = fn(problem, out)
             self.touch(out[: reqs.shape[0]][out[: reqs.shape[0]] >= 0])
         self.kernel_time += time.perf_counter() - k0
         return int(placed)
@@ -248,7 +250,7 @@ class Placer:
             return placed, lay.domain if placed else ""
         k0 = time.perf_counter()
         placed, where = place_gang_topology(
-            self.snap.alloc, self.used, reqs, sig, lay.masks, lay.static, self.arrays, mc, out,
+            self._problem(reqs, lay, sig, mc), out,
             self.domains(), required_level=level if unit.topology_required else None,
             place=self.topo.kernel(unit.pods), columns=self.snap.columns,
         )
@@ -285,8 +287,8 @@ class Placer:
         level = unit.topology_level
         place = self.topo.kernel(unit.pods)
         if level is None:
-            return place
-        return topology_placer(
+            return positional(place)
+        return positional(topology_placer(
             self.domains(), required_level=level if unit.topology_required else None,
             place=place, columns=self.snap.columns,
-        )
+        ))

@@ -3,6 +3,8 @@ their twin), the assignment written on the Binding, and what a restart reads bac
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from batchsched.core.model import Node, Pod, PodUID
 from batchsched.core.placement import cards as D
 from batchsched.core.placement import kernels, reference
 from batchsched.core.placement.cards import CardPolicy
+from batchsched.core.placement.problem import PlacementProblem
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import single_unit
 from batchsched.core.session import Session
@@ -240,15 +243,16 @@ def test_card_placement_kernel_equals_its_twin_and_never_overfills_a_card(
     alloc, used, reqs, sig, policy, min_count = problem
     mix = ((600, 1000, 1, 1000), (400, 500, 0, 500))
     device = D.descriptor(COLUMNS, CardPolicy(policy=devices.POLICIES[policy - 1], scope=scope), mix)
-    arrays = ScoringConfig().arrays(COLUMNS)
+    arrays = replace(ScoringConfig().arrays(COLUMNS), device=device)
     masks = np.ones((1, alloc.shape[0]), dtype=np.bool_)
     static = np.zeros((1, alloc.shape[0]), dtype=np.int64)
+    given_problem = PlacementProblem(alloc, used, reqs, sig, masks, static, arrays, min_count)
     results = []
     for impl in (kernels, reference):
-        u, r = used.copy(), reqs.copy()
+        mine = given_problem.copy()
+        u, r = mine.used, mine.reqs
         out = np.full(len(reqs), -2, dtype=np.int64)
-        placed = impl.place_members(alloc, u, r, sig, masks, static, arrays.weights, arrays.scalar,
-                                    arrays.shape_u, arrays.shape_s, arrays.strategy, min_count, out, device)
+        placed = impl.place(mine, out)
         results.append((int(placed), out.tolist(), u.tolist(), r.tolist()))
         for i in range(N_CARDS):
             assert (u[:, COL[devices.card_compute(i)]] <= 1000).all()

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.problem import PlacementProblem
 from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MOST_ALLOCATED,
@@ -197,12 +198,13 @@ def test_insufficient_counts(impl: ModuleType) -> None:
     assert impl.insufficient_counts(alloc, used, ints(0, 0), mask).tolist() == [0, 0]
 
 
-# ---- place_members by hand ---------------------------------------------------------------
+# ---- place by hand ------------------------------------------------------------------------
 
 
 @dataclass
 class Cluster:
-    """A placement problem: nodes x resources, members, signatures, scoring."""
+    """A placement problem being drawn or edited: nodes x resources, members, signatures,
+    scoring (:meth:`problem` is the value the kernel and its twin take)."""
 
     alloc: IntArray
     used: IntArray
@@ -225,27 +227,23 @@ class Cluster:
             self.min_count,
         )
 
-    def place(self, impl: ModuleType) -> tuple[int, list[int]]:
-        """Run ``impl.place_members``; ``used`` is updated in place."""
-        out = np.full(self.reqs.shape[0], 99, dtype=np.int64)
-        a = self.arrays
-        placed = impl.place_members(
-            self.alloc,
-            self.used,
-            self.reqs,
-            self.sig,
-            self.masks,
-            self.static_score,
-            a.weights,
-            a.scalar,
-            a.shape_u,
-            a.shape_s,
-            a.strategy,
+    def problem(self) -> PlacementProblem:
+        """The problem over this cluster's arrays (a placement writes ``used`` and ``reqs``)."""
+        return PlacementProblem(
+            self.alloc, self.used, self.reqs, self.sig, self.masks, self.static_score, self.arrays,
             self.min_count,
-            out,
-            a.device,
         )
-        return int(placed), out.tolist()
+
+    def place(self, impl: ModuleType) -> tuple[int, list[int]]:
+        """Run ``impl.place``; ``used`` is updated in place."""
+        return solve(impl, self.problem())
+
+
+def solve(impl: ModuleType, problem: PlacementProblem) -> tuple[int, list[int]]:
+    """``impl.place(problem)``: the members placed and each one's node."""
+    out = np.full(problem.reqs.shape[0], 99, dtype=np.int64)
+    placed = impl.place(problem, out)
+    return int(placed), out.tolist()
 
 
 def gpu_cluster(
@@ -492,15 +490,17 @@ def test_node_score_equals_twin_on_huge_quantities(
 
 @PROPERTY
 @given(clusters())
-def test_place_members_equals_twin(c: Cluster) -> None:
-    fast, slow = c.copy(), c.copy()
-    assert fast.place(kernels) == slow.place(reference)
+def test_place_equals_twin(c: Cluster) -> None:
+    problem = c.problem()
+    fast, slow = problem.copy(), problem.copy()
+    assert solve(kernels, fast) == solve(reference, slow)
     assert np.array_equal(fast.used, slow.used)
+    assert np.array_equal(fast.reqs, slow.reqs)
 
 
 @PROPERTY
 @given(clusters())
-def test_place_members_invariants(c: Cluster) -> None:
+def test_place_invariants(c: Cluster) -> None:
     after = c.copy()
     placed, out = after.place(kernels)
     m_count = len(out)

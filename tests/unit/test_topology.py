@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from batchsched.core.model import GPU, Node, NodeName
 from batchsched.core.placement import kernels, reference
+from batchsched.core.placement.problem import PlacementProblem, positional
 from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import (
     BLOCK_LABEL,
@@ -115,11 +116,12 @@ def place(
     masks = np.ones((1, n), dtype=np.bool_) if masks is None else masks
     used = world.used.copy()
     out = np.full(n_members, 99, dtype=np.int64)
-    placed, where = place_gang_topology(
+    problem = PlacementProblem(
         world.alloc, used, reqs, np.zeros(n_members, dtype=np.int64), masks,
-        np.zeros((1, n), dtype=np.int64), world.arrays,
-        n_members if min_count is None else min_count, out, world.domains,
-        required_level=required, place=impl.place_members, columns=COLUMNS,
+        np.zeros((1, n), dtype=np.int64), world.arrays, n_members if min_count is None else min_count,
+    )
+    placed, where = place_gang_topology(
+        problem, out, world.domains, required_level=required, place=impl.place, columns=COLUMNS,
     )
     return Result(placed, where, out.tolist(), used)
 
@@ -176,10 +178,12 @@ def test_required_rack_too_big_fails_readably_and_changes_nothing(impl: ModuleTy
     before = world.used.copy()
     reqs = np.tile(member(), (12, 1))
     out = np.full(12, 99, dtype=np.int64)
-    placed, why = place_gang_topology(
+    problem = PlacementProblem(
         world.alloc, world.used, reqs, np.zeros(12, dtype=np.int64),
-        np.ones((1, 16), dtype=np.bool_), np.zeros((1, 16), dtype=np.int64), world.arrays,
-        12, out, world.domains, required_level=RACK, place=impl.place_members, columns=COLUMNS,
+        np.ones((1, 16), dtype=np.bool_), np.zeros((1, 16), dtype=np.int64), world.arrays, 12,
+    )
+    placed, why = place_gang_topology(
+        problem, out, world.domains, required_level=RACK, place=impl.place, columns=COLUMNS,
     )
     assert placed == 0
     assert why == (
@@ -311,11 +315,18 @@ def test_bad_arguments_are_refused() -> None:
 
 def test_the_placer_has_the_kernel_signature() -> None:
     world = World().fill(0, 1)
-    placer = topology_placer(world.domains, required_level=RACK, place=kernels.place_members)
+    placer = topology_placer(world.domains, required_level=RACK, place=kernels.place)
     reqs = np.tile(member(), (2, 1))
     out = np.full(2, -1, dtype=np.int64)
+    problem = PlacementProblem(
+        world.alloc, world.used, reqs, np.zeros(2, dtype=np.int64), np.ones((1, 16), np.bool_),
+        np.zeros((1, 16), np.int64), world.arrays, 2,
+    )
+    assert placer(problem.copy(), out) == 2 and sorted(out.tolist()) == [2, 3]
+    # in the kernel's positional form too, as the victim search calls it
     a = world.arrays
-    placed = placer(
+    out = np.full(2, -1, dtype=np.int64)
+    placed = positional(placer)(
         world.alloc, world.used, reqs, np.zeros(2, dtype=np.int64), np.ones((1, 16), np.bool_),
         np.zeros((1, 16), np.int64), a.weights, a.scalar, a.shape_u, a.shape_s, a.strategy, 2, out,
         a.device,
@@ -416,25 +427,25 @@ class Problem:
 
     def run(self, place_fn: object, masks: BoolArray | None = None,
             domains: Domains | None = None) -> tuple[int, str, IntArray, IntArray]:
-        used = self.used.copy()
+        problem = self.problem(self.masks if masks is None else masks)
         out = np.full(self.reqs.shape[0], 99, dtype=np.int64)
         placed, where = place_gang_topology(
-            self.alloc, used, self.reqs, self.sig, self.masks if masks is None else masks,
-            self.static, self.arrays, self.min_count, out,
-            domains if domains is not None else Domains.build(self.nodes),
+            problem, out, domains if domains is not None else Domains.build(self.nodes),
             required_level=self.required, place=place_fn,  # type: ignore[arg-type]
             columns=PROP_COLUMNS,
         )
-        return placed, where, out, used
+        return placed, where, out, problem.used
+
+    def problem(self, masks: BoolArray) -> PlacementProblem:
+        """The gang over ``masks``, on copies of the arrays a placement writes."""
+        return PlacementProblem(
+            self.alloc, self.used, self.reqs, self.sig, masks, self.static, self.arrays, self.min_count,
+        ).copy()
 
     def quorum_fits(self, masks: BoolArray) -> bool:
         """The twin's verdict on the quorum over ``masks``."""
         out = np.full(self.reqs.shape[0], -1, dtype=np.int64)
-        a = self.arrays
-        return bool(reference.place_members(
-            self.alloc, self.used.copy(), self.reqs, self.sig, masks, self.static, a.weights,
-            a.scalar, a.shape_u, a.shape_s, a.strategy, self.min_count, out, a.device,
-        ))
+        return bool(reference.place(self.problem(masks), out))
 
 
 @st.composite
@@ -515,8 +526,8 @@ def check_placement(p: Problem, placed: int, out: IntArray, used: IntArray) -> N
 @given(problems())
 def test_property_topology_placement(p: Problem) -> None:
     domains = Domains.build(p.nodes)
-    placed, where, out, used = p.run(kernels.place_members, domains=domains)
-    twin = p.run(reference.place_members, domains=domains)
+    placed, where, out, used = p.run(kernels.place, domains=domains)
+    twin = p.run(reference.place, domains=domains)
     assert (placed, where) == twin[:2]
     assert np.array_equal(out, twin[2]) and np.array_equal(used, twin[3])
     check_placement(p, placed, out, used)

@@ -17,8 +17,11 @@ resources (``nvidia.com/gpu``, ...) as counts. All quantities are non-negative `
 Scores follow kube-scheduler's NodeResourcesFit strategies exactly, in integer arithmetic
 (RequestedToCapacityRatio, LeastAllocated, MostAllocated; 0..100 per node).
 
-Every kernel has a plain-Python twin of the same name in :mod:`batchsched.core.placement.reference`;
-the property tests hold them equal. Arrays must be C-contiguous with the dtypes above, or
+Callers hand a :class:`~batchsched.core.placement.problem.PlacementProblem` to :func:`place`,
+the one function that spells it out into :func:`place_members` (or
+:func:`place_members_cached`); the jitted kernels keep their positional arguments, which
+numba compiles and dispatches on. Every kernel has a plain-Python twin of the same name in
+:mod:`batchsched.core.placement.reference` (``place`` too); the property tests hold them equal. Arrays must be C-contiguous with the dtypes above, or
 numba compiles (and caches) another specialisation. Call :func:`warm_up` before the
 scheduler reports ready so no cycle pays for compilation.
 """
@@ -31,6 +34,7 @@ import numpy as np
 from numba import njit
 
 from batchsched.core.placement import cards as D
+from batchsched.core.placement.problem import PlacementProblem
 from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
@@ -40,6 +44,7 @@ from batchsched.core.placement.scoring import (
     IntArray,
     ScoringConfig,
 )
+from batchsched.core.placement.views import NodeViews
 
 _MAX_UTILIZATION = 100
 _DIRECT_LIMIT = np.iinfo(np.int64).max // MAX_NODE_SCORE
@@ -953,6 +958,32 @@ def _place(
     return placed
 
 
+def place(
+    problem: PlacementProblem, out: IntArray, /, *, views: NodeViews | None = None,
+    kinds: IntArray | None = None,
+) -> int:
+    """Solve ``problem`` with the kernel: the one place its arguments are spelled out.
+
+    With ``views`` (and ``kinds``, each member's row of them: :meth:`NodeViews.kinds`), the
+    kinds' views of the nodes carry over from the previous call
+    (:func:`place_members_cached`); else :func:`place_members` looks at every node. Only
+    unpacks: the loops are the kernels'.
+    """
+    p, s = problem, problem.scoring
+    if views is None:
+        return int(place_members(
+            p.alloc, p.used, p.reqs, p.sig, p.masks, p.static, s.weights, s.scalar, s.shape_u,
+            s.shape_s, s.strategy, p.min_count, out, s.device,
+        ))
+    if kinds is None:
+        raise ValueError("the views need each member's kind")
+    return int(place_members_cached(
+        p.alloc, p.used, p.reqs, p.sig, p.masks, p.static, s.weights, s.scalar, s.shape_u,
+        s.shape_s, s.strategy, p.min_count, out, s.device, kinds, views.total, views.ok,
+        views.stamp, views.version,
+    ))
+
+
 @njit(cache=True, nogil=True)
 def insufficient_counts(
     alloc: IntArray, used: IntArray, req: IntArray, mask: BoolArray
@@ -1006,29 +1037,10 @@ def warm_up() -> float:
         arrays.strategy,
     )
     fits(alloc[0], used[0], reqs[0])
-    place_members(
-        alloc,
-        used,
-        reqs,
-        sig,
-        masks,
-        static_score,
-        arrays.weights,
-        arrays.scalar,
-        arrays.shape_u,
-        arrays.shape_s,
-        arrays.strategy,
-        2,
-        out,
-        D.no_cards(),
-    )
-    # the cycle's single pods: place_members keeping each kind's view of the nodes
-    # (batchsched.core.placement.views.KindViews' arrays: row 0 for both members, row 1 scratch)
-    place_members_cached(
-        alloc, used, reqs, sig, masks, static_score, arrays.weights, arrays.scalar, arrays.shape_u,
-        arrays.shape_s, arrays.strategy, 2, out, D.no_cards(), np.zeros(2, dtype=np.int64),
-        np.zeros((2, 2), dtype=np.int64), np.zeros((2, 2), dtype=np.bool_), np.full((2, 2), -1, dtype=np.int64),
-        np.zeros(2, dtype=np.int64),
-    )
+    problem = PlacementProblem(alloc, used, reqs, sig, masks, static_score, arrays, 2)
+    place(problem, out)
+    # the cycle's single pods: the kernel keeping each kind's view of the nodes
+    # (NodeViews: row 0 for both members, row 1 scratch)
+    place(problem, out, views=NodeViews(2, kinds=1), kinds=np.zeros(2, dtype=np.int64))
     insufficient_counts(alloc, used, reqs[0], masks[0])
     return time.perf_counter() - started

@@ -1,8 +1,9 @@
-"""One placement problem as the kernels take it: a :class:`Layout`.
+"""A unit's members as the kernels take them: a :class:`Layout`.
 
-A unit's members, as the kernel places them: their request matrix (one row per member, one
-column per resource of the snapshot), and per distinct set of constraints (a *signature*)
-the nodes they may use and the static score of each node. Members that ask alike share a
+The members' half of a :class:`~batchsched.core.placement.problem.PlacementProblem`: their
+request matrix (one row per member, one column per resource of the snapshot), and per
+distinct set of constraints (a *signature*) the nodes they may use and the static score of
+each node. Members that ask alike share a
 signature, so a gang of 64 identical pods has one mask row, not 64.
 
 The helpers here build layouts from pods and plain values (the snapshot's columns and
@@ -24,8 +25,9 @@ from batchsched.core import explain
 from batchsched.core.devices import shown
 from batchsched.core.model import Node, Pod
 from batchsched.core.placement.nodefilter import NodeFilter
+from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
-from batchsched.core.placement.topology import Domains, PlaceMembers
+from batchsched.core.placement.topology import Domains
 
 __all__ = ["Layout", "build_layout", "gang_message", "narrow", "request_matrix"]
 
@@ -119,7 +121,7 @@ def gang_message(
     used: IntArray,
     columns: Sequence[str],
     arrays: ScoringArrays,
-    place: PlaceMembers,
+    place: Place,
 ) -> str:
     """Why a gang was not placed: how many members fit at most, and what stopped the rest.
     ``why(pod, req, mask[, usage])``: why one pod fits no node."""
@@ -132,9 +134,8 @@ def gang_message(
     scratch_used = used.copy()
     out = np.full(len(pods), -1, dtype=np.int64)
     placeable = place(
-        alloc, scratch_used, reqs, sig, masks, np.zeros_like(masks, dtype=np.int64),
-        arrays.weights, arrays.scalar, arrays.shape_u, arrays.shape_s, arrays.strategy, 0, out,
-        arrays.device,
+        PlacementProblem(alloc, scratch_used, reqs, sig, masks, np.zeros_like(masks, dtype=np.int64), arrays, 0),
+        out,
     )
     first_missing = int(np.argmax(out < 0)) if placeable < len(pods) else 0
     # the first member that did not fit, next to the members placed before it

@@ -51,8 +51,8 @@ from batchsched.core.model import LabelSelector, Pod, PodAffinityTerm, Requireme
 from batchsched.core.placement.layout import Layout
 from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.placement.predicates import _add_insufficient, _message, unsupported_reason
+from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import ScoringArrays
-from batchsched.core.placement.topology import PlaceMembers
 
 __all__ = [
     "REASON_AFFINITY",
@@ -206,7 +206,7 @@ class TopologyCache:
 
     def begin(
         self, filt: NodeFilter, rows: Mapping[str, int], source: PodSource | None, snap: Any,
-        arrays: ScoringArrays, place: PlaceMembers, insufficient: Callable[..., IntArray],
+        arrays: ScoringArrays, place: Place, insufficient: Callable[..., IntArray],
     ) -> PodTopology:
         """The rules for one cycle over ``snap`` (a :class:`~batchsched.core.mirror.Snapshot`;
         ``rows``: node name -> row), placing with ``place`` (the kernel or its twin) and
@@ -229,8 +229,6 @@ class _Eval:
     reason: npt.NDArray[np.int8]
 
 
-_Args = tuple[IntArray, BoolArray, IntArray, IntArray, int, IntArray]
-
 _REASONS = (
     REASON_SPREAD_LABEL, REASON_SPREAD, REASON_AFFINITY, REASON_ANTI_AFFINITY,
     REASON_EXISTING_ANTI_AFFINITY,
@@ -249,7 +247,7 @@ class PodTopology:
     alloc: IntArray
     columns: tuple[str, ...]
     arrays: ScoringArrays
-    place: PlaceMembers
+    place: Place
     insufficient: Callable[..., IntArray]
     _placed: dict[Any, tuple[Pod, int]] = field(default_factory=dict)
     _base: _Running | None = None
@@ -456,7 +454,7 @@ class PodTopology:
         """``same`` (which units may share one kernel call), less the units :meth:`affected`."""
         return lambda unit: same(unit) and not self.affected(unit.pods)
 
-    def kernel(self, pods: Sequence[Pod]) -> PlaceMembers:
+    def kernel(self, pods: Sequence[Pod]) -> Place:
         """:attr:`place` (the kernel or its twin) for ``pods``, with their rules: member m may
         go only where the rules allow, given the pods counted and members 0..m-1 placed;
         all-or-nothing for the first ``min_count``. ``place`` itself when no member is
@@ -466,13 +464,8 @@ class PodTopology:
         if not self.affected(pods):
             return place
 
-        def placer(
-            alloc: IntArray, used: IntArray, reqs: IntArray, sig: IntArray, masks: BoolArray,
-            static: IntArray, weights: IntArray, scalar: BoolArray, shape_u: IntArray,
-            shape_s: IntArray, strategy: int, min_count: int, out: IntArray, device: IntArray, /,
-        ) -> int:
-            args = (weights, scalar, shape_u, shape_s, strategy, device)
-            placed, added = self._place(pods, place, alloc, used, reqs, sig, masks, static, args, min_count, out)
+        def placer(problem: PlacementProblem, out: IntArray, /) -> int:
+            placed, added = self._place(pods, place, problem, out)
             for pod, row in added:
                 self.remove(pod, row)
             return placed
@@ -480,18 +473,16 @@ class PodTopology:
         return placer
 
     def _place(
-        self, pods: Sequence[Pod], place: PlaceMembers, alloc: IntArray, used: IntArray,
-        reqs: IntArray, sig: IntArray, masks: BoolArray, static: IntArray, args: _Args,
-        min_count: int, out: IntArray,
+        self, pods: Sequence[Pod], place: Place, problem: PlacementProblem, out: IntArray,
     ) -> tuple[int, list[tuple[Pod, int]]]:
         """Members one at a time; ``used`` and ``out`` as the kernel leaves them, and the
         members counted (for the caller to remove)."""
-        weights, scalar, shape_u, shape_s, strategy, device = args
+        reqs, sig, min_count = problem.reqs, problem.sig, problem.min_count
         n_members = reqs.shape[0]
         out[:n_members] = -1
         if min_count > n_members:
             return 0, []
-        scratch = used.copy()
+        scratch = problem.used.copy()
         zero = np.zeros(1, dtype=np.int64)
         one = np.full(1, -1, dtype=np.int64)
         added: list[tuple[Pod, int]] = []
@@ -500,11 +491,13 @@ class PodTopology:
             pod = pods[m]
             e = self.evaluate(pod)
             s = int(sig[m])
-            mask = np.ascontiguousarray((masks[s] & e.ok)[None, :])
-            score = np.ascontiguousarray((static[s] + e.score)[None, :])
-            got = place(alloc, scratch, np.ascontiguousarray(reqs[m : m + 1]), zero, mask, score,
-                        weights, scalar, shape_u, shape_s, strategy, 1 if m < min_count else 0, one, device)
-            if got:
+            alone = problem._replace(
+                used=scratch, reqs=np.ascontiguousarray(reqs[m : m + 1]), sig=zero,
+                masks=np.ascontiguousarray((problem.masks[s] & e.ok)[None, :]),
+                static=np.ascontiguousarray((problem.static[s] + e.score)[None, :]),
+                min_count=1 if m < min_count else 0,
+            )
+            if place(alone, one):
                 row = int(one[0])
                 out[m] = row
                 placed += 1
@@ -516,7 +509,7 @@ class PodTopology:
                     self.remove(p, r)
                 out[:n_members] = -1
                 return 0, []
-        used[...] = scratch
+        problem.used[...] = scratch
         return placed, added
 
     def narrow(self, pods: Sequence[Pod], lay: Layout) -> Layout:
@@ -557,12 +550,10 @@ class PodTopology:
         time under the rules, and why the first that did not failed next to them."""
         scratch = used.copy()
         out = np.full(len(pods), -1, dtype=np.int64)
-        a = self.arrays
-        args = (a.weights, a.scalar, a.shape_u, a.shape_s, a.strategy, a.device)
-        placeable, added = self._place(
-            pods, self.place, self.alloc, scratch, reqs, sig, masks, np.zeros_like(masks, dtype=np.int64),
-            args, 0, out,
+        problem = PlacementProblem(
+            self.alloc, scratch, reqs, sig, masks, np.zeros_like(masks, dtype=np.int64), self.arrays, 0,
         )
+        placeable, added = self._place(pods, self.place, problem, out)
         try:
             first = int(np.argmax(out < 0)) if placeable < len(pods) else 0
             detail = self.explain(pods[first], reqs[first], masks[sig[first]], scratch)

@@ -1,7 +1,8 @@
 """Plain-Python twins of the placement kernels in :mod:`batchsched.core.placement.kernels`.
 
-Same names, signatures and results, written the obvious way: exact Python integers, every
-node re-evaluated for every member, no caches. They are the specification the property
+Same names, signatures and results (:func:`place` takes the same
+:class:`~batchsched.core.placement.problem.PlacementProblem` as the kernel's), written the
+obvious way: exact Python integers, every node re-evaluated for every member, no caches. They are the specification the property
 tests hold the numba kernels to, and a readable fallback when debugging a placement; they
 are far too slow for a real cluster.
 
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from batchsched.core.placement import cards as D
+from batchsched.core.placement.problem import PlaceMembers, PlacementProblem, positional
 from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
@@ -403,66 +405,45 @@ def _clear_outputs(reqs: IntArray, device: Sequence[int]) -> None:
             reqs[:, col] = 0
 
 
-def _check_place_shapes(
-    alloc: IntArray,
-    used: IntArray,
-    reqs: IntArray,
-    sig: IntArray,
-    masks: BoolArray,
-    static_score: IntArray,
-    weights: IntArray,
-    scalar: BoolArray,
-    out: IntArray,
-) -> None:
-    n_nodes, n_res = alloc.shape
-    n_members = reqs.shape[0]
-    if used.shape != (n_nodes, n_res):
+def _check_place_shapes(problem: PlacementProblem, out: IntArray) -> None:
+    p, a = problem, problem.scoring
+    n_nodes, n_res = p.alloc.shape
+    n_members = p.reqs.shape[0]
+    if p.used.shape != (n_nodes, n_res):
         raise ValueError("used must have the shape of alloc")
-    if reqs.shape[1] != n_res or weights.shape[0] != n_res or scalar.shape[0] != n_res:
+    if p.reqs.shape[1] != n_res or a.weights.shape[0] != n_res or a.scalar.shape[0] != n_res:
         raise ValueError("reqs, weights and scalar must have one column per resource")
-    if masks.shape[1] != n_nodes or static_score.shape != masks.shape:
+    if p.masks.shape[1] != n_nodes or p.static.shape != p.masks.shape:
         raise ValueError("masks and static_score must be [S, N]")
-    if sig.shape[0] != n_members or out.shape[0] < n_members:
+    if p.sig.shape[0] != n_members or out.shape[0] < n_members:
         raise ValueError("sig and out must have one entry per member")
     for m in range(n_members):
-        if not 0 <= int(sig[m]) < masks.shape[0]:
+        if not 0 <= int(p.sig[m]) < p.masks.shape[0]:
             raise ValueError("sig holds a signature index outside masks")
 
 
-def place_members(
-    alloc: IntArray,
-    used: IntArray,
-    reqs: IntArray,
-    sig: IntArray,
-    masks: BoolArray,
-    static_score: IntArray,
-    weights: IntArray,
-    scalar: BoolArray,
-    shape_u: IntArray,
-    shape_s: IntArray,
-    strategy: int,
-    min_count: int,
-    out: IntArray,
-    device: IntArray,
-) -> int:
+def place(problem: PlacementProblem, out: IntArray, /) -> int:
     """Place members in order, each on its best fitting node, all-or-nothing for the first
     ``min_count``. Writes ``used`` and ``out`` (and each placed member's card assignment
     into its row of ``reqs``); see the kernel for the contract."""
-    _check_strategy(strategy)
-    _check_place_shapes(alloc, used, reqs, sig, masks, static_score, weights, scalar, out)
+    a = problem.scoring
+    _check_strategy(a.strategy)
+    _check_place_shapes(problem, out)
+    used, reqs, sig, min_count = problem.used, problem.reqs, problem.sig, problem.min_count
     n_members = reqs.shape[0]
     out[:n_members] = -1
     if min_count > n_members:
         return 0
-    dev = _ints(device)
+    dev = _ints(a.device)
     _clear_outputs(reqs, dev)
-    alloc_l: list[list[int]] = alloc.tolist()
+    alloc_l: list[list[int]] = problem.alloc.tolist()
     used_l: list[list[int]] = used.tolist()
     reqs_l: list[list[int]] = reqs.tolist()
-    masks_l: list[list[bool]] = masks.tolist()
-    static_l: list[list[int]] = static_score.tolist()
-    weights_l, su, ss = _ints(weights), _ints(shape_u), _ints(shape_s)
-    scalar_l = [bool(v) for v in scalar]
+    masks_l: list[list[bool]] = problem.masks.tolist()
+    static_l: list[list[int]] = problem.static.tolist()
+    weights_l, su, ss = _ints(a.weights), _ints(a.shape_u), _ints(a.shape_s)
+    scalar_l = [bool(v) for v in a.scalar]
+    strategy = a.strategy
     placed: list[tuple[int, int]] = []
     for m, req in enumerate(reqs_l):
         s = int(sig[m])
@@ -504,6 +485,10 @@ def place_members(
         out[m] = best
         placed.append((m, best))
     return len(placed)
+
+
+place_members: PlaceMembers = positional(place)
+"""The twin in the kernel's positional form, for the victim search (see :func:`positional`)."""
 
 
 def insufficient_counts(

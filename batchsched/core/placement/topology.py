@@ -7,7 +7,7 @@ where they sit with labels, one label key per *level*, narrowest first
 A *domain* is the set of nodes sharing one value of one level's label.
 
 :func:`place_gang_topology` wraps the placement kernel
-(:func:`batchsched.core.placement.kernels.place_members`, or its twin): for each level, narrowest
+(:func:`batchsched.core.placement.kernels.place`, or its twin): for each level, narrowest
 first, it tries the level's domains one by one with the members' masks restricted to the
 domain's nodes, and keeps the first domain that holds the gang's quorum (members
 ``0..min_count-1``). Domains are tried tightest first: least free of the quorum's dominant
@@ -37,13 +37,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 import numpy as np
 
 from batchsched.core.devices import internal, shown
 from batchsched.core.model import PODS, Node
-from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays
+from batchsched.core.placement.problem import Place, PlaceMembers, PlacementProblem
+from batchsched.core.placement.scoring import BoolArray, IntArray
 from batchsched.core.quantity import format_units
 
 __all__ = [
@@ -54,7 +55,7 @@ __all__ = [
     "TOPOLOGY_PREFERRED_ANNOTATION",
     "DomainCache",
     "Domains",
-    "PlaceMembers",
+    "PlaceMembers",  # of batchsched.core.placement.problem, for the victim search's walk
     "TopologyLevels",
     "place_gang_topology",
     "topology_placer",
@@ -69,29 +70,6 @@ TOPOLOGY_PREFERRED_ANNOTATION: Final = "batchsched.io/topology-preferred"
 """``rack`` or ``block``: keep the gang together if possible, else place it anywhere."""
 CLUSTER: Final = "cluster"
 """The label :func:`place_gang_topology` returns for a placement by the cluster fallback."""
-
-
-class PlaceMembers(Protocol):
-    """The signature of :func:`batchsched.core.placement.kernels.place_members` (and of its twin)."""
-
-    def __call__(
-        self,
-        alloc: IntArray,
-        used: IntArray,
-        reqs: IntArray,
-        sig: IntArray,
-        masks: BoolArray,
-        static_score: IntArray,
-        weights: IntArray,
-        scalar: BoolArray,
-        shape_u: IntArray,
-        shape_s: IntArray,
-        strategy: int,
-        min_count: int,
-        out: IntArray,
-        device: IntArray,
-        /,
-    ) -> int: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -292,41 +270,35 @@ def topology_policy(
 
 
 def place_gang_topology(
-    alloc: IntArray,
-    used: IntArray,
-    reqs: IntArray,
-    sig: IntArray,
-    masks: BoolArray,
-    static_score: IntArray,
-    arrays: ScoringArrays,
-    min_count: int,
+    problem: PlacementProblem,
     out: IntArray,
     domains: Domains,
     *,
     required_level: int | None,
-    place: PlaceMembers,
+    place: Place,
     columns: Sequence[str] = (),
 ) -> tuple[int, str]:
     """Place a gang inside one domain, narrowest level first; ``(members placed, where)``.
 
-    Arguments as :func:`batchsched.core.placement.kernels.place_members` takes them (``arrays`` holds
-    the scoring ones), with ``domains`` built for the same node rows and ``place`` the
-    kernel or its twin. ``columns`` names the resource columns, for messages.
+    ``problem`` as ``place`` (the kernel or its twin) takes it, with ``domains`` built for
+    the same node rows. ``columns`` names the resource columns, for messages.
 
     ``required_level=None`` (a preferred topology): every level is tried, then the whole
     cluster. ``required_level=k``: levels ``0..k`` only, a domain of a narrower level only
     when it lies inside one domain of level k, and no fallback.
 
-    On success ``used`` holds the placed members, ``out[m]`` each member's node (-1 for an
-    extra that found none) and ``where`` is the domain (``rack r-07``, ``block b-1``) or
-    :data:`CLUSTER`. On failure nothing is changed, ``out[:M]`` is -1, the count is 0 and
-    ``where`` says why, in a line for the user.
+    On success ``problem.used`` holds the placed members, ``out[m]`` each member's node (-1
+    for an extra that found none) and ``where`` is the domain (``rack r-07``, ``block b-1``)
+    or :data:`CLUSTER`. On failure nothing is changed, ``out[:M]`` is -1, the count is 0
+    and ``where`` says why, in a line for the user.
 
     With ``min_count == 0`` there is no quorum to keep together: the members are placed by
     ``place`` over ``masks`` as given (a caller placing the extras of a gang whose quorum is
     already bound restricts ``masks`` to that quorum's domain itself).
     """
     levels = domains.levels
+    alloc, used, reqs, sig, masks = problem.alloc, problem.used, problem.reqs, problem.sig, problem.masks
+    min_count = problem.min_count
     n_members = reqs.shape[0]
     if required_level is not None and not 0 <= required_level < len(levels):
         raise ValueError(f"required topology level {required_level} is not 0..{len(levels) - 1}")
@@ -338,16 +310,8 @@ def place_gang_topology(
     if min_count > n_members:
         return 0, f"the gang needs {min_count} members and has {n_members}"
 
-    def call(use: IntArray, r: IntArray, s: IntArray, m: BoolArray, mc: int, o: IntArray) -> int:
-        return int(
-            place(
-                alloc, use, r, s, m, static_score, arrays.weights, arrays.scalar,
-                arrays.shape_u, arrays.shape_s, arrays.strategy, mc, o, arrays.device,
-            )
-        )
-
     if min_count <= 0:
-        placed = call(used, reqs, sig, masks, 0, out)
+        placed = place(problem, out)
         return placed, CLUSTER if placed else "none of the members fits on any node"
 
     quorum: IntArray = reqs[:min_count].sum(axis=0)
@@ -363,6 +327,7 @@ def place_gang_topology(
     # The kernel gives ``scratch`` back unchanged whenever the quorum does not fit, so one
     # copy serves every attempt; it reaches ``used`` only once a placement is kept.
     scratch = used.copy()
+    on_scratch = problem._replace(used=scratch)
     last = len(levels) - 1 if required_level is None else required_level
     level_free: list[IntArray] = []
     fitting: list[int] = []  # per level, domains with enough free capacity in total
@@ -376,17 +341,16 @@ def place_gang_topology(
         fitting.append(int(candidates.shape[0]))
         # stable sort of ids (= name order) by free dominant resource: ties go by name
         for d in candidates[np.argsort(totals[candidates, dom], kind="stable")]:
-            domain_masks = masks & domains.nodes_of(j, int(d))
-            placed = call(scratch, reqs, sig, domain_masks, min_count, out)
+            placed = place(on_scratch._replace(masks=masks & domains.nodes_of(j, int(d))), out)
             if placed == 0:
                 continue
             if required_level is None and placed < n_members:
-                placed += _spill(call, scratch, reqs, sig, masks, min_count, out)
+                placed += _spill(place, on_scratch, out)
             used[...] = scratch
             return placed, domains.label(j, int(d))
 
     if required_level is None:
-        placed = call(scratch, reqs, sig, masks, min_count, out)
+        placed = place(on_scratch, out)
         if placed:
             used[...] = scratch
             return placed, CLUSTER
@@ -401,65 +365,35 @@ def topology_placer(
     domains: Domains,
     *,
     required_level: int | None,
-    place: PlaceMembers,
+    place: Place,
     columns: Sequence[str] = (),
-) -> PlaceMembers:
+) -> Place:
     """``place`` made topology-aware, with ``place``'s own signature.
 
-    For code that takes a placement kernel and should respect a gang's topology, such as
+    For code that takes a placement and should respect a gang's topology, such as
     :func:`batchsched.core.preemption.select_victims`: the victims it picks then make room
     inside one domain. The domain is not reported.
     """
 
-    def placer(
-        alloc: IntArray,
-        used: IntArray,
-        reqs: IntArray,
-        sig: IntArray,
-        masks: BoolArray,
-        static_score: IntArray,
-        weights: IntArray,
-        scalar: BoolArray,
-        shape_u: IntArray,
-        shape_s: IntArray,
-        strategy: int,
-        min_count: int,
-        out: IntArray,
-        device: IntArray,
-        /,
-    ) -> int:
-        arrays = ScoringArrays(strategy, weights, scalar, shape_u, shape_s, device)
+    def placer(problem: PlacementProblem, out: IntArray, /) -> int:
         placed, _ = place_gang_topology(
-            alloc, used, reqs, sig, masks, static_score, arrays, min_count, out, domains,
-            required_level=required_level, place=place, columns=columns,
+            problem, out, domains, required_level=required_level, place=place, columns=columns,
         )
         return placed
 
     return placer
 
 
-class _Call(Protocol):
-    def __call__(
-        self, use: IntArray, r: IntArray, s: IntArray, m: BoolArray, mc: int, o: IntArray
-    ) -> int: ...
-
-
-def _spill(
-    call: _Call,
-    scratch: IntArray,
-    reqs: IntArray,
-    sig: IntArray,
-    masks: BoolArray,
-    min_count: int,
-    out: IntArray,
-) -> int:
-    """Place the extras that found no node in the winning domain anywhere they may go."""
+def _spill(place: Place, problem: PlacementProblem, out: IntArray) -> int:
+    """Place the extras that found no node in the winning domain anywhere they may go
+    (``problem``: the gang over the usage its quorum was placed on)."""
+    reqs, min_count = problem.reqs, problem.min_count
     rest = np.flatnonzero(out[min_count : reqs.shape[0]] < 0) + min_count
     if not rest.shape[0]:
         return 0
     sub = np.full(rest.shape[0], -1, dtype=np.int64)
     rows = np.ascontiguousarray(reqs[rest])
-    placed = call(scratch, rows, np.ascontiguousarray(sig[rest]), masks, 0, sub)
+    placed = place(problem._replace(reqs=rows, sig=np.ascontiguousarray(problem.sig[rest]), min_count=0), sub)
     reqs[rest] = rows  # with the cards the kernel gave them
     out[rest] = sub
     return placed
