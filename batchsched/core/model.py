@@ -424,46 +424,17 @@ def _strings(raw: Any) -> dict[str, str]:
 def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) -> Pod:
     """A pod as the scheduler sees it. ``schedulers``: the names it schedules for; a pod of
     another scheduler that is not bound takes no capacity and is never placed by us, so
-    only what identifies it (and its gang) is read."""
+    only what identifies it (and its gang) is read (:func:`_foreign_pod`)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     name = spec.get("schedulerName") or "default-scheduler"
     if schedulers is not None and name not in schedulers and not spec.get("nodeName"):
-        return Pod(
-            uid=PodUID(str(meta.get("uid", ""))), namespace=str(meta.get("namespace", "")),
-            name=str(meta.get("name", "")), scheduler_name=str(name),
-            phase=str(status.get("phase") or "Pending"), created=parse_time(meta.get("creationTimestamp")),
-            deleting=bool(meta.get("deletionTimestamp")), labels=_strings(meta.get("labels")),
-            annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
-            resource_version=str(meta.get("resourceVersion", "")),
-            arrival=arrival_of(str(meta.get("resourceVersion", ""))),
-        )
-    invalid = ""
+        return _foreign_pod(meta, status, str(name))
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
-    asks: tuple[CardAsk, ...] = ()
-    try:
-        requests = pod_requests(spec)
-    except QuantityError as exc:
-        requests, invalid = {PODS: 1}, f"unreadable resource request: {exc}"
-    else:
-        try:
-            asks = card_asks(spec, annotations)
-            requests.update(ask_requests(asks, policy_code(annotations)))
-        except DeviceError as exc:
-            requests, invalid, asks = {PODS: 1}, f"GPU request refused: {exc}", ()
+    requests, invalid, asks = _pod_requests(spec, annotations)
     affinity = spec.get("affinity") or {}
-    node_aff = affinity.get("nodeAffinity") or {}
-    required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
-    required_terms = (
-        parse_node_terms(required.get("nodeSelectorTerms"))
-        if required is not None
-        else None
-    )
-    preferred = tuple(
-        (int(p.get("weight", 0)), _term(p.get("preference") or {}))
-        for p in (node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
-    )
+    required_terms, preferred = _node_affinity(affinity.get("nodeAffinity") or {})
     tolerations = tuple(
         Toleration(
             key=str(t.get("key") or ""),
@@ -511,6 +482,56 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         resource_claims=tuple(str(c.get("name", "")) for c in (spec.get("resourceClaims") or [])),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
     )
+
+
+def _foreign_pod(meta: Mapping[str, Any], status: Mapping[str, Any], scheduler: str) -> Pod:
+    """A pod another scheduler places, not bound yet: only what identifies it and its
+    gang (its labels and annotations), its phase and age; it asks for nothing."""
+    return Pod(
+        uid=PodUID(str(meta.get("uid", ""))), namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")), scheduler_name=scheduler,
+        phase=str(status.get("phase") or "Pending"), created=parse_time(meta.get("creationTimestamp")),
+        deleting=bool(meta.get("deletionTimestamp")), labels=_strings(meta.get("labels")),
+        annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+        resource_version=str(meta.get("resourceVersion", "")),
+        arrival=arrival_of(str(meta.get("resourceVersion", ""))),
+    )
+
+
+def _pod_requests(
+    spec: Mapping[str, Any], annotations: Mapping[str, str],
+) -> tuple[dict[str, int], str, tuple[CardAsk, ...]]:
+    """``(requests, invalid, card asks)``: what the pod asks for, GPU cards included. A
+    request that cannot be read or a GPU ask refused makes the pod invalid: it then asks
+    for one pod slot only, so it is reported, never placed."""
+    try:
+        requests = pod_requests(spec)
+    except QuantityError as exc:
+        return {PODS: 1}, f"unreadable resource request: {exc}", ()
+    try:
+        asks = card_asks(spec, annotations)
+        requests.update(ask_requests(asks, policy_code(annotations)))
+    except DeviceError as exc:
+        return {PODS: 1}, f"GPU request refused: {exc}", ()
+    return requests, "", asks
+
+
+def _node_affinity(
+    node_aff: Mapping[str, Any],
+) -> tuple[tuple[Term, ...] | None, tuple[tuple[int, Term], ...]]:
+    """The required node selector terms (None when the pod requires none) and the
+    weighted preferred ones of a pod's ``nodeAffinity``."""
+    required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
+    required_terms = (
+        parse_node_terms(required.get("nodeSelectorTerms"))
+        if required is not None
+        else None
+    )
+    preferred = tuple(
+        (int(p.get("weight", 0)), _term(p.get("preference") or {}))
+        for p in (node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    )
+    return required_terms, preferred
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,48 +1,34 @@
-"""The book of gangs: which pods name which group, the cycle's units, and the gang timers.
+"""The book of gangs: the groups, which pods name which group, and the cycle's units.
 
 :class:`GroupBook` mirrors the groups (one writer, like :class:`~batchsched.core.mirror.ClusterState`)
-and indexes pods by the group they name. Each cycle it builds one :class:`~batchsched.core.cycle.Unit`
-per group with pending members:
+and indexes pods by the group they name: that index is its own state. The rest of what it
+answers is kept by parts it is composed of, each the one owner of its state:
 
-- a group whose PodGroup does not exist, is malformed, is backing off after a timeout, or
-  has fewer than ``minMember`` pods (or too few of a ``minTaskMember`` task), becomes a
-  *blocked* unit: its pods are told why and nothing is placed;
-- a group that asks for more ``minResources`` than the cluster has free or it may preempt
-  is not placed either, but it is not blocked: its unit carries the reason
-  (:attr:`~batchsched.core.plan.Unit.min_resources_short`) and keeps its turn, so at the head
-  of its queue it holds a reservation like any other gang (later small work would otherwise
-  take every GPU that frees, and it would never start);
-- otherwise the unit's ``min_count`` is what is still missing from the quorum (members
-  already bound, assumed or finished count), so a gang whose bindings partly failed is
-  retried as the remainder of the same gang; the members of each task's quorum come first;
-  members beyond the quorum follow as elastic extras;
-- its topology policy (:func:`~batchsched.core.placement.topology.topology_policy`) is read from the
-  PodGroup's annotations, or when the PodGroup asks nothing, from its quorum's first pod's;
-  a bad value blocks the unit with the reason ``InvalidTopology``. A gang required to stay
-  in one domain also carries the nodes its placed members hold, so the rest joins them.
+- :class:`~batchsched.core.gangs.timers.GangTimers` (:attr:`GroupBook.timers`): no partial
+  gang survives; the gang timers, the back-off after a timeout, which groups run whole,
+  whole-job restart (:meth:`GroupBook.check`);
+- :class:`~batchsched.core.gangs.priority.PriorityClasses` (:attr:`GroupBook.classes`): a
+  gang's priority and preemption policy;
+- :mod:`~batchsched.core.gangs.units`: each cycle, one :class:`~batchsched.core.plan.Unit`
+  per group with pending members, blocked and why, or its members in the order to place
+  them (:meth:`GroupBook.units`);
+- :mod:`~batchsched.core.gangs.status`: how a group's members are counted and ordered.
 
-No partial gang survives (:meth:`GroupBook.check`): a group that holds resources with
-fewer than ``minMember`` members placed is given ``scheduleTimeoutSeconds`` to become
-whole; then its bound members are evicted and the group backs off (exponentially) before
-it is tried again. Members that bind during the back-off are evicted at once.
+The book tells its parts what the index learns (a member of a group left, a group was
+deleted) and hands them the groups and counts they ask for; they never reach into it.
 
 Pure: no I/O, no clock (``now`` is passed in, monotonic seconds).
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from batchsched.core import explain
 from batchsched.core.gangs.podgroup import (
     _ANY,
-    ANNOTATION_TASK,
     KUEUE,
     VOLCANO,
     XK8S,
@@ -52,29 +38,23 @@ from batchsched.core.gangs.podgroup import (
     group_ref,
     kueue_group,
 )
-from batchsched.core.gangs.status import Tally
+from batchsched.core.gangs.priority import PriorityClasses
+from batchsched.core.gangs.status import Tally, task_of
+from batchsched.core.gangs.timers import GangCheck, GangTimers, GroupNotice
+from batchsched.core.gangs.units import Room, gang_unit, missing_unit, short_of
 from batchsched.core.mirror import ClusterState, Snapshot
-from batchsched.core.model import PODS, Arrivals, Pod, PodUID
-from batchsched.core.placement.topology import (
-    TOPOLOGY_ANNOTATION,
-    TOPOLOGY_PREFERRED_ANNOTATION,
-    TopologyLevels,
-    topology_policy,
-)
-from batchsched.core.plan import Eviction, Unit
-
-#: what a group could have, given the group and its pods waiting: the free capacity and what
-#: it may preempt, per resource (see the session, which knows who may be evicted)
-Room = Callable[[PodGroup, Sequence[Pod]], tuple[Mapping[str, int], Mapping[str, int]]]
+from batchsched.core.model import Arrivals, Pod, PodUID
+from batchsched.core.placement.topology import TopologyLevels
+from batchsched.core.plan import Unit
 
 __all__ = [
     "GangCheck",
     "GroupBook",
     "GroupNotice",
+    "Room",
     "free_capacity",
 ]
 
-_NATURAL = re.compile(r"(\d+)")
 _UNKNOWN = object()
 
 
@@ -89,59 +69,9 @@ def free_capacity(snap: Snapshot) -> dict[str, int]:
     return {c: int(free[i]) for i, c in enumerate(snap.columns)}
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _natural(name: str) -> tuple[Any, ...]:
-    # isdecimal, not isdigit: "³" is a digit that int() refuses (and \d does not match)
-    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
-
-
-def _member_order(pod: Pod) -> tuple[Any, ...]:
-    """Members by priority, age, then name in natural order (``worker-2`` before
-    ``worker-10``: an operator creates a job's members together, and their index is the
-    order its users read); arrival and UID only keep the order total."""
-    return (-pod.priority, pod.created, _natural(pod.name), pod.arrival, pod.uid)
-
-
-def _task(pod: Pod) -> str:
-    return pod.annotations.get(ANNOTATION_TASK, "")
-
-
-# -- what the checks ask the I/O edge to do --------------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class GroupNotice:
-    """An Event to write on a group."""
-
-    group: PodGroup
-    type: str
-    reason: str
-    message: str
-
-
-@dataclass(slots=True)
-class GangCheck:
-    notices: list[GroupNotice] = field(default_factory=list)
-    evictions: list[Eviction] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Timer:
-    #: when the group was first seen holding resources below its quorum
-    partial_since: float | None = None
-    backoff_until: float = 0.0
-    timeouts: int = 0
-    backoff_message: str = ""
-    evicting: set[PodUID] = field(default_factory=set)
-    #: the group was whole at some point since it last backed off
-    was_whole: bool = False
-
-
-# -- the book --------------------------------------------------------------------------------
-
-
 class GroupBook:
-    """PodGroups of every API, which pods name which group, and the gang timers."""
+    """PodGroups of every API and which pods name which group; the gang timers and the
+    priority classes through its parts."""
 
     def __init__(
         self,
@@ -152,36 +82,23 @@ class GroupBook:
         levels: TopologyLevels | None = None,
         whole_job_restart: bool = False,
     ) -> None:
-        self.default_timeout = default_timeout
-        #: the default of a group's whole-job restart (its annotation overrides it)
-        self.whole_job_restart = whole_job_restart
-        #: groups seen running whole, their quorum confirmed bound by the watch, since they
-        #: were placed (a loss below quorum is then a lost member)
-        self._was_whole: set[GroupKey] = set()
-        #: groups whose quorum a cycle placed and the watch has not yet shown whole: the
-        #: members it has shown bound so far (see :meth:`confirmed`)
-        self._placing: dict[GroupKey, set[PodUID]] = {}
-        #: a member of a group seen whole failed or went since the last :meth:`check`: the
-        #: next step checks at once (a replacement must not be placed into the remainder)
-        self.lost = False
+        self.timers = GangTimers(
+            default_timeout=default_timeout, initial_backoff=initial_backoff,
+            max_backoff=max_backoff, whole_job_restart=whole_job_restart,
+        )
+        self.classes = PriorityClasses()
         self.levels = levels if levels is not None else TopologyLevels()
-        self.initial_backoff = initial_backoff
-        self.max_backoff = max_backoff
         self.groups: dict[GroupKey, PodGroup] = {}
-        self.priority_classes: dict[str, int] = {}
-        #: the priority classes whose ``preemptionPolicy`` is ``Never``
-        self.never_classes: set[str] = set()
         #: pod uid -> (namespace, api or "any", group name)
         self._refs: dict[PodUID, tuple[str, str, str]] = {}
         #: (namespace, group name) -> uids of the pods naming it
         self._named: dict[tuple[str, str], set[PodUID]] = {}
         #: (namespace, API, name) -> the pods naming the group that way
         self._by_ref: dict[tuple[str, str, str], set[PodUID]] = {}
-        self._timers: dict[GroupKey, _Timer] = {}
         #: Kueue pod groups (read from their pods): each member's view of its group
         self._kueue_views: dict[GroupKey, dict[PodUID, PodGroup]] = {}
-        #: bumps whenever a group or a priority class changes
-        self.version = 0
+        #: bumps whenever a group changes (see :attr:`version`)
+        self._groups_version = 0
         #: each group's place in line among those created in the same second
         self._arrivals = Arrivals()
         #: (namespace, name) of groups whose members or spec changed since the last
@@ -190,14 +107,34 @@ class GroupBook:
         #: each pod reference's group, at a version of the groups
         self._resolved: tuple[int, dict[tuple[str, str, str], Any]] = (-1, {})
 
+    @property
+    def version(self) -> int:
+        """Bumps whenever a group or a priority class changes."""
+        return self._groups_version + self.classes.version
+
+    @property
+    def priority_classes(self) -> dict[str, int]:
+        return self.classes.values
+
+    @property
+    def never_classes(self) -> set[str]:
+        """The priority classes whose ``preemptionPolicy`` is ``Never``."""
+        return self.classes.never
+
+    @property
+    def lost(self) -> bool:
+        """A member of a group seen whole failed or went since the last :meth:`check`: the
+        next step checks at once (a replacement must not be placed into the remainder)."""
+        return self.timers.lost
+
     # -- groups ----------------------------------------------------------------------------
 
     def group_event(self, kind: str, group: PodGroup) -> None:
-        self.version += 1
+        self._groups_version += 1
         self._mark((group.namespace, group.name))
         if kind == "DELETED":
             self.groups.pop(group.key, None)
-            self._timers.pop(group.key, None)
+            self.timers.forget(group.key)
             return
         self.groups[group.key] = self._arrived(group)
 
@@ -217,20 +154,11 @@ class GroupBook:
 
     def priority_class_event(self, kind: str, name: str, value: int, never: bool = False) -> None:
         """``never``: the class's ``preemptionPolicy`` is ``Never``."""
-        self.version += 1
-        self.never_classes.discard(name)
-        if kind == "DELETED":
-            self.priority_classes.pop(name, None)
-        else:
-            self.priority_classes[name] = value
-            if never:
-                self.never_classes.add(name)
+        self.classes.event(kind, name, value, never)
 
     def replace_priority_classes(self, classes: Mapping[str, int], never: Iterable[str] = ()) -> None:
         """A relist: ``never`` names the classes whose ``preemptionPolicy`` is ``Never``."""
-        self.version += 1
-        self.priority_classes = dict(classes)
-        self.never_classes = set(never) & set(classes)
+        self.classes.replace(classes, never)
 
     # -- pods --------------------------------------------------------------------------------
 
@@ -240,8 +168,8 @@ class GroupBook:
         old = self._refs.get(pod.uid)
         if old is not None and (kind == "DELETED" or pod.terminal):
             group = self.resolve(*old)
-            if group is not None and group.key in self._was_whole:
-                self.lost = True  # a running gang lost a member: check it before any cycle
+            if group is not None:
+                self.timers.member_left(group.key)
         new = None if ref is None else (pod.namespace, ref[0], ref[1])
         for r in (old, new):
             if r is not None:
@@ -365,59 +293,54 @@ class GroupBook:
                 continue
             else:
                 continue
-            task = _task(pod)
+            task = task_of(pod)
             t.placed_by_task[task] = t.placed_by_task.get(task, 0) + 1
         return t
 
+    # -- priority, timers ------------------------------------------------------------------
+
     def priority(self, group: PodGroup, members: Iterable[Pod]) -> int:
-        if group.priority_class and group.priority_class in self.priority_classes:
-            return self.priority_classes[group.priority_class]
-        return max((p.priority for p in members), default=0)
+        return self.classes.priority(group, members)
 
     def never_preempts(self, group: PodGroup, members: Iterable[Pod]) -> bool:
-        """Whether ``group`` may not evict anyone: its priority class says
-        ``preemptionPolicy: Never``, or (when it names no known class) a member does, since
-        the gang preempts for all of them (the policy comes from where its priority does)."""
-        if group.priority_class and group.priority_class in self.priority_classes:
-            return group.priority_class in self.never_classes
-        return any(p.never_preempts for p in members)
+        return self.classes.never_preempts(group, members)
 
     def timed(self) -> list[GroupKey]:
         """The groups with a gang timer (partly placed, or backing off after a timeout)."""
-        return list(self._timers)
+        return self.timers.timed()
 
     def backing_off(self, key: GroupKey, now: float) -> bool:
-        timer = self._timers.get(key)
-        return timer is not None and now < timer.backoff_until
+        return self.timers.backing_off(key, now)
+
+    def blocked_message(self, group: PodGroup, now: float) -> str:
+        """Why a group that is backing off waits (empty when it is not)."""
+        return self.timers.blocked_message(group.key, now)
 
     def placed_whole(self, key: str) -> None:
         """A cycle placed the group's quorum. It runs whole only once the watch shows its
         members bound (:meth:`confirmed`): a Binding may still be refused, and a job that
         never ran is placed again, not restarted."""
-        if GroupKey(key) in self.groups and GroupKey(key) not in self._was_whole:
-            self._placing.setdefault(GroupKey(key), set())
+        if GroupKey(key) in self.groups:
+            self.timers.placed_whole(GroupKey(key))
 
     def confirmed(self, pod: Pod, state: ClusterState) -> None:
         """The watch shows ``pod`` bound: once its group's placed quorum is all bound, the
-        group runs whole, and from then on losing a member is a loss (a job that restarts
-        whole does so at once, not after the next :meth:`check`)."""
+        group runs whole (see :meth:`GangTimers.confirmed`)."""
         group = self.group_of(pod.uid)
-        seen = None if group is None else self._placing.get(group.key)
-        if group is None or seen is None or not pod.holds_resources:
-            return
-        seen.add(pod.uid)
-        if len(seen) >= group.min_member and _runs_whole(group, self.tally(group, state)):
-            del self._placing[group.key]
-            self._was_whole.add(group.key)
+        if group is not None:
+            self.timers.confirmed(group, pod, lambda: self.tally(group, state))
 
     def evicting(self, key: GroupKey) -> set[PodUID]:
-        timer = self._timers.get(key)
-        return set() if timer is None else timer.evicting
+        return self.timers.evicting(key)
 
     def eviction_done(self, key: GroupKey, uid: PodUID) -> None:
-        timer = self._timers.get(key)
-        if timer is not None:
-            timer.evicting.discard(uid)
+        self.timers.eviction_done(key, uid)
+
+    def check(self, state: ClusterState, now: float) -> GangCheck:
+        """Start, run out and enforce the timers of groups placed below their quorum
+        (:meth:`GangTimers.check`), over the groups changed since the last check."""
+        dirty, self._dirty = self._dirty, set()
+        return self.timers.check(self.groups, dirty, lambda g: self.tally(g, state), state, now)
 
     # -- the cycle's units -----------------------------------------------------------------
 
@@ -428,15 +351,29 @@ class GroupBook:
         room: Room | None = None,
         want: Callable[[str], bool] | None = None,
     ) -> list[Unit]:
-        """One unit per group (or missing group) with pods waiting to be placed.
+        """One unit per group (or missing group) with pods waiting to be placed
+        (:func:`~batchsched.core.gangs.units.gang_unit`).
 
         ``room(group, pods)`` gives what the group could have: the cluster's free capacity
         (see :func:`free_capacity`) and what it may preempt; it is only called when a group
         has ``minResources``. ``want(key)``: whether to build the group's unit at all (the
         session leaves out gangs that sleep; groups still missing are always built).
         """
-        units: list[Unit] = []
-        # only groups with a pending member have anything to place
+        missing, waiting = self._waiting(state, want)
+        units = [missing_unit(ns, name, named) for (ns, name), named in sorted(missing.items())]
+        for key in sorted(waiting):
+            group = self.groups[key]
+            unit = gang_unit(group, self.tally(group, state), state=state, now=now, classes=self.classes,
+                             timers=self.timers, levels=self.levels, room=room)
+            if unit is not None:
+                units.append(unit)
+        return units
+
+    def _waiting(
+        self, state: ClusterState, want: Callable[[str], bool] | None,
+    ) -> tuple[dict[tuple[str, str], list[Pod]], set[GroupKey]]:
+        """The pods waiting by the (namespace, name) of the missing group they name, and the
+        groups with a pending member that are wanted: only they have anything to place."""
         missing: dict[tuple[str, str], list[Pod]] = {}
         waiting: set[GroupKey] = set()
         pending = state.pending
@@ -457,82 +394,7 @@ class GroupBook:
                     waiting.add(group.key)
                     break
                 missing.setdefault((ref[0], ref[2]), []).append(pod)
-        for (ns, name), named in sorted(missing.items()):
-            key = GroupKey(f"missing:{ns}/{name}")
-            units.append(_blocked(key, tuple(sorted(named, key=_member_order)), 0, 0.0, "",
-                                  f"waiting for PodGroup {ns}/{name} to exist", "PodGroupNotFound"))
-        for key in sorted(waiting):
-            group = self.groups[key]
-            t = self.tally(group, state)
-            t.pending.sort(key=_member_order)
-            schedulable = t.schedulable
-            if not schedulable:
-                continue
-            priority = self.priority(group, schedulable)
-            pods = tuple(schedulable)
-            reason, blocked = self._blocked_reason(group, t, now)
-            short = ""
-            if not blocked and group.min_resources and t.placed < group.min_member:
-                free, preemptible = room(group, pods) if room is not None else ({}, {})
-                short = _short_of(group, t, free, preemptible)
-            if blocked:
-                units.append(_blocked(key, pods, priority, group.created, group.uid, blocked, reason))
-                continue
-            ordered, min_count = _quorum_first(group, t)
-            if short:  # not placed: its count only sizes the reservation it may hold
-                min_count = _covering(group, t, ordered, min_count)
-            try:
-                level, required = topology_policy(_topology_annotations(group, ordered), self.levels)
-            except ValueError as exc:
-                units.append(_blocked(key, pods, priority, group.created, group.uid, str(exc), "InvalidTopology"))
-                continue
-            units.append(
-                Unit(
-                    key=key, pods=tuple(ordered), min_count=min_count, priority=priority,
-                    never_preempts=self.never_preempts(group, pods),
-                    created=group.created, arrival=group.arrival, uid=group.uid or key, topology_level=level,
-                    topology_required=required, min_resources_short=short,
-                    placed_on=_placed_on(state, t) if required else (),
-                )
-            )
-        return units
-
-    def _blocked_reason(self, group: PodGroup, t: Tally, now: float) -> tuple[str, str]:
-        """``(condition reason, message)`` of why the group may not be placed now, or ("", "")."""
-        if group.invalid:
-            return "InvalidPodGroup", f"{group.described} is invalid: {group.invalid}"
-        if group.suspended:
-            return "Suspended", explain.suspended(group.display)
-        timer = self._timers.get(group.key)
-        if timer is not None and now < timer.backoff_until:
-            return "GangBackoff", timer.backoff_message
-        evicting = sum(p.uid in timer.evicting for p in t.bound) if timer is not None else 0
-        # members terminating (preempted, reclaimed) still hold their room, but are leaving:
-        # new members placed beside them would be a partial gang once they are gone
-        going = sum(p.deleting for p in t.bound)
-        if evicting or (going and t.placed - going < group.min_member):
-            # placed now, new members would join the remainder being evicted
-            return "GangEvicting", explain.gang_evicting(group.display, evicting or going)
-        schedulable = t.schedulable
-        exist = t.placed + len(schedulable)
-        gated = len(t.pending) - len(schedulable)
-        if exist < group.min_member:
-            extra = f" ({gated} more are gated)" if gated else ""
-            return "WaitingForMembers", (
-                f"waiting for pods: {exist} of {group.min_member} required members exist{extra}"
-            )
-        for task, need in sorted(group.min_task_member.items()):
-            have = t.placed_by_task.get(task, 0) + sum(1 for p in schedulable if _task(p) == task)
-            if have < need:
-                return "WaitingForMembers", (
-                    f"waiting for pods: task {task} has {have} of {need} required members"
-                )
-        return "", ""
-
-    def blocked_message(self, group: PodGroup, now: float) -> str:
-        """Why a group that is backing off waits (empty when it is not)."""
-        timer = self._timers.get(group.key)
-        return timer.backoff_message if timer is not None and now < timer.backoff_until else ""
+        return missing, waiting
 
     def admitted(self, group: PodGroup, state: ClusterState, now: float, room: Room) -> bool:
         """Whether the group may start (Volcano's Inqueue): valid, not backing off, and
@@ -543,193 +405,4 @@ class GroupBook:
         if not group.min_resources:
             return True
         t = self.tally(group, state)
-        return not _short_of(group, t, *room(group, t.pending))
-
-    # -- no partial gang survives ----------------------------------------------------------
-
-    def check(self, state: ClusterState, now: float) -> GangCheck:
-        """Start, run out and enforce the timers of groups placed below their quorum."""
-        out = GangCheck()
-        self.lost = False
-        dirty, self._dirty = self._dirty, set()
-        for key, group in self.groups.items():
-            timer = self._timers.get(key)
-            if timer is not None and timer.evicting:
-                timer.evicting &= state.pods.keys()  # those gone are done
-            if group.invalid or (timer is None and dirty is not None and (group.namespace, group.name) not in dirty):
-                continue  # unchanged since it was last found whole or holding nothing
-            t = self.tally(group, state)
-            if not t.ours:
-                continue
-            whole = t.placed >= group.min_member and all(
-                t.placed_by_task.get(task, 0) >= need for task, need in group.min_task_member.items()
-            )
-            # members all terminating already: nothing a timeout could evict, so no timer (it
-            # would announce an eviction it cannot make, again after every back-off)
-            if whole and _runs_whole(group, t):
-                self._placing.pop(key, None)
-                self._was_whole.add(key)
-            if whole or not t.holding or all(p.deleting for p in t.holding):
-                if timer is not None:
-                    timer.partial_since = None
-                    if whole and not timer.was_whole:
-                        timer.was_whole = True
-                        timer.timeouts = 0
-                continue
-            if timer is None:
-                timer = self._timers[key] = _Timer()
-            if key in self._was_whole and group.restarts_whole(self.whole_job_restart):
-                # a running job lost a member: the rest goes now, and it restarts whole
-                self._was_whole.discard(key)
-                out.notices.append(GroupNotice(group, "Warning", "WholeJobRestart", explain.whole_job_restart(
-                    t.placed, group.min_member, len(t.bound),
-                )))
-                self._evict(group, t, timer, out, explain.whole_job_restart_eviction(), cause="restart")
-                continue
-            if now < timer.backoff_until:
-                # members bound after the timeout (their binding was in flight): evict them too
-                self._evict(group, t, timer, out, "it is backing off after a schedule timeout")
-                continue
-            if timer.partial_since is None:
-                timer.partial_since = now
-                out.notices.append(GroupNotice(
-                    group, "Warning", "GangIncomplete",
-                    f"{t.placed} of {group.min_member} required members are placed; "
-                    f"retrying the other {group.min_member - t.placed} as one gang",
-                ))
-                continue
-            limit = group.schedule_timeout or self.default_timeout
-            if now - timer.partial_since < limit:
-                continue
-            backoff = min(self.initial_backoff * 2 ** timer.timeouts, self.max_backoff)
-            timer.timeouts += 1
-            timer.was_whole = False
-            timer.partial_since = None
-            timer.backoff_until = now + backoff
-            timer.backoff_message = (
-                f"gang {group.display} timed out after {limit:g} s with {t.placed} of "
-                f"{group.min_member} required members placed; its bound members were evicted "
-                f"and it is retried after {backoff:g} s"
-            )
-            out.notices.append(GroupNotice(
-                group, "Warning", "GangTimeout",
-                f"only {t.placed} of {group.min_member} required members were placed within "
-                f"{limit:g} s; evicting the {len(t.bound)} bound member(s) to release their "
-                f"resources and retrying the whole gang after {backoff:g} s",
-            ))
-            self._evict(group, t, timer, out, "its gang timed out below quorum")
-        for key in [k for k in self._timers if k not in self.groups]:
-            del self._timers[key]
-        self._was_whole &= self.groups.keys()
-        for key in [k for k in self._placing if k not in self.groups]:
-            del self._placing[key]
-        return out
-
-    def _evict(self, group: PodGroup, t: Tally, timer: _Timer, out: GangCheck, why: str,
-               *, cause: str = "gang-timeout") -> None:
-        for pod in sorted(t.bound, key=_member_order):
-            if pod.uid in timer.evicting or pod.deleting:
-                continue
-            timer.evicting.add(pod.uid)
-            out.evictions.append(Eviction(
-                uid=pod.uid, namespace=pod.namespace, name=pod.name, node=pod.node_name,
-                unit=group.key, reason=f"member of PodGroup {group.display}: {why}", cause=cause,
-            ))
-
-
-def _runs_whole(group: PodGroup, t: Tally) -> bool:
-    """Whether the group's quorum is bound as the watch shows it (or has run to success):
-    members only assumed bound do not count, their Bindings may still be refused."""
-    if len(t.bound) + t.succeeded < group.min_member:
-        return False
-    if not group.min_task_member:
-        return True
-    by_task = dict(t.placed_by_task)
-    for pod in t.holding:
-        if not pod.holds_resources:  # assumed only
-            by_task[_task(pod)] -= 1
-    return all(by_task.get(task, 0) >= need for task, need in group.min_task_member.items())
-
-
-def _blocked(
-    key: GroupKey, pods: tuple[Pod, ...], priority: int, created: float, uid: str, why: str, reason: str,
-) -> Unit:
-    return Unit(key=key, pods=pods, min_count=len(pods), priority=priority, created=created,
-                uid=uid or key, blocked=why, blocked_reason=reason)
-
-
-def _short_of(
-    group: PodGroup, t: Tally, free: Mapping[str, int], preemptible: Mapping[str, int],
-) -> str:
-    """Why ``minResources`` cannot be met now, or "" when it can: what its members hold,
-    plus what is free, plus what it may preempt (``preemptible``), must cover it."""
-    held: dict[str, int] = {}
-    for pod in t.holding:
-        for r, v in pod.requests.items():
-            held[r] = held.get(r, 0) + v
-    short = []
-    for r, need in sorted(group.min_resources.items()):
-        if r == PODS:
-            continue
-        missing = need - held.get(r, 0)
-        if missing > free.get(r, 0) + preemptible.get(r, 0):
-            short.append((r, missing, free.get(r, 0), preemptible.get(r, 0)))
-    return explain.min_resources_short(group.display, short)
-
-
-def _covering(group: PodGroup, t: Tally, ordered: list[Pod], min_count: int) -> int:
-    """How many of the waiting members (in order, at least the quorum) ask, with what the
-    members hold, for all of ``minResources``; all of them when none do. A gang short of its
-    ``minResources`` reserves room for that many, so that when its reserved nodes are free its
-    ``minResources`` is too (a group asking more than its quorum does, for elastic members)."""
-    need = {r: v for r, v in group.min_resources.items() if r != PODS}
-    for pod in t.holding:
-        for r, v in pod.requests.items():
-            if r in need:
-                need[r] -= v
-    for m, pod in enumerate(ordered):
-        if m >= min_count and all(v <= 0 for v in need.values()):
-            return m
-        for r, v in pod.requests.items():
-            if r in need:
-                need[r] -= v
-    return len(ordered)
-
-
-def _topology_annotations(group: PodGroup, ordered: list[Pod]) -> Mapping[str, str]:
-    """Where the gang's topology policy is read: its PodGroup, or when that asks nothing,
-    the first member of its quorum (for tools that cannot annotate the PodGroup)."""
-    ann = group.annotations
-    if TOPOLOGY_ANNOTATION in ann or TOPOLOGY_PREFERRED_ANNOTATION in ann or not ordered:
-        return ann
-    return ordered[0].annotations
-
-
-def _placed_on(state: ClusterState, t: Tally) -> tuple[str, ...]:
-    """The nodes of the members holding resources, in member order."""
-    nodes = (p.node_name or state.assumed.get(p.uid, "") for p in sorted(t.holding, key=_member_order))
-    return tuple(n for n in nodes if n)
-
-
-def _quorum_first(group: PodGroup, t: Tally) -> tuple[list[Pod], int]:
-    """Pending members with each task's missing quorum first; the unit's min_count.
-
-    ``t.pending`` must be in member order already."""
-    pending = t.schedulable
-    first: list[Pod] = []
-    taken: set[PodUID] = set()
-    for task, need in sorted(group.min_task_member.items()):
-        missing = need - t.placed_by_task.get(task, 0)
-        if missing <= 0:
-            continue
-        for pod in pending:
-            if missing == 0:
-                break
-            if _task(pod) == task:
-                first.append(pod)
-                taken.add(pod.uid)
-                missing -= 1
-    rest = [p for p in pending if p.uid not in taken]
-    min_count = min(max(group.min_member - t.placed, len(first)), len(pending))
-    return first + rest, min_count
-
+        return not short_of(group, t, *room(group, t.pending))

@@ -1,18 +1,23 @@
 """A group's members counted by where they are, and the status batchsched writes from that.
 
-:class:`Tally` is what the book counts for one group (holding, bound, pending, finished);
-:func:`desired_status` turns it into the PodGroup status of the group's API, and
+:class:`Tally` is what the book counts for one group (holding, bound, pending, finished),
+in the order of :func:`member_order` and by task (:func:`task_of`); :func:`runs_whole` says
+whether its quorum is bound. :func:`desired_status` turns it into the PodGroup status of the group's API, and
 :func:`condition_type` names the condition batchsched owns on each API.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchsched.core.gangs.podgroup import (
     _COND_VOLCANO_OK,
     _COND_VOLCANO_WAIT,
     _COND_XK8S,
+    ANNOTATION_TASK,
     VOLCANO,
     XK8S,
     GroupStatus,
@@ -20,7 +25,9 @@ from batchsched.core.gangs.podgroup import (
 )
 from batchsched.core.model import Pod
 
-__all__ = ["Tally", "condition_type", "desired_status"]
+__all__ = ["Tally", "condition_type", "desired_status", "member_order", "runs_whole", "task_of"]
+
+_NATURAL = re.compile(r"(\d+)")
 
 
 # -- counting members ------------------------------------------------------------------------
@@ -56,6 +63,38 @@ class Tally:
     @property
     def schedulable(self) -> list[Pod]:
         return [p for p in self.pending if not p.gated]
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _natural(name: str) -> tuple[Any, ...]:
+    # isdecimal, not isdigit: "³" is a digit that int() refuses (and \d does not match)
+    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
+
+
+def member_order(pod: Pod) -> tuple[Any, ...]:
+    """Members by priority, age, then name in natural order (``worker-2`` before
+    ``worker-10``: an operator creates a job's members together, and their index is the
+    order its users read); arrival and UID only keep the order total."""
+    return (-pod.priority, pod.created, _natural(pod.name), pod.arrival, pod.uid)
+
+
+def task_of(pod: Pod) -> str:
+    """The Volcano task the member belongs to ("" when it names none)."""
+    return pod.annotations.get(ANNOTATION_TASK, "")
+
+
+def runs_whole(group: PodGroup, t: Tally) -> bool:
+    """Whether the group's quorum is bound as the watch shows it (or has run to success):
+    members only assumed bound do not count, their Bindings may still be refused."""
+    if len(t.bound) + t.succeeded < group.min_member:
+        return False
+    if not group.min_task_member:
+        return True
+    by_task = dict(t.placed_by_task)
+    for pod in t.holding:
+        if not pod.holds_resources:  # assumed only
+            by_task[task_of(pod)] -= 1
+    return all(by_task.get(task, 0) >= need for task, need in group.min_task_member.items())
 
 
 # -- status ------------------------------------------------------------------------------------

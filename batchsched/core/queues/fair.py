@@ -36,7 +36,8 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core.plan import QueueName
-from batchsched.core.queues.tree import FloatArray, IntArray, QueueTree
+from batchsched.core.queues.structure import FloatArray, IntArray
+from batchsched.core.queues.tree import QueueTree
 
 __all__ = ["FairOrder", "Orderable", "UsageHistory", "queue_rank"]
 
