@@ -7,13 +7,14 @@ peer runs against the same apiserver). Settings, as issue 6 asks:
 
 * **batchsched**: ``python -m batchsched run`` with its default configuration, leader
   election off, metrics on a free local port (scraped after the run for its cycle times).
-* **kube-scheduler** (v1.36.3, built by the sandbox): a KubeSchedulerConfiguration with
-  NodeResourcesFit RequestedToCapacityRatio on ``nvidia.com/gpu`` (shape 0:0, 100:10, as
-  MLBatch configures it), client QPS/burst 5000, leader election off.
-* **kube-scheduler-gang**: the same binary and configuration with its alpha gang
-  scheduling on, at its best settings from PEERS.md: gates ``GenericWorkload``,
-  ``GangScheduling``, and ``WatchListClient=false``, ``NominatedNodeNameForExpectation=false``;
-  the apiserver serves ``scheduling.k8s.io/v1alpha2``. Gangs are PodGroups of that API
+* **kube-scheduler** (the sandbox's release, built by the sandbox): a KubeSchedulerConfiguration
+  with NodeResourcesFit RequestedToCapacityRatio on ``nvidia.com/gpu`` (shape 0:0, 100:10,
+  as MLBatch configures it), client QPS/burst 5000, leader election off, and the feature
+  gates the sandbox's control plane runs with (:mod:`batchsched.sandbox.features`).
+* **kube-scheduler-gang**: the same binary and configuration with its gang scheduling (on
+  with ``GenericWorkload``, one of those gates), at its best settings from PEERS.md:
+  ``WatchListClient=false``, ``NominatedNodeNameForExpectation=false``. Gangs are
+  ``scheduling.k8s.io/v1beta1`` PodGroups, which the sandbox's apiserver serves
   (``spec.schedulingPolicy.gang.minCount``); pods name theirs in
   ``spec.schedulingGroup.podGroupName``.
 * **coscheduling**: scheduler-plugins' scheduler (built from ``gomod/scheduler-plugins``)
@@ -41,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from batchsched.sandbox.build import kube_version
+from batchsched.sandbox.features import FEATURE_GATES
 from perf.workload import Expanded, PodSpec
 
 GANG_X_K8S = "x-k8s"
@@ -51,16 +54,9 @@ X_K8S_LABEL = "scheduling.x-k8s.io/pod-group"
 CLASS_LABEL = "perf.batchsched.io/class"
 GANG_LABEL = "perf.batchsched.io/gang"
 
-K8S_GANG_APISERVER_ARGS = (
-    "--feature-gates=GenericWorkload=true",
-    "--runtime-config=scheduling.k8s.io/v1alpha2=true",
-)
-K8S_GANG_GATES = (
-    "GenericWorkload=true",
-    "GangScheduling=true",
-    "WatchListClient=false",
-    "NominatedNodeNameForExpectation=false",
-)
+#: the Workload API's group version the gangs of kube-scheduler-gang are declared in
+K8S_GANG_API = "scheduling.k8s.io/v1beta1"
+K8S_GANG_GATES = (*FEATURE_GATES, "WatchListClient=false", "NominatedNodeNameForExpectation=false")
 
 RTCR_GPU = {
     "name": "NodeResourcesFit",
@@ -213,9 +209,9 @@ class Peer:
                 ))
             elif self.gang_style == GANG_K8S:
                 out.append((
-                    f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{namespace}/podgroups",
+                    f"/apis/{K8S_GANG_API}/namespaces/{namespace}/podgroups",
                     {
-                        "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+                        "apiVersion": K8S_GANG_API, "kind": "PodGroup",
                         "metadata": {"name": gang},
                         "spec": {"schedulingPolicy": {"gang": {"minCount": quorum}}},
                     },
@@ -275,17 +271,17 @@ PEERS: dict[str, Peer] = {
         name="kube-scheduler",
         scheduler_name="default-scheduler",
         gang_style=None,
-        settings="v1.36.3; NodeResourcesFit RequestedToCapacityRatio nvidia.com/gpu 0:0,100:10; "
-                 "QPS/burst 5000; leader election off",
+        settings=f"{kube_version()}; NodeResourcesFit RequestedToCapacityRatio nvidia.com/gpu 0:0,100:10; "
+                 "QPS/burst 5000; leader election off; gates " + ",".join(FEATURE_GATES),
+        feature_gates=FEATURE_GATES,
         binary=_kube_scheduler,
     ),
     "kube-scheduler-gang": Peer(
         name="kube-scheduler-gang",
         scheduler_name="default-scheduler",
         gang_style=GANG_K8S,
-        settings="v1.36.3, as kube-scheduler plus gates " + ",".join(K8S_GANG_GATES)
-                 + "; apiserver GenericWorkload + scheduling.k8s.io/v1alpha2",
-        apiserver_args=K8S_GANG_APISERVER_ARGS,
+        settings=f"{kube_version()}, as kube-scheduler plus gates "
+                 + ",".join(K8S_GANG_GATES[len(FEATURE_GATES):]) + f"; gangs in {K8S_GANG_API}",
         feature_gates=K8S_GANG_GATES,
         binary=_kube_scheduler,
     ),

@@ -13,9 +13,15 @@ Nothing is downloaded but Go modules (through the module proxy) and Python packa
   ``sigs.k8s.io/scheduler-plugins`` pinned in ``gomod/scheduler-plugins/go.mod``; it is
   built on demand (:func:`scheduler_plugins_binary`), never by :func:`ensure_binaries`.
 
+The Kubernetes commands are linked with the version of the pinned release written into
+them (:func:`kube_ldflags`), as the release build does: built from the module alone they
+would report ``v0.0.0-master+$Format:%H$``, which clients that parse the server's version
+(Kueue, for one) refuse.
+
 Builds land in ``$BATCHSCHED_CACHE`` (default ``~/.cache/batchsched``) under a key made
-from the pinned versions and the Go toolchain, so a second start finds them at once. A
-file lock keeps two processes from building the same thing at the same time.
+from the pinned versions, the Go toolchain and the linker flags, so a second start finds
+them at once and a changed flag builds again. A file lock keeps two processes from
+building the same thing at the same time.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +42,10 @@ from pathlib import Path
 KWOK_VERSION = "v0.8.0"
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 GOMOD = Path(__file__).parent / "gomod"
+#: what every build is linked with: no symbol table, no DWARF (smaller, faster to link)
+STRIP_LDFLAGS = "-s -w"
+#: the packages whose version variables the Kubernetes release build sets at link time
+KUBE_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 
 
 class BuildError(RuntimeError):
@@ -110,18 +121,49 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-def _module_out(module: str, go: str) -> Path:
+def required_version(module: str, path: str) -> str:
+    """The version of Go module ``path`` that wrapper module ``gomod/<module>`` requires."""
+    text = (GOMOD / module / "go.mod").read_text()
+    found = re.search(rf"^\s*(?:require\s+)?{re.escape(path)}\s+(v\S+)", text, re.MULTILINE)
+    if found is None:
+        raise BuildError(f"gomod/{module}/go.mod does not require {path}")
+    return found.group(1)
+
+
+def kube_version() -> str:
+    """The Kubernetes release the sandbox builds (``v1.37.2``), as ``gomod/kubernetes`` pins it."""
+    return required_version("kubernetes", "k8s.io/kubernetes")
+
+
+def kube_ldflags() -> str:
+    """Linker flags that write the pinned release into the Kubernetes commands, as its
+    release build does (``gitVersion``, major, minor, a clean tree; the build date of a
+    build without one), so the apiserver's ``/version`` and ``kubectl version`` say it."""
+    version = kube_version()
+    numbers = re.match(r"v(\d+)\.(\d+)\.", version)
+    if numbers is None:
+        raise BuildError(f"the pinned Kubernetes version {version!r} is not vMAJOR.MINOR.PATCH")
+    values = {
+        "gitVersion": version, "gitMajor": numbers.group(1), "gitMinor": numbers.group(2),
+        "gitCommit": "", "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z",
+    }
+    flags = [f"-X {pkg}.{var}={value}" for pkg in KUBE_VERSION_PACKAGES for var, value in values.items()]
+    return " ".join([STRIP_LDFLAGS, *flags])
+
+
+def _module_out(module: str, go: str, ldflags: str) -> Path:
     """Where the binaries of wrapper module ``gomod/<module>`` are cached."""
     mod = GOMOD / module
-    key = _key((mod / "go.mod").read_bytes(), (mod / "go.sum").read_bytes(), _go_version(go))
+    key = _key((mod / "go.mod").read_bytes(), (mod / "go.sum").read_bytes(), _go_version(go), ldflags)
     return cache_dir() / "bin" / f"{module}-{key}"
 
 
-def _module_binaries(module: str, packages: dict[str, str], what: str) -> dict[str, Path]:
+def _module_binaries(module: str, packages: dict[str, str], what: str,
+                     *, ldflags: str = STRIP_LDFLAGS) -> dict[str, Path]:
     """Build ``packages`` (binary name -> Go package) in the wrapper module ``gomod/<module>``."""
     go = go_command()
     mod = GOMOD / module
-    out = _module_out(module, go)
+    out = _module_out(module, go, ldflags)
     paths = {name: out / name for name in packages}
     if all(p.exists() for p in paths.values()):
         return paths
@@ -133,9 +175,9 @@ def _module_binaries(module: str, packages: dict[str, str], what: str) -> dict[s
         tmp.mkdir(parents=True)
         if len(packages) == 1:
             [(name, pkg)] = packages.items()
-            cmd = [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp / name), pkg]
+            cmd = [go, "build", "-trimpath", f"-ldflags={ldflags}", "-o", str(tmp / name), pkg]
         else:
-            cmd = [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp) + "/", *packages.values()]
+            cmd = [go, "build", "-trimpath", f"-ldflags={ldflags}", "-o", str(tmp) + "/", *packages.values()]
         _run_build(cmd, cwd=mod, env=_go_env(), what=what, log=cache_dir() / f"build-{module}.log")
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
@@ -151,7 +193,7 @@ def module_binary(module: str, name: str, package: str, what: str) -> Path:
 def cached_module_binary(module: str, name: str) -> Path | None:
     """That binary if it is already built, else None (never builds)."""
     try:
-        path = _module_out(module, go_command()) / name
+        path = _module_out(module, go_command(), STRIP_LDFLAGS) / name
     except (BuildError, OSError, subprocess.CalledProcessError):
         return None
     return path if path.exists() else None
@@ -163,6 +205,7 @@ def kube_binaries() -> dict[str, Path]:
         "kubernetes",
         {name: f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS},
         "Kubernetes " + ", ".join(KUBE_COMMANDS),
+        ldflags=kube_ldflags(),
     )
 
 
@@ -183,7 +226,7 @@ def kwok_binary() -> Path:
         env["GOBIN"] = str(tmp)
         env.pop("GOFLAGS", None)
         _run_build(
-            [go, "install", "-trimpath", "-ldflags=-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+            [go, "install", "-trimpath", f"-ldflags={STRIP_LDFLAGS}", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
             cwd=None, env=env, what=f"kwok {KWOK_VERSION}", log=cache_dir() / "build-kwok.log",
         )
         shutil.rmtree(out, ignore_errors=True)

@@ -1,5 +1,9 @@
 """A real local control plane on loopback: etcd, kube-apiserver, kube-controller-manager, kwok.
 
+The Kubernetes release is the one ``gomod/kubernetes`` pins (see :mod:`.build`); the
+apiserver and the controller manager run with the feature gates and API versions of
+:mod:`.features` (the Workload API and its gangs, DRA), which ``apiserver_args`` may add to.
+
 ``Sandbox(name).up(...)`` starts the four processes (each in its own session, with its log
 under the sandbox's state folder), waits for the apiserver's ``/readyz``, applies the
 project's CRDs and example PriorityClasses from ``manifests/base/``, creates the requested fake
@@ -38,7 +42,7 @@ import yaml
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError
-from batchsched.sandbox import build, pki
+from batchsched.sandbox import build, features, pki
 from batchsched.sandbox.nodes import NodeShape, create_nodes, wait_nodes_ready
 
 #: the CRDs, RBAC and PriorityClasses applied at start: the kustomize base of the
@@ -296,9 +300,12 @@ class Sandbox:
                 "--log-level=warn",
             ])
             self._wait_http(st, f"http://127.0.0.1:{etcd_port}/health", "etcd", timeout=30)
-            self._start(st, "kube-apiserver", bins.kube_apiserver, [
+            self._start(st, "kube-apiserver", bins.kube_apiserver, features.apiserver_args([
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                # no Endpoints for the `kubernetes` Service: they would point at loopback,
+                # which no pod could reach, and since 1.37 a reconciler refuses the address
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={api_port}",
                 f"--tls-cert-file={material.serving_cert}",
                 f"--tls-private-key-file={material.serving_key}",
@@ -320,9 +327,9 @@ class Sandbox:
                 "--max-requests-inflight=3000", "--max-mutating-requests-inflight=1000",
                 "--profiling=false", "--v=1",
                 *apiserver_args,
-            ])
+            ]))
             self._wait_ready(st, material.tokens["admin"], timeout=ready_timeout)
-            self._start(st, "kube-controller-manager", bins.kube_controller_manager, [
+            self._start(st, "kube-controller-manager", bins.kube_controller_manager, features.control_plane_args([
                 f"--kubeconfig={kubeconfigs['system:kube-controller-manager']}",
                 f"--authentication-kubeconfig={kubeconfigs['system:kube-controller-manager']}",
                 f"--authorization-kubeconfig={kubeconfigs['system:kube-controller-manager']}",
@@ -341,7 +348,7 @@ class Sandbox:
                 "--kube-api-qps=500", "--kube-api-burst=1000",
                 "--concurrent-gc-syncs=50", "--concurrent-namespace-syncs=20",
                 "--profiling=false", "--v=1",
-            ])
+            ]))
             self._start(st, "kwok", bins.kwok, [
                 f"--kubeconfig={kubeconfigs['kwok']}",
                 "--manage-all-nodes=false",
