@@ -433,6 +433,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         return _foreign_pod(meta, status, str(name))
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     requests, invalid, asks = _pod_requests(spec, annotations)
+    invalid = invalid or _built_in_group(spec)
     affinity = spec.get("affinity") or {}
     required_terms, preferred = _node_affinity(affinity.get("nodeAffinity") or {})
     tolerations = tuple(
@@ -482,6 +483,19 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         resource_claims=tuple(str(c.get("name", "")) for c in (spec.get("resourceClaims") or [])),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
     )
+
+
+def _built_in_group(spec: Mapping[str, Any]) -> str:
+    """Why a pod that joins one of Kubernetes' built-in pod groups (``spec.schedulingGroup``,
+    ``scheduling.k8s.io`` PodGroup, 1.36+) is refused: batchsched does not read those groups
+    yet, and placed alone such a pod would break the gang it asks for. Empty otherwise."""
+    group = spec.get("schedulingGroup")
+    if not isinstance(group, Mapping) or not group:
+        return ""
+    name = group.get("podGroupName") or "(unnamed)"
+    return (f"it joins the scheduling.k8s.io PodGroup {name} (spec.schedulingGroup): batchsched "
+            "does not schedule Kubernetes' built-in pod groups yet; use a scheduler-plugins or "
+            "Volcano PodGroup")
 
 
 def _foreign_pod(meta: Mapping[str, Any], status: Mapping[str, Any], scheduler: str) -> Pod:
