@@ -105,7 +105,7 @@ class StatusWriter:
         *,
         component: str = "batchsched",
         instance: str,
-        concurrency: int = 8,
+        concurrency: int = 16,
         max_queue: int = 10_000,
         clock: Callable[[], float] = time.time,
         fence: Fence | None = None,

@@ -23,6 +23,7 @@ from batchsched.insight.explain import Insight
 from batchsched.kube.binder import Binder
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.leader import LeaderElector
+from batchsched.kube.status import StatusWriter
 from batchsched.kube.views import SessionViews
 
 
@@ -66,6 +67,7 @@ def test_the_edges_keyword_defaults_are_the_configurations() -> None:
     binder = keyword_defaults(Binder)
     assert (binder["concurrency"], binder["retries"]) == (cfg.binder.concurrency, cfg.binder.retries)
     assert keyword_defaults(Evictor)["concurrency"] == cfg.gang.eviction_concurrency
+    assert keyword_defaults(StatusWriter)["concurrency"] == cfg.status.concurrency
     leader = keyword_defaults(LeaderElector)
     le = cfg.leader_election
     assert (leader["lease_duration"], leader["renew_deadline"], leader["retry_period"]) == (
