@@ -24,7 +24,7 @@ from typing import NamedTuple, Protocol
 
 from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays
 
-__all__ = ["Place", "PlaceMembers", "PlacementProblem", "positional"]
+__all__ = ["Place", "PlacementProblem"]
 
 
 class PlacementProblem(NamedTuple):
@@ -60,32 +60,3 @@ class Place(Protocol):
     """
 
     def __call__(self, problem: PlacementProblem, out: IntArray, /) -> int: ...
-
-
-class PlaceMembers(Protocol):
-    """The numba kernel's positional signature (:func:`batchsched.core.placement.kernels.place_members`),
-    for the victim search that still calls a placement that way (see :func:`positional`)."""
-
-    def __call__(
-        self, alloc: IntArray, used: IntArray, reqs: IntArray, sig: IntArray, masks: BoolArray,
-        static_score: IntArray, weights: IntArray, scalar: BoolArray, shape_u: IntArray,
-        shape_s: IntArray, strategy: int, min_count: int, out: IntArray, device: IntArray, /,
-    ) -> int: ...
-
-
-def positional(place: Place) -> PlaceMembers:
-    """``place`` taking the kernel's positional arguments.
-
-    For :func:`batchsched.core.preemption.select_victims`, which calls its placement with
-    them: once it takes a :class:`PlacementProblem`, this bridge can go.
-    """
-
-    def call(
-        alloc: IntArray, used: IntArray, reqs: IntArray, sig: IntArray, masks: BoolArray,
-        static_score: IntArray, weights: IntArray, scalar: BoolArray, shape_u: IntArray,
-        shape_s: IntArray, strategy: int, min_count: int, out: IntArray, device: IntArray, /,
-    ) -> int:
-        scoring = ScoringArrays(strategy, weights, scalar, shape_u, shape_s, device)
-        return place(PlacementProblem(alloc, used, reqs, sig, masks, static_score, scoring, min_count), out)
-
-    return call

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from batchsched.core.placement import cards as D
-from batchsched.core.placement.problem import PlaceMembers, PlacementProblem, positional
+from batchsched.core.placement.problem import PlacementProblem
 from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
@@ -485,10 +485,6 @@ def place(problem: PlacementProblem, out: IntArray, /) -> int:
         out[m] = best
         placed.append((m, best))
     return len(placed)
-
-
-place_members: PlaceMembers = positional(place)
-"""The twin in the kernel's positional form, for the victim search (see :func:`positional`)."""
 
 
 def insufficient_counts(

@@ -43,7 +43,7 @@ import numpy as np
 
 from batchsched.core.devices import internal, shown
 from batchsched.core.model import PODS, Node
-from batchsched.core.placement.problem import Place, PlaceMembers, PlacementProblem
+from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import BoolArray, IntArray
 from batchsched.core.quantity import format_units
 
@@ -55,7 +55,6 @@ __all__ = [
     "TOPOLOGY_PREFERRED_ANNOTATION",
     "DomainCache",
     "Domains",
-    "PlaceMembers",  # of batchsched.core.placement.problem, for the victim search's walk
     "TopologyLevels",
     "place_gang_topology",
     "topology_placer",
