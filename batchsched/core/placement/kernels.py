@@ -63,6 +63,10 @@ _KEY_SHIFT = D.KEY_SHIFT
 _MAX_KINDS = 16
 _RANDOM = D.RANDOM
 
+CardScratch = tuple[IntArray, IntArray, BoolArray, IntArray, IntArray, IntArray, IntArray, IntArray,
+                    IntArray, IntArray]
+"""What :func:`card_place` works in (:func:`card_scratch`)."""
+
 
 # The helpers of the per-node score are inlined into their callers (numba IR): as calls,
 # passing the arrays (reference counts included) cost more than the score itself.
@@ -440,20 +444,51 @@ def load_cards(alloc_row: IntArray, used_row: IntArray, device: IntArray, comp: 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray,
-                member: int, node: int, uses_policy: bool, comp: IntArray, mem: IntArray,
-                exists: BoolArray, free: IntArray, add_card: IntArray, add_comp: IntArray,
-                add_mem: IntArray, share_cards: IntArray, sum_lt: IntArray,
-                cnt_ge: IntArray) -> tuple[bool, int, int, int]:
-    """The kernel twin of reference.card_place: ``(fits, key, number of adds, whole mask)``;
-    the adds go to add_card/add_comp/add_mem, each share slot's card + 1 to share_cards."""
-    k = device[_D_N_SHARES]
+def card_scratch(device: IntArray) -> CardScratch:
+    """The arrays :func:`card_place` works in, sized for ``device``: per card its compute,
+    memory and existence and the free list (``comp``, ``mem``, ``exists``, ``free``), the
+    adds it returns (``add_card``, ``add_comp``, ``add_mem``), each share slot's card
+    (``share_cards``) and the mix kinds' aggregates of :func:`frag_prepare`."""
     n_cards = device[_D_N_CARDS]
+    return (
+        np.zeros(max(n_cards, 1), dtype=np.int64),
+        np.zeros(max(n_cards, 1), dtype=np.int64),
+        np.zeros(max(n_cards, 1), dtype=np.bool_),
+        np.zeros(max(n_cards, 1), dtype=np.int64),
+        np.zeros(n_cards + 8, dtype=np.int64),
+        np.zeros(n_cards + 8, dtype=np.int64),
+        np.zeros(n_cards + 8, dtype=np.int64),
+        np.zeros(max(device[_D_N_SHARES], 1), dtype=np.int64),
+        np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64),
+        np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64),
+    )
+
+
+@njit(cache=True, nogil=True, inline="always")
+def member_policy(req: IntArray, device: IntArray) -> int:
+    """The card policy of a member: the one it asks for, else the scheduler's."""
     pcol = device[_D_ASK_POLICY]
-    policy = device[_D_POLICY]
     if pcol >= 0 and req[pcol] > 0:
-        policy = req[pcol]
-    cm0 = _D_HEAD + 3 * k + n_cards
+        return int(req[pcol])
+    return int(device[_D_POLICY])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray,
+               member: int, node: int, uses_policy: bool,
+               scratch: CardScratch) -> tuple[bool, int, int, int]:
+    """The kernel twin of reference.card_place: ``(fits, key, number of adds, whole mask)``;
+    the adds go to the scratch's add_card/add_comp/add_mem, each share slot's card + 1 to
+    its share_cards (see :func:`card_scratch`).
+
+    Three phases, as the twin's: the count check (enough wholly free cards for the whole
+    and ask-any cards), the cards taken (:func:`take_whole_cards`, then
+    :func:`place_shares` slot by slot on the card :func:`best_card` ranks first), and the
+    node's key under the member's policy (:func:`policy_key`)."""
+    comp, mem, exists, free = scratch[0], scratch[1], scratch[2], scratch[3]
+    add_card, add_comp, add_mem = scratch[4], scratch[5], scratch[6]
+    n_cards = device[_D_N_CARDS]
+    policy = member_policy(req, device)
     n_free = load_cards(alloc_row, used_row, device, comp, mem, exists)
     held_any = used_row[device[_D_ANY]] if device[_D_ANY] >= 0 else 0
     spare = n_free - held_any
@@ -467,11 +502,30 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
     before = 0
     if policy == _FRAGMENTATION and uses_policy:
         before = frag(comp, mem, exists, n_cards, held_any, cpu_free, device, free)
+    n_adds, mask = take_whole_cards(comp, mem, exists, n_cards, want_whole, add_card, add_comp, add_mem)
+    any_after = held_any + want_any
+    shares_fit, n_adds, chosen_sum = place_shares(
+        alloc_row, req, device, member, node, policy, spare - want_whole - want_any, any_after,
+        cpu_after, n_adds, scratch,
+    )
+    if not shares_fit:
+        return False, 0, 0, 0
+    key = 0
+    if uses_policy:
+        key = policy_key(alloc_row, used_row, req, device, member, node, policy, chosen_sum, before,
+                         any_after, cpu_after, comp, mem, exists, free)
+    return True, key, n_adds, mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def take_whole_cards(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, want_whole: int,
+                     add_card: IntArray, add_comp: IntArray, add_mem: IntArray) -> tuple[int, int]:
+    """Take the lowest ``want_whole`` wholly free cards (full compute each); returns the
+    number of adds written and the cards as a bit mask."""
     n_adds = 0
     mask = 0
-    taken = 0
     for i in range(n_cards):
-        if taken == want_whole:
+        if n_adds == want_whole:
             break
         if exists[i] and comp[i] == 0 and mem[i] == 0:
             comp[i] = _FULL
@@ -480,9 +534,18 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
             add_comp[n_adds] = _FULL
             add_mem[n_adds] = 0
             n_adds += 1
-            taken += 1
-    spare -= want_whole + want_any
-    any_after = held_any + want_any
+    return n_adds, mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def place_shares(alloc_row: IntArray, req: IntArray, device: IntArray, member: int, node: int,
+                 policy: int, spare: int, any_after: int, cpu_after: int, n_adds: int,
+                 scratch: CardScratch) -> tuple[bool, int, int]:
+    """Each share slot in order on the card :func:`best_card` ranks first, taken at once so
+    the next slot sees it. Returns whether every slot found a card, the number of adds and
+    the compute used on the chosen cards, summed after each share (binpack's and spread's key)."""
+    comp, mem, exists, free, add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge = scratch
+    k = device[_D_N_SHARES]
     chosen_sum = 0
     for j in range(k):
         share_cards[j] = 0
@@ -492,38 +555,10 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
         m = req[mcol] if mcol >= 0 else 0
         if s == 0 and m == 0:
             continue
-        best = -1
-        best_val = 0
-        if policy == _FRAGMENTATION:
-            f_total, f_whole, f_partial = frag_prepare(
-                comp, mem, exists, n_cards, any_after, device, free, sum_lt, cnt_ge,
-            )
-        for i in range(n_cards):
-            if not exists[i] or comp[i] >= _FULL or comp[i] + s > _FULL:
-                continue
-            if m > 0:
-                capcol = device[cm0 + i]
-                cap = alloc_row[capcol] if capcol >= 0 else 0
-                if mem[i] + m > cap:
-                    continue
-            if comp[i] == 0 and mem[i] == 0 and spare < 1:
-                continue
-            if policy in (_BINPACK, _BESTFIT):
-                val = comp[i]
-            elif policy == _SPREAD:
-                val = -comp[i]
-            elif policy == _RANDOM:
-                val = card_hash(device[_D_SEED], member, node, i)
-            else:
-                # taking a wholly free card turns one free card of the list into a share
-                x_old = _FULL if comp[i] == 0 and mem[i] == 0 else card_free(comp[i], mem[i])
-                val = -frag_swap(x_old, card_free(comp[i] + s, mem[i] + m), f_total, f_whole,
-                                  f_partial, cpu_after, n_cards, device, sum_lt, cnt_ge)
-            if best < 0 or val > best_val:
-                best = i
-                best_val = val
+        best = best_card(alloc_row, device, member, node, policy, s, m, spare, any_after, cpu_after,
+                         comp, mem, exists, free, sum_lt, cnt_ge)
         if best < 0:
-            return False, 0, 0, 0
+            return False, n_adds, 0
         if comp[best] == 0 and mem[best] == 0:
             spare -= 1
         comp[best] += s
@@ -534,21 +569,72 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
         n_adds += 1
         share_cards[j] = best + 1
         chosen_sum += comp[best]
-    key = 0
-    if uses_policy:
-        gcol = device[_D_GPU]
-        gpu_after = used_row[gcol] + req[gcol] if gcol >= 0 else 0
-        if policy == _BINPACK:
-            key = chosen_sum * 65536 + gpu_after
+    return True, n_adds, chosen_sum
+
+
+@njit(cache=True, nogil=True, inline="always")
+def best_card(alloc_row: IntArray, device: IntArray, member: int, node: int, policy: int, s: int,
+              m: int, spare: int, any_after: int, cpu_after: int, comp: IntArray, mem: IntArray,
+              exists: BoolArray, free: IntArray, sum_lt: IntArray, cnt_ge: IntArray) -> int:
+    """The card a share of compute ``s`` and memory ``m`` goes on under ``policy``, or -1:
+    of the cards it fits (see reference.card_place), the one with the highest value, the
+    lowest card on a tie. Fragmentation values a card by minus the node's fragmentation
+    with the share on it, updated in O(mix kinds) by :func:`frag_swap`."""
+    n_cards = device[_D_N_CARDS]
+    cm0 = _D_HEAD + 3 * device[_D_N_SHARES] + n_cards
+    f_total = 0
+    f_whole = 0
+    f_partial = 0
+    if policy == _FRAGMENTATION:
+        f_total, f_whole, f_partial = frag_prepare(
+            comp, mem, exists, n_cards, any_after, device, free, sum_lt, cnt_ge,
+        )
+    best = -1
+    best_val = 0
+    for i in range(n_cards):
+        if not exists[i] or comp[i] >= _FULL or comp[i] + s > _FULL:
+            continue
+        if m > 0:
+            capcol = device[cm0 + i]
+            cap = alloc_row[capcol] if capcol >= 0 else 0
+            if mem[i] + m > cap:
+                continue
+        if comp[i] == 0 and mem[i] == 0 and spare < 1:
+            continue
+        if policy in (_BINPACK, _BESTFIT):
+            val = comp[i]
         elif policy == _SPREAD:
-            key = -(chosen_sum * 65536 + gpu_after)
+            val = -comp[i]
         elif policy == _RANDOM:
-            key = card_hash(device[_D_SEED], member, node, n_cards)
-        elif policy == _BESTFIT:
-            key = bestfit_key(alloc_row, used_row, req, device)
+            val = card_hash(device[_D_SEED], member, node, i)
         else:
-            key = before - frag(comp, mem, exists, n_cards, any_after, cpu_after, device, free)
-    return True, key, n_adds, mask
+            # taking a wholly free card turns one free card of the list into a share
+            x_old = _FULL if comp[i] == 0 and mem[i] == 0 else card_free(comp[i], mem[i])
+            val = -frag_swap(x_old, card_free(comp[i] + s, mem[i] + m), f_total, f_whole,
+                             f_partial, cpu_after, n_cards, device, sum_lt, cnt_ge)
+        if best < 0 or val > best_val:
+            best = i
+            best_val = val
+    return best
+
+
+@njit(cache=True, nogil=True, inline="always")
+def policy_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray, member: int,
+               node: int, policy: int, chosen_sum: int, before: int, any_after: int, cpu_after: int,
+               comp: IntArray, mem: IntArray, exists: BoolArray, free: IntArray) -> int:
+    """The node's key under the member's policy once its cards are taken (higher is better):
+    the twin's reference.policy_key."""
+    gcol = device[_D_GPU]
+    gpu_after = used_row[gcol] + req[gcol] if gcol >= 0 else 0
+    if policy == _BINPACK:
+        return chosen_sum * 65536 + gpu_after
+    if policy == _SPREAD:
+        return -(chosen_sum * 65536 + gpu_after)
+    if policy == _RANDOM:
+        return card_hash(device[_D_SEED], member, node, device[_D_N_CARDS])
+    if policy == _BESTFIT:
+        return bestfit_key(alloc_row, used_row, req, device)
+    return before - frag(comp, mem, exists, device[_D_N_CARDS], any_after, cpu_after, device, free)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -735,227 +821,273 @@ def place_members_cached(
 
 @njit(cache=True, nogil=True)
 def _place(
-    alloc: IntArray,
-    used: IntArray,
-    reqs: IntArray,
-    sig: IntArray,
-    masks: BoolArray,
-    static_score: IntArray,
-    weights: IntArray,
-    scalar: BoolArray,
-    shape_u: IntArray,
-    shape_s: IntArray,
-    strategy: int,
-    min_count: int,
-    out: IntArray,
-    device: IntArray,
-    kinds: IntArray,
-    kind_total: IntArray,
-    kind_ok: BoolArray,
-    kind_stamp: IntArray,
+    alloc: IntArray, used: IntArray, reqs: IntArray, sig: IntArray, masks: BoolArray,
+    static_score: IntArray, weights: IntArray, scalar: BoolArray, shape_u: IntArray,
+    shape_s: IntArray, strategy: int, min_count: int, out: IntArray, device: IntArray,
+    kinds: IntArray, kind_total: IntArray, kind_ok: BoolArray, kind_stamp: IntArray,
     version: IntArray,
 ) -> int:
     """The body of :func:`place_members` (``kinds`` empty: kinds found within the call) and
-    :func:`place_members_cached`."""
-    n_nodes, n_res = alloc.shape
+    :func:`place_members_cached`.
+
+    Per member: skip it if a member like it already failed (:func:`_dominated`), find its
+    row of the views (:func:`_view_row`), bring that view up to date on the nodes changed
+    since (:func:`_refresh_view`: the filter and the score), take the best node
+    (:func:`_best_node`) and commit it (:func:`_assign_cards`, :func:`_commit`), or undo the
+    whole call when a gang member finds none (:func:`_undo`).
+    """
+    n_res = alloc.shape[1]
     n_members = reqs.shape[0]
     for m in range(n_members):
         out[m] = -1
     is_out = np.zeros(n_res, dtype=np.bool_)
     card_output_columns(device, is_out)
-    for r in range(n_res):
-        if is_out[r]:
-            for m in range(n_members):
-                reqs[m, r] = 0
+    _clear_columns(reqs, is_out)
     if min_count > n_members:
         return 0
-    n_cards = device[_D_N_CARDS]
-    comp = np.zeros(max(n_cards, 1), dtype=np.int64)
-    mem = np.zeros(max(n_cards, 1), dtype=np.int64)
-    exists = np.zeros(max(n_cards, 1), dtype=np.bool_)
-    free = np.zeros(max(n_cards, 1), dtype=np.int64)
-    add_card = np.zeros(n_cards + 8, dtype=np.int64)
-    add_comp = np.zeros(n_cards + 8, dtype=np.int64)
-    add_mem = np.zeros(n_cards + 8, dtype=np.int64)
-    share_cards = np.zeros(max(device[_D_N_SHARES], 1), dtype=np.int64)
-    sum_lt = np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64)
-    cnt_ge = np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64)
-    cards = False
-    policy = False
-
+    scratch = card_scratch(device)
     table = _shape_table(shape_u, shape_s)
     asked = np.empty(n_res, dtype=np.int64)  # columns the member requests (checked by fit)
     scored = np.empty(n_res, dtype=np.int64)  # columns its score reads
-    n_asked = 0
-    n_scored = 0
-    placed = 0
     # Members that ask alike (same signature, same requests) form a *kind*. Each kind keeps
     # its view of every node (valid? score + static score), stamped with the node's version;
     # a node's version grows when a member is placed on it. A member re-evaluates only the
     # nodes changed since its kind last looked: interleaved kinds of a mixed queue reuse
     # their views instead of rescanning every node.
-    persistent = kinds.shape[0] > 0
-    scratch = kind_total.shape[0] - 1  # the last row: views nobody keeps
-    n_slots = scratch  # rows matched within this call when not persistent
+    n_slots = kind_total.shape[0] - 1  # rows matched within this call when not persistent
     kind_rep = np.full(max(n_slots, 1), -1, dtype=np.int64)
     next_slot = 0
-    # Members that found no node. Usage only grows during a call, so a later member with
-    # the same signature asking at least as much of every resource cannot fit either.
+    # Members that found no node (see _dominated).
     max_failed = 64
     failed = np.empty(max_failed, dtype=np.int64)
     n_failed = 0
-
+    placed = 0
     for m in range(n_members):
-        s = sig[m]
-        hopeless = False
-        for i in range(n_failed):
-            f = failed[i]
-            if sig[f] != s:
-                continue
-            dominated = True
-            for r in range(n_res):
-                if not is_out[r] and reqs[m, r] < reqs[f, r]:
-                    dominated = False
-                    break
-            if dominated:
-                hopeless = True
-                break
-        if hopeless and m >= min_count:
+        if m >= min_count and _dominated(m, sig, reqs, is_out, failed, n_failed):
             continue
-        n_asked = 0
-        for r in range(n_res):
-            if reqs[m, r] > 0:
-                asked[n_asked] = r
-                n_asked += 1
-        n_scored = _scored_columns(reqs[m], weights, scalar, scored)
-        cards = asks_cards(reqs[m], device)
-        policy = cards and uses_policy(reqs[m], device)
-        by_cpu = not cards and cpu_fragments(reqs[m], device)
-        drawn = False  # the random policy draws per member: no view of it can be reused
-        if policy:
-            pcol = device[_D_ASK_POLICY]
-            drawn = (reqs[m, pcol] if pcol >= 0 and reqs[m, pcol] > 0 else device[_D_POLICY]) == _RANDOM
-        k = -1
-        if persistent and not drawn:
-            k = kinds[m] if kinds[m] >= 0 else scratch
-            if k == scratch:
-                for n in range(n_nodes):
-                    kind_stamp[k, n] = -1
-        elif drawn:
-            k = scratch
-            for n in range(n_nodes):
-                kind_stamp[k, n] = -1
-        else:
-            for slot in range(n_slots):
-                rep = kind_rep[slot]
-                if rep < 0 or sig[rep] != s:
-                    continue
-                alike = True
-                for r in range(n_res):
-                    if not is_out[r] and reqs[m, r] != reqs[rep, r]:
-                        alike = False
-                        break
-                if alike:
-                    k = slot
-                    break
-        if k < 0:
-            k = next_slot
-            next_slot = (next_slot + 1) % n_slots
-            kind_rep[k] = m
-            for n in range(n_nodes):
-                kind_stamp[k, n] = -1
-        total = kind_total[k]
-        ok = kind_ok[k]
-        stamp = kind_stamp[k]
-
-        for n in range(n_nodes):
-            if stamp[n] == version[n]:
-                continue
-            stamp[n] = version[n]
-            if not masks[s, n]:
-                ok[n] = False
-                continue
-            fit = True
-            for i in range(n_asked):
-                r = asked[i]
-                if used[n, r] + reqs[m, r] > alloc[n, r]:
-                    fit = False
-                    break
-            if fit and cards:
-                fit, key, _, _ = card_place(
-                    alloc[n], used[n], reqs[m], device, m, n, policy, comp, mem, exists, free,
-                    add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge,
-                )
-                if fit and policy:
-                    ok[n] = True
-                    total[n] = key * _KEY_SHIFT + static_score[s, n]
-                    continue
-            if fit and by_cpu:
-                ok[n] = True
-                key = cpu_frag_key(alloc[n], used[n], reqs[m], device, comp, mem, exists, free)
-                total[n] = key * _KEY_SHIFT + static_score[s, n]
-                continue
-            ok[n] = fit
-            if not fit:
-                continue
-            fit_score = _weighted_score(
-                alloc[n], used[n], reqs[m], scored, n_scored, weights, strategy, table
-            )
-            total[n] = fit_score + static_score[s, n]
-
-        best = -1
-        best_total = 0
-        for n in range(n_nodes):
-            if ok[n] and (best < 0 or total[n] > best_total):
-                best = n
-                best_total = total[n]
-
+        req = reqs[m]
+        n_asked = _asked_columns(req, asked)
+        n_scored = _scored_columns(req, weights, scalar, scored)
+        cards = asks_cards(req, device)
+        policy = cards and uses_policy(req, device)
+        by_cpu = not cards and cpu_fragments(req, device)
+        # the random policy draws per member: no view of it can be reused
+        drawn = policy and member_policy(req, device) == _RANDOM
+        k, next_slot = _view_row(m, sig, reqs, is_out, kinds, kind_rep, n_slots, next_slot, kind_stamp, drawn)
+        _refresh_view(
+            alloc, used, req, m, masks[sig[m]], static_score[sig[m]], asked[:n_asked],
+            scored[:n_scored], weights, strategy, table, device, cards, policy, by_cpu,
+            kind_total[k], kind_ok[k], kind_stamp[k], version, scratch,
+        )
+        best = _best_node(kind_ok[k], kind_total[k])
         if best < 0:
             if m < min_count:
-                # The gang cannot be whole: give back everything placed so far.
-                for k in range(m):
-                    node = out[k]
-                    if node >= 0:
-                        for r in range(n_res):
-                            used[node, r] -= reqs[k, r]
-                        version[node] += 1
-                for k in range(n_members):
-                    out[k] = -1
-                for r in range(n_res):
-                    if is_out[r]:
-                        for k in range(n_members):
-                            reqs[k, r] = 0
+                _undo(m, out, used, reqs, version, is_out)
                 return 0
             if n_failed < max_failed:
                 failed[n_failed] = m
                 n_failed += 1
             continue
         if cards:
-            again, _, n_adds, mask = card_place(
-                alloc[best], used[best], reqs[m], device, m, best, policy, comp, mem, exists,
-                free, add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge,
-            )
-            if not again:
-                raise ValueError("the chosen node no longer fits the member's cards: a stale node view")
-            k_shares = device[_D_N_SHARES]
-            cc0 = _D_HEAD + 3 * k_shares
-            for a in range(n_adds):
-                i = add_card[a]
-                reqs[m, device[cc0 + i]] += add_comp[a]
-                if add_mem[a] > 0:
-                    reqs[m, device[cc0 + n_cards + i]] += add_mem[a]
-            if device[_D_OUT_WHOLE] >= 0:
-                reqs[m, device[_D_OUT_WHOLE]] = mask
-            for j in range(k_shares):
-                col = device[_D_HEAD + 2 * k_shares + j]
-                if col >= 0:
-                    reqs[m, col] = share_cards[j]
-        for r in range(n_res):
-            used[best, r] += reqs[m, r]
-        version[best] += 1
-        out[m] = best
+            _assign_cards(alloc[best], used[best], req, device, m, best, policy, scratch)
+        _commit(m, best, used, req, version, out)
         placed += 1
     return placed
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clear_columns(reqs: IntArray, columns: BoolArray) -> None:
+    """Zero ``columns`` (the card usage and outputs the kernel writes) in every member's row."""
+    for r in range(columns.shape[0]):
+        if columns[r]:
+            for m in range(reqs.shape[0]):
+                reqs[m, r] = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _dominated(m: int, sig: IntArray, reqs: IntArray, is_out: BoolArray, failed: IntArray,
+               n_failed: int) -> bool:
+    """Whether a member that found no node (``failed[:n_failed]``) has m's signature and asks
+    at most what m asks of every resource (the output columns aside). Usage only grows
+    during a call, so m cannot fit either."""
+    for i in range(n_failed):
+        f = failed[i]
+        if sig[f] != sig[m]:
+            continue
+        dominated = True
+        for r in range(reqs.shape[1]):
+            if not is_out[r] and reqs[m, r] < reqs[f, r]:
+                dominated = False
+                break
+        if dominated:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _asked_columns(req: IntArray, into: IntArray) -> int:
+    """Write the columns ``req`` asks for into ``into`` (the ones fit checks); returns how many."""
+    count = 0
+    for r in range(req.shape[0]):
+        if req[r] > 0:
+            into[count] = r
+            count += 1
+    return count
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _forget(stamp: IntArray) -> None:
+    """Mark every node of a view stale."""
+    for n in range(stamp.shape[0]):
+        stamp[n] = -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _view_row(m: int, sig: IntArray, reqs: IntArray, is_out: BoolArray, kinds: IntArray,
+              kind_rep: IntArray, n_slots: int, next_slot: int, kind_stamp: IntArray,
+              drawn: bool) -> tuple[int, int]:
+    """The row of the views member m reads and refreshes, and the next slot to hand out.
+
+    With ``kinds`` (the views kept between calls) its kind's row, the scratch row (the last)
+    forgotten for a member without one; a drawn member always gets the scratch row. Else
+    the slot whose first member asks alike (same signature, same requests), or the next
+    slot in turn, forgotten and given to m's kind.
+    """
+    scratch = kind_stamp.shape[0] - 1
+    k = -1
+    if kinds.shape[0] > 0 and not drawn:
+        k = kinds[m] if kinds[m] >= 0 else scratch
+        if k == scratch:
+            _forget(kind_stamp[k])
+    elif drawn:
+        k = scratch
+        _forget(kind_stamp[k])
+    else:
+        for slot in range(n_slots):
+            rep = kind_rep[slot]
+            if rep < 0 or sig[rep] != sig[m]:
+                continue
+            alike = True
+            for r in range(reqs.shape[1]):
+                if not is_out[r] and reqs[m, r] != reqs[rep, r]:
+                    alike = False
+                    break
+            if alike:
+                k = slot
+                break
+    if k < 0:
+        k = next_slot
+        next_slot = (next_slot + 1) % n_slots
+        kind_rep[k] = m
+        _forget(kind_stamp[k])
+    return k, next_slot
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _refresh_view(alloc: IntArray, used: IntArray, req: IntArray, m: int, mask: BoolArray,
+                  static_row: IntArray, asked: IntArray, scored: IntArray, weights: IntArray,
+                  strategy: int, table: IntArray, device: IntArray, cards: bool, policy: bool,
+                  by_cpu: bool, total: IntArray, ok: BoolArray, stamp: IntArray, version: IntArray,
+                  scratch: CardScratch) -> None:
+    """Bring member m's view (``ok``, ``total``) up to date on the nodes whose version moved
+    since ``stamp``: the filter (its signature's ``mask``, the fit on the ``asked`` columns,
+    the cards) and the score (the card policy's key, the CPU fragmentation key, or the
+    resource score over the ``scored`` columns), each plus the static score."""
+    comp, mem, exists, free = scratch[0], scratch[1], scratch[2], scratch[3]
+    for n in range(alloc.shape[0]):
+        if stamp[n] == version[n]:
+            continue
+        stamp[n] = version[n]
+        if not mask[n]:
+            ok[n] = False
+            continue
+        fit = True
+        for i in range(asked.shape[0]):
+            r = asked[i]
+            if used[n, r] + req[r] > alloc[n, r]:
+                fit = False
+                break
+        if fit and cards:
+            fit, key, _, _ = card_place(alloc[n], used[n], req, device, m, n, policy, scratch)
+            if fit and policy:
+                ok[n] = True
+                total[n] = key * _KEY_SHIFT + static_row[n]
+                continue
+        if fit and by_cpu:
+            ok[n] = True
+            key = cpu_frag_key(alloc[n], used[n], req, device, comp, mem, exists, free)
+            total[n] = key * _KEY_SHIFT + static_row[n]
+            continue
+        ok[n] = fit
+        if not fit:
+            continue
+        fit_score = _weighted_score(
+            alloc[n], used[n], req, scored, scored.shape[0], weights, strategy, table
+        )
+        total[n] = fit_score + static_row[n]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _best_node(ok: BoolArray, total: IntArray) -> int:
+    """The valid node with the highest total, the lowest on a tie; -1 when none is valid."""
+    best = -1
+    best_total = 0
+    for n in range(ok.shape[0]):
+        if ok[n] and (best < 0 or total[n] > best_total):
+            best = n
+            best_total = total[n]
+    return best
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _undo(m: int, out: IntArray, used: IntArray, reqs: IntArray, version: IntArray,
+          is_out: BoolArray) -> None:
+    """The gang cannot be whole: give back what members 0..m-1 took, clear ``out`` and the
+    card columns written into ``reqs``."""
+    for k in range(m):
+        node = out[k]
+        if node >= 0:
+            for r in range(used.shape[1]):
+                used[node, r] -= reqs[k, r]
+            version[node] += 1
+    for k in range(reqs.shape[0]):
+        out[k] = -1
+    _clear_columns(reqs, is_out)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _assign_cards(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray, m: int,
+                  node: int, policy: bool, scratch: CardScratch) -> None:
+    """Take member m's cards on its chosen node and write them into its request row ``req``:
+    the usage of each card, the whole cards' mask and each share slot's card + 1."""
+    again, _, n_adds, mask = card_place(alloc_row, used_row, req, device, m, node, policy, scratch)
+    if not again:
+        raise ValueError("the chosen node no longer fits the member's cards: a stale node view")
+    add_card, add_comp, add_mem, share_cards = scratch[4], scratch[5], scratch[6], scratch[7]
+    k_shares = device[_D_N_SHARES]
+    n_cards = device[_D_N_CARDS]
+    cc0 = _D_HEAD + 3 * k_shares
+    for a in range(n_adds):
+        i = add_card[a]
+        req[device[cc0 + i]] += add_comp[a]
+        if add_mem[a] > 0:
+            req[device[cc0 + n_cards + i]] += add_mem[a]
+    if device[_D_OUT_WHOLE] >= 0:
+        req[device[_D_OUT_WHOLE]] = mask
+    for j in range(k_shares):
+        col = device[_D_HEAD + 2 * k_shares + j]
+        if col >= 0:
+            req[col] = share_cards[j]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _commit(m: int, node: int, used: IntArray, req: IntArray, version: IntArray, out: IntArray) -> None:
+    """Place member m on ``node``: its request joins the node's usage and the node's version
+    moves, so every view of it is stale."""
+    for r in range(req.shape[0]):
+        used[node, r] += req[r]
+    version[node] += 1
+    out[m] = node
 
 
 def place(
