@@ -875,9 +875,9 @@ def _place(
         drawn = policy and member_policy(req, device) == _RANDOM
         k, next_slot = _view_row(m, sig, reqs, is_out, kinds, kind_rep, n_slots, next_slot, kind_stamp, drawn)
         _refresh_view(
-            alloc, used, req, m, masks[sig[m]], static_score[sig[m]], asked[:n_asked],
-            scored[:n_scored], weights, strategy, table, device, cards, policy, by_cpu,
-            kind_total[k], kind_ok[k], kind_stamp[k], version, scratch,
+            alloc, used, req, m, masks, static_score, sig[m], asked, n_asked, scored, n_scored,
+            weights, strategy, table, device, cards, policy, by_cpu, kind_total[k], kind_ok[k],
+            kind_stamp[k], version, scratch,
         )
         best = _best_node(kind_ok[k], kind_total[k])
         if best < 0:
@@ -983,26 +983,30 @@ def _view_row(m: int, sig: IntArray, reqs: IntArray, is_out: BoolArray, kinds: I
     return k, next_slot
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _refresh_view(alloc: IntArray, used: IntArray, req: IntArray, m: int, mask: BoolArray,
-                  static_row: IntArray, asked: IntArray, scored: IntArray, weights: IntArray,
-                  strategy: int, table: IntArray, device: IntArray, cards: bool, policy: bool,
-                  by_cpu: bool, total: IntArray, ok: BoolArray, stamp: IntArray, version: IntArray,
-                  scratch: CardScratch) -> None:
+# _refresh_view and _best_node run once per member, each over every node: a call costs
+# little next to their loops, which LLVM optimises better compiled on their own than
+# inlined into _place's member loop (see perf.cyclebench's gang and cycle figures).
+@njit(cache=True, nogil=True)
+def _refresh_view(alloc: IntArray, used: IntArray, req: IntArray, m: int, masks: BoolArray,
+                  static_score: IntArray, s: int, asked: IntArray, n_asked: int, scored: IntArray,
+                  n_scored: int, weights: IntArray, strategy: int, table: IntArray, device: IntArray,
+                  cards: bool, policy: bool, by_cpu: bool, total: IntArray, ok: BoolArray,
+                  stamp: IntArray, version: IntArray, scratch: CardScratch) -> None:
     """Bring member m's view (``ok``, ``total``) up to date on the nodes whose version moved
-    since ``stamp``: the filter (its signature's ``mask``, the fit on the ``asked`` columns,
-    the cards) and the score (the card policy's key, the CPU fragmentation key, or the
-    resource score over the ``scored`` columns), each plus the static score."""
+    since ``stamp``: the filter (its signature ``s``'s mask, the fit on the columns
+    ``asked[:n_asked]``, the cards) and the score (the card policy's key, the CPU
+    fragmentation key, or the resource score over ``scored[:n_scored]``), each plus the
+    static score."""
     comp, mem, exists, free = scratch[0], scratch[1], scratch[2], scratch[3]
     for n in range(alloc.shape[0]):
         if stamp[n] == version[n]:
             continue
         stamp[n] = version[n]
-        if not mask[n]:
+        if not masks[s, n]:
             ok[n] = False
             continue
         fit = True
-        for i in range(asked.shape[0]):
+        for i in range(n_asked):
             r = asked[i]
             if used[n, r] + req[r] > alloc[n, r]:
                 fit = False
@@ -1011,23 +1015,23 @@ def _refresh_view(alloc: IntArray, used: IntArray, req: IntArray, m: int, mask: 
             fit, key, _, _ = card_place(alloc[n], used[n], req, device, m, n, policy, scratch)
             if fit and policy:
                 ok[n] = True
-                total[n] = key * _KEY_SHIFT + static_row[n]
+                total[n] = key * _KEY_SHIFT + static_score[s, n]
                 continue
         if fit and by_cpu:
             ok[n] = True
             key = cpu_frag_key(alloc[n], used[n], req, device, comp, mem, exists, free)
-            total[n] = key * _KEY_SHIFT + static_row[n]
+            total[n] = key * _KEY_SHIFT + static_score[s, n]
             continue
         ok[n] = fit
         if not fit:
             continue
         fit_score = _weighted_score(
-            alloc[n], used[n], req, scored, scored.shape[0], weights, strategy, table
+            alloc[n], used[n], req, scored, n_scored, weights, strategy, table
         )
-        total[n] = fit_score + static_row[n]
+        total[n] = fit_score + static_score[s, n]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _best_node(ok: BoolArray, total: IntArray) -> int:
     """The valid node with the highest total, the lowest on a tie; -1 when none is valid."""
     best = -1

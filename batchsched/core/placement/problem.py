@@ -5,8 +5,8 @@ A :class:`PlacementProblem` holds the nodes (``alloc``, ``used``), the members (
 the scoring strategy with the GPU card descriptor (``scoring``) and the quorum
 (``min_count``). A :class:`Place` solves one: it writes each member's node into ``out`` and
 returns how many were placed. The kernel (:func:`batchsched.core.placement.kernels.place`),
-its twin (:func:`batchsched.core.placement.reference.place`), the topology-aware placement
-and the cycle all pass this value around; only :func:`~batchsched.core.placement.kernels.place`
+its twin (:func:`batchsched.core.placement.reference.place`), the topology-aware placement,
+the cycle and the victim search all pass this value around; only :func:`~batchsched.core.placement.kernels.place`
 spells it out into the numba kernels' positional arguments.
 
 A solver writes into the problem's arrays: placed members are added to ``used``, and the
