@@ -473,22 +473,25 @@ def member_policy(req: IntArray, device: IntArray) -> int:
     return int(device[_D_POLICY])
 
 
+# card_place stays one function, unlike its twin (reference.card_place over
+# take_whole_cards, place_shares, best_card and policy_key): split the same way, with the
+# parts inlined, the random policy's full scans of the nodes ran markedly slower in
+# perf.cyclebench's card cycle, for a reason not yet found.
 @njit(cache=True, nogil=True, inline="always")
 def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray,
-               member: int, node: int, uses_policy: bool,
-               scratch: CardScratch) -> tuple[bool, int, int, int]:
+                member: int, node: int, uses_policy: bool, comp: IntArray, mem: IntArray,
+                exists: BoolArray, free: IntArray, add_card: IntArray, add_comp: IntArray,
+                add_mem: IntArray, share_cards: IntArray, sum_lt: IntArray,
+                cnt_ge: IntArray) -> tuple[bool, int, int, int]:
     """The kernel twin of reference.card_place: ``(fits, key, number of adds, whole mask)``;
-    the adds go to the scratch's add_card/add_comp/add_mem, each share slot's card + 1 to
-    its share_cards (see :func:`card_scratch`).
-
-    Three phases, as the twin's: the count check (enough wholly free cards for the whole
-    and ask-any cards), the cards taken (:func:`take_whole_cards`, then
-    :func:`place_shares` slot by slot on the card :func:`best_card` ranks first), and the
-    node's key under the member's policy (:func:`policy_key`)."""
-    comp, mem, exists, free = scratch[0], scratch[1], scratch[2], scratch[3]
-    add_card, add_comp, add_mem = scratch[4], scratch[5], scratch[6]
+    the adds go to add_card/add_comp/add_mem, each share slot's card + 1 to share_cards."""
+    k = device[_D_N_SHARES]
     n_cards = device[_D_N_CARDS]
-    policy = member_policy(req, device)
+    pcol = device[_D_ASK_POLICY]
+    policy = device[_D_POLICY]
+    if pcol >= 0 and req[pcol] > 0:
+        policy = req[pcol]
+    cm0 = _D_HEAD + 3 * k + n_cards
     n_free = load_cards(alloc_row, used_row, device, comp, mem, exists)
     held_any = used_row[device[_D_ANY]] if device[_D_ANY] >= 0 else 0
     spare = n_free - held_any
@@ -502,30 +505,11 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
     before = 0
     if policy == _FRAGMENTATION and uses_policy:
         before = frag(comp, mem, exists, n_cards, held_any, cpu_free, device, free)
-    n_adds, mask = take_whole_cards(comp, mem, exists, n_cards, want_whole, add_card, add_comp, add_mem)
-    any_after = held_any + want_any
-    shares_fit, n_adds, chosen_sum = place_shares(
-        alloc_row, req, device, member, node, policy, spare - want_whole - want_any, any_after,
-        cpu_after, n_adds, scratch,
-    )
-    if not shares_fit:
-        return False, 0, 0, 0
-    key = 0
-    if uses_policy:
-        key = policy_key(alloc_row, used_row, req, device, member, node, policy, chosen_sum, before,
-                         any_after, cpu_after, comp, mem, exists, free)
-    return True, key, n_adds, mask
-
-
-@njit(cache=True, nogil=True, inline="always")
-def take_whole_cards(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, want_whole: int,
-                     add_card: IntArray, add_comp: IntArray, add_mem: IntArray) -> tuple[int, int]:
-    """Take the lowest ``want_whole`` wholly free cards (full compute each); returns the
-    number of adds written and the cards as a bit mask."""
     n_adds = 0
     mask = 0
+    taken = 0
     for i in range(n_cards):
-        if n_adds == want_whole:
+        if taken == want_whole:
             break
         if exists[i] and comp[i] == 0 and mem[i] == 0:
             comp[i] = _FULL
@@ -534,18 +518,9 @@ def take_whole_cards(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: 
             add_comp[n_adds] = _FULL
             add_mem[n_adds] = 0
             n_adds += 1
-    return n_adds, mask
-
-
-@njit(cache=True, nogil=True, inline="always")
-def place_shares(alloc_row: IntArray, req: IntArray, device: IntArray, member: int, node: int,
-                 policy: int, spare: int, any_after: int, cpu_after: int, n_adds: int,
-                 scratch: CardScratch) -> tuple[bool, int, int]:
-    """Each share slot in order on the card :func:`best_card` ranks first, taken at once so
-    the next slot sees it. Returns whether every slot found a card, the number of adds and
-    the compute used on the chosen cards, summed after each share (binpack's and spread's key)."""
-    comp, mem, exists, free, add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge = scratch
-    k = device[_D_N_SHARES]
+            taken += 1
+    spare -= want_whole + want_any
+    any_after = held_any + want_any
     chosen_sum = 0
     for j in range(k):
         share_cards[j] = 0
@@ -555,10 +530,38 @@ def place_shares(alloc_row: IntArray, req: IntArray, device: IntArray, member: i
         m = req[mcol] if mcol >= 0 else 0
         if s == 0 and m == 0:
             continue
-        best = best_card(alloc_row, device, member, node, policy, s, m, spare, any_after, cpu_after,
-                         comp, mem, exists, free, sum_lt, cnt_ge)
+        best = -1
+        best_val = 0
+        if policy == _FRAGMENTATION:
+            f_total, f_whole, f_partial = frag_prepare(
+                comp, mem, exists, n_cards, any_after, device, free, sum_lt, cnt_ge,
+            )
+        for i in range(n_cards):
+            if not exists[i] or comp[i] >= _FULL or comp[i] + s > _FULL:
+                continue
+            if m > 0:
+                capcol = device[cm0 + i]
+                cap = alloc_row[capcol] if capcol >= 0 else 0
+                if mem[i] + m > cap:
+                    continue
+            if comp[i] == 0 and mem[i] == 0 and spare < 1:
+                continue
+            if policy in (_BINPACK, _BESTFIT):
+                val = comp[i]
+            elif policy == _SPREAD:
+                val = -comp[i]
+            elif policy == _RANDOM:
+                val = card_hash(device[_D_SEED], member, node, i)
+            else:
+                # taking a wholly free card turns one free card of the list into a share
+                x_old = _FULL if comp[i] == 0 and mem[i] == 0 else card_free(comp[i], mem[i])
+                val = -frag_swap(x_old, card_free(comp[i] + s, mem[i] + m), f_total, f_whole,
+                                  f_partial, cpu_after, n_cards, device, sum_lt, cnt_ge)
+            if best < 0 or val > best_val:
+                best = i
+                best_val = val
         if best < 0:
-            return False, n_adds, 0
+            return False, 0, 0, 0
         if comp[best] == 0 and mem[best] == 0:
             spare -= 1
         comp[best] += s
@@ -569,72 +572,21 @@ def place_shares(alloc_row: IntArray, req: IntArray, device: IntArray, member: i
         n_adds += 1
         share_cards[j] = best + 1
         chosen_sum += comp[best]
-    return True, n_adds, chosen_sum
-
-
-@njit(cache=True, nogil=True, inline="always")
-def best_card(alloc_row: IntArray, device: IntArray, member: int, node: int, policy: int, s: int,
-              m: int, spare: int, any_after: int, cpu_after: int, comp: IntArray, mem: IntArray,
-              exists: BoolArray, free: IntArray, sum_lt: IntArray, cnt_ge: IntArray) -> int:
-    """The card a share of compute ``s`` and memory ``m`` goes on under ``policy``, or -1:
-    of the cards it fits (see reference.card_place), the one with the highest value, the
-    lowest card on a tie. Fragmentation values a card by minus the node's fragmentation
-    with the share on it, updated in O(mix kinds) by :func:`frag_swap`."""
-    n_cards = device[_D_N_CARDS]
-    cm0 = _D_HEAD + 3 * device[_D_N_SHARES] + n_cards
-    f_total = 0
-    f_whole = 0
-    f_partial = 0
-    if policy == _FRAGMENTATION:
-        f_total, f_whole, f_partial = frag_prepare(
-            comp, mem, exists, n_cards, any_after, device, free, sum_lt, cnt_ge,
-        )
-    best = -1
-    best_val = 0
-    for i in range(n_cards):
-        if not exists[i] or comp[i] >= _FULL or comp[i] + s > _FULL:
-            continue
-        if m > 0:
-            capcol = device[cm0 + i]
-            cap = alloc_row[capcol] if capcol >= 0 else 0
-            if mem[i] + m > cap:
-                continue
-        if comp[i] == 0 and mem[i] == 0 and spare < 1:
-            continue
-        if policy in (_BINPACK, _BESTFIT):
-            val = comp[i]
+    key = 0
+    if uses_policy:
+        gcol = device[_D_GPU]
+        gpu_after = used_row[gcol] + req[gcol] if gcol >= 0 else 0
+        if policy == _BINPACK:
+            key = chosen_sum * 65536 + gpu_after
         elif policy == _SPREAD:
-            val = -comp[i]
+            key = -(chosen_sum * 65536 + gpu_after)
         elif policy == _RANDOM:
-            val = card_hash(device[_D_SEED], member, node, i)
+            key = card_hash(device[_D_SEED], member, node, n_cards)
+        elif policy == _BESTFIT:
+            key = bestfit_key(alloc_row, used_row, req, device)
         else:
-            # taking a wholly free card turns one free card of the list into a share
-            x_old = _FULL if comp[i] == 0 and mem[i] == 0 else card_free(comp[i], mem[i])
-            val = -frag_swap(x_old, card_free(comp[i] + s, mem[i] + m), f_total, f_whole,
-                             f_partial, cpu_after, n_cards, device, sum_lt, cnt_ge)
-        if best < 0 or val > best_val:
-            best = i
-            best_val = val
-    return best
-
-
-@njit(cache=True, nogil=True, inline="always")
-def policy_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray, member: int,
-               node: int, policy: int, chosen_sum: int, before: int, any_after: int, cpu_after: int,
-               comp: IntArray, mem: IntArray, exists: BoolArray, free: IntArray) -> int:
-    """The node's key under the member's policy once its cards are taken (higher is better):
-    the twin's reference.policy_key."""
-    gcol = device[_D_GPU]
-    gpu_after = used_row[gcol] + req[gcol] if gcol >= 0 else 0
-    if policy == _BINPACK:
-        return chosen_sum * 65536 + gpu_after
-    if policy == _SPREAD:
-        return -(chosen_sum * 65536 + gpu_after)
-    if policy == _RANDOM:
-        return card_hash(device[_D_SEED], member, node, device[_D_N_CARDS])
-    if policy == _BESTFIT:
-        return bestfit_key(alloc_row, used_row, req, device)
-    return before - frag(comp, mem, exists, device[_D_N_CARDS], any_after, cpu_after, device, free)
+            key = before - frag(comp, mem, exists, n_cards, any_after, cpu_after, device, free)
+    return True, key, n_adds, mask
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -997,7 +949,7 @@ def _refresh_view(alloc: IntArray, used: IntArray, req: IntArray, m: int, masks:
     ``asked[:n_asked]``, the cards) and the score (the card policy's key, the CPU
     fragmentation key, or the resource score over ``scored[:n_scored]``), each plus the
     static score."""
-    comp, mem, exists, free = scratch[0], scratch[1], scratch[2], scratch[3]
+    comp, mem, exists, free, add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge = scratch
     for n in range(alloc.shape[0]):
         if stamp[n] == version[n]:
             continue
@@ -1012,7 +964,9 @@ def _refresh_view(alloc: IntArray, used: IntArray, req: IntArray, m: int, masks:
                 fit = False
                 break
         if fit and cards:
-            fit, key, _, _ = card_place(alloc[n], used[n], req, device, m, n, policy, scratch)
+            fit, key, _, _ = card_place(alloc[n], used[n], req, device, m, n, policy, comp, mem,
+                                        exists, free, add_card, add_comp, add_mem, share_cards,
+                                        sum_lt, cnt_ge)
             if fit and policy:
                 ok[n] = True
                 total[n] = key * _KEY_SHIFT + static_score[s, n]
@@ -1064,10 +1018,12 @@ def _assign_cards(alloc_row: IntArray, used_row: IntArray, req: IntArray, device
                   node: int, policy: bool, scratch: CardScratch) -> None:
     """Take member m's cards on its chosen node and write them into its request row ``req``:
     the usage of each card, the whole cards' mask and each share slot's card + 1."""
-    again, _, n_adds, mask = card_place(alloc_row, used_row, req, device, m, node, policy, scratch)
+    comp, mem, exists, free, add_card, add_comp, add_mem, share_cards, sum_lt, cnt_ge = scratch
+    again, _, n_adds, mask = card_place(alloc_row, used_row, req, device, m, node, policy, comp, mem,
+                                        exists, free, add_card, add_comp, add_mem, share_cards,
+                                        sum_lt, cnt_ge)
     if not again:
         raise ValueError("the chosen node no longer fits the member's cards: a stale node view")
-    add_card, add_comp, add_mem, share_cards = scratch[4], scratch[5], scratch[6], scratch[7]
     k_shares = device[_D_N_SHARES]
     n_cards = device[_D_N_CARDS]
     cc0 = _D_HEAD + 3 * k_shares
