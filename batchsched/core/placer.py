@@ -33,12 +33,11 @@ from batchsched.core.placement.layout import (
     request_matrix,
 )
 from batchsched.core.placement.podtopology import PodSource, TopologyCache
-from batchsched.core.placement.problem import Place, PlacementProblem, positional
+from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import (
     DomainCache,
     Domains,
-    PlaceMembers,
     TopologyLevels,
     place_gang_topology,
     topology_placer,
@@ -281,14 +280,14 @@ class Placer:
                          pods=[pods[int(i)] for i in left])
             out[left] = rest
 
-    def placer(self, unit: Unit) -> PlaceMembers:
+    def placer(self, unit: Unit) -> Place:
         """The placement the victim search checks room with: topology-aware for a gang with
         a policy, so that the room it frees is room the gang can use."""
         level = unit.topology_level
         place = self.topo.kernel(unit.pods)
         if level is None:
-            return positional(place)
-        return positional(topology_placer(
+            return place
+        return topology_placer(
             self.domains(), required_level=level if unit.topology_required else None,
             place=place, columns=self.snap.columns,
-        ))
+        )

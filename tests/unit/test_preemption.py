@@ -85,7 +85,7 @@ class World:
         if unit.queue is not None:
             (self.tree.admit if sign > 0 else self.tree.release)(unit.queue, total)
 
-    def select(self, p: Preemptor, *, place: Any = kernels.place_members) -> Preemption | NoPreemption:
+    def select(self, p: Preemptor, *, place: Any = kernels.place) -> Preemption | NoPreemption:
         return select_victims(p, self.running, alloc=self.alloc, used=self.used, tree=self.tree,
                               scoring=SCORING, now=NOW, place=place)
 
@@ -113,7 +113,7 @@ def one_queue(within: str = "LowerPriority") -> QueueTree:
 # -- within a queue -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("place", [kernels.place_members, reference.place_members], ids=["numba", "twin"])
+@pytest.mark.parametrize("place", [kernels.place, reference.place], ids=["numba", "twin"])
 def test_lower_priority_is_preempted_and_the_nodes_are_named(place: Any) -> None:
     w = World([8, 8], one_queue())
     w.run("low", "q", [0], gpus=8, priority=0)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from batchsched.core.model import GPU, Node, NodeName
 from batchsched.core.placement import kernels, reference
-from batchsched.core.placement.problem import PlacementProblem, positional
+from batchsched.core.placement.problem import PlacementProblem
 from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays, ScoringConfig
 from batchsched.core.placement.topology import (
     BLOCK_LABEL,
@@ -323,14 +323,9 @@ def test_the_placer_has_the_kernel_signature() -> None:
         np.zeros((1, 16), np.int64), world.arrays, 2,
     )
     assert placer(problem.copy(), out) == 2 and sorted(out.tolist()) == [2, 3]
-    # in the kernel's positional form too, as the victim search calls it
-    a = world.arrays
+    # on the problem's own arrays too, as the victim search calls it
     out = np.full(2, -1, dtype=np.int64)
-    placed = positional(placer)(
-        world.alloc, world.used, reqs, np.zeros(2, dtype=np.int64), np.ones((1, 16), np.bool_),
-        np.zeros((1, 16), np.int64), a.weights, a.scalar, a.shape_u, a.shape_s, a.strategy, 2, out,
-        a.device,
-    )
+    placed = placer(problem, out)
     assert placed == 2 and sorted(out.tolist()) == [2, 3]
 
 

@@ -5,8 +5,8 @@ A :class:`PlacementProblem` holds the nodes (``alloc``, ``used``), the members (
 the scoring strategy with the GPU card descriptor (``scoring``) and the quorum
 (``min_count``). A :class:`Place` solves one: it writes each member's node into ``out`` and
 returns how many were placed. The kernel (:func:`batchsched.core.placement.kernels.place`),
-its twin (:func:`batchsched.core.placement.reference.place`), the topology-aware placement
-and the cycle all pass this value around; only :func:`~batchsched.core.placement.kernels.place`
+its twin (:func:`batchsched.core.placement.reference.place`), the topology-aware placement,
+the cycle and the victim search all pass this value around; only :func:`~batchsched.core.placement.kernels.place`
 spells it out into the numba kernels' positional arguments.
 
 A solver writes into the problem's arrays: placed members are added to ``used``, and the
@@ -24,7 +24,7 @@ from typing import NamedTuple, Protocol
 
 from batchsched.core.placement.scoring import BoolArray, IntArray, ScoringArrays
 
-__all__ = ["Place", "PlaceMembers", "PlacementProblem", "positional"]
+__all__ = ["Place", "PlacementProblem"]
 
 
 class PlacementProblem(NamedTuple):
@@ -60,32 +60,3 @@ class Place(Protocol):
     """
 
     def __call__(self, problem: PlacementProblem, out: IntArray, /) -> int: ...
-
-
-class PlaceMembers(Protocol):
-    """The numba kernel's positional signature (:func:`batchsched.core.placement.kernels.place_members`),
-    for the victim search that still calls a placement that way (see :func:`positional`)."""
-
-    def __call__(
-        self, alloc: IntArray, used: IntArray, reqs: IntArray, sig: IntArray, masks: BoolArray,
-        static_score: IntArray, weights: IntArray, scalar: BoolArray, shape_u: IntArray,
-        shape_s: IntArray, strategy: int, min_count: int, out: IntArray, device: IntArray, /,
-    ) -> int: ...
-
-
-def positional(place: Place) -> PlaceMembers:
-    """``place`` taking the kernel's positional arguments.
-
-    For :func:`batchsched.core.preemption.select_victims`, which calls its placement with
-    them: once it takes a :class:`PlacementProblem`, this bridge can go.
-    """
-
-    def call(
-        alloc: IntArray, used: IntArray, reqs: IntArray, sig: IntArray, masks: BoolArray,
-        static_score: IntArray, weights: IntArray, scalar: BoolArray, shape_u: IntArray,
-        shape_s: IntArray, strategy: int, min_count: int, out: IntArray, device: IntArray, /,
-    ) -> int:
-        scoring = ScoringArrays(strategy, weights, scalar, shape_u, shape_s, device)
-        return place(PlacementProblem(alloc, used, reqs, sig, masks, static_score, scoring, min_count), out)
-
-    return call

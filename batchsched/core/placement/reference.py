@@ -12,12 +12,12 @@ See :mod:`batchsched.core.placement.kernels` for the argument layout and units.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from batchsched.core.placement import cards as D
-from batchsched.core.placement.problem import PlaceMembers, PlacementProblem, positional
+from batchsched.core.placement.problem import PlacementProblem
 from batchsched.core.placement.scoring import (
     LEAST_ALLOCATED,
     MAX_NODE_SCORE,
@@ -230,6 +230,12 @@ def _free_list(comp: Sequence[int], mem: Sequence[int], exists: Sequence[bool], 
     return free, whole_free
 
 
+def member_policy(req: Sequence[int], device: Sequence[int]) -> int:
+    """The card policy of a member: the one it asks for, else the scheduler's."""
+    pcol = device[D.ASK_POLICY]
+    return req[pcol] if pcol >= 0 and req[pcol] > 0 else device[D.POLICY]
+
+
 def card_place(
     alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int],
     member: int, node: int, uses_policy: bool,
@@ -242,44 +248,71 @@ def card_place(
 
     Rules: a card is wholly free with no compute and no memory used. ``ask-any`` cards are
     counted from the wholly free ones (the device plugin picks which); recorded whole cards
-    are the lowest wholly free ones. A share (compute s, memory m) fits a card with compute
-    used below 1000 and ``used + s <= 1000``, and ``used memory + m`` within the card's
-    memory when m > 0; taking a wholly free card for a share needs a spare one. Shares go in
-    slot order, each on the card the member's policy prefers: fragmentation the least
-    increase of :func:`frag`, binpack the fullest card, spread the emptiest, random a draw;
-    ties to the lowest card.
+    are the lowest wholly free ones (:func:`take_whole_cards`). A share (compute s, memory m)
+    fits a card with compute used below 1000 and ``used + s <= 1000``, and ``used memory + m``
+    within the card's memory when m > 0; taking a wholly free card for a share needs a spare
+    one. Shares go in slot order (:func:`place_shares`), each on the card the member's policy
+    prefers (:func:`best_card`): fragmentation the least increase of :func:`frag`, binpack the
+    fullest card, spread the emptiest, random a draw; ties to the lowest card. The node's
+    key is :func:`policy_key`.
     """
-    shares, mems, _, _, cm = _card_cols(device)
     n_cards = device[D.N_CARDS]
-    policy = req[device[D.ASK_POLICY]] if device[D.ASK_POLICY] >= 0 and req[device[D.ASK_POLICY]] > 0 else device[D.POLICY]
+    policy = member_policy(req, device)
     comp, mem, exists, held_any = _cards(alloc_row, used_row, device)
-    memcap = [alloc_row[cm[i]] for i in range(n_cards)]
     n_free = sum(1 for i in range(n_cards) if exists[i] and comp[i] == 0 and mem[i] == 0)
     spare = n_free - held_any
     want_any = req[device[D.ASK_ANY]] if device[D.ASK_ANY] >= 0 else 0
     want_whole = req[device[D.ASK_WHOLE]] if device[D.ASK_WHOLE] >= 0 else 0
     if spare < want_any + want_whole:
         return False, 0, [], 0, []
-    mix = _mix(device)
     cpu = device[D.CPU]
     cpu_free = alloc_row[cpu] - used_row[cpu] if cpu >= 0 else 2**62
     cpu_after = cpu_free - (req[cpu] if cpu >= 0 else 0)
+    before = 0
     if policy == D.FRAGMENTATION and uses_policy:
         free0, wf0 = _free_list(comp, mem, exists, held_any)
-        before = frag(free0, wf0, cpu_free, mix)
+        before = frag(free0, wf0, cpu_free, _mix(device))
+    adds, mask = take_whole_cards(comp, mem, exists, want_whole)
+    any_after = held_any + want_any
+    shares = place_shares(alloc_row, req, device, member, node, policy, spare - want_whole - want_any,
+                          any_after, cpu_after, comp, mem, exists)
+    if shares is None:
+        return False, 0, [], 0, []
+    share_adds, share_cards, chosen_sum = shares
+    key = 0
+    if uses_policy:
+        key = policy_key(alloc_row, used_row, req, device, member, node, policy, chosen_sum, before,
+                         any_after, cpu_after, comp, mem, exists)
+    return True, key, adds + share_adds, mask, share_cards
+
+
+def take_whole_cards(comp: list[int], mem: Sequence[int], exists: Sequence[bool], want_whole: int
+                     ) -> tuple[list[tuple[int, int, int]], int]:
+    """Take the lowest ``want_whole`` wholly free cards (full compute each): the adds and the
+    cards as a bit mask."""
     adds: list[tuple[int, int, int]] = []
     mask = 0
-    taken = 0
-    for i in range(n_cards):
-        if taken == want_whole:
+    for i in range(len(comp)):
+        if len(adds) == want_whole:
             break
         if exists[i] and comp[i] == 0 and mem[i] == 0:
             comp[i] = FULL
             mask |= 1 << i
             adds.append((i, FULL, 0))
-            taken += 1
-    spare -= want_whole + want_any
-    any_after = held_any + want_any
+    return adds, mask
+
+
+def place_shares(
+    alloc_row: Sequence[int], req: Sequence[int], device: Sequence[int], member: int, node: int,
+    policy: int, spare: int, any_after: int, cpu_after: int, comp: list[int], mem: list[int],
+    exists: Sequence[bool],
+) -> tuple[list[tuple[int, int, int]], list[int], int] | None:
+    """Each share slot in order on the card :func:`best_card` ranks first, taken at once so
+    the next slot sees it: the adds, per slot its card + 1, and the compute used on the
+    chosen cards summed after each share (binpack's and spread's key); None when a slot
+    finds no card."""
+    shares, mems, _, _, _ = _card_cols(device)
+    adds: list[tuple[int, int, int]] = []
     share_cards = [0] * len(shares)
     chosen_sum = 0
     for k in range(len(shares)):
@@ -287,33 +320,10 @@ def card_place(
         m = req[mems[k]] if mems[k] >= 0 else 0
         if s == 0 and m == 0:
             continue
-        best = -1
-        best_val = 0
-        for i in range(n_cards):
-            if not exists[i] or comp[i] >= FULL or comp[i] + s > FULL:
-                continue
-            if m > 0 and mem[i] + m > memcap[i]:
-                continue
-            empty = comp[i] == 0 and mem[i] == 0
-            if empty and spare < 1:
-                continue
-            if policy == D.BINPACK or policy == D.BESTFIT:
-                val = comp[i]
-            elif policy == D.SPREAD:
-                val = -comp[i]
-            elif policy == D.RANDOM:
-                val = card_hash(device[D.SEED], member, node, i)
-            else:
-                comp[i] += s
-                mem[i] += m
-                free1, wf1 = _free_list(comp, mem, exists, any_after)
-                val = -frag(free1, wf1, cpu_after, mix)
-                comp[i] -= s
-                mem[i] -= m
-            if best < 0 or val > best_val:
-                best, best_val = i, val
+        best = best_card(alloc_row, device, member, node, policy, s, m, spare, any_after, cpu_after,
+                         comp, mem, exists)
         if best < 0:
-            return False, 0, [], 0, []
+            return None
         if comp[best] == 0 and mem[best] == 0:
             spare -= 1
         comp[best] += s
@@ -321,21 +331,68 @@ def card_place(
         adds.append((best, s, m))
         share_cards[k] = best + 1
         chosen_sum += comp[best]
-    key = 0
-    if uses_policy:
-        gpu_after = used_row[device[D.GPU]] + req[device[D.GPU]] if device[D.GPU] >= 0 else 0
-        if policy == D.BINPACK:
-            key = chosen_sum * 65536 + gpu_after
+    return adds, share_cards, chosen_sum
+
+
+def best_card(
+    alloc_row: Sequence[int], device: Sequence[int], member: int, node: int, policy: int, s: int,
+    m: int, spare: int, any_after: int, cpu_after: int, comp: list[int], mem: list[int],
+    exists: Sequence[bool],
+) -> int:
+    """The card a share of compute ``s`` and memory ``m`` goes on under ``policy``, or -1:
+    of the cards it fits (see :func:`card_place`), the one with the highest value, the
+    lowest card on a tie. Fragmentation values a card by minus the node's :func:`frag` with
+    the share on it."""
+    _, _, _, _, cm = _card_cols(device)
+    mix = _mix(device)
+    best = -1
+    best_val = 0
+    for i in range(device[D.N_CARDS]):
+        if not exists[i] or comp[i] >= FULL or comp[i] + s > FULL:
+            continue
+        if m > 0 and mem[i] + m > alloc_row[cm[i]]:
+            continue
+        empty = comp[i] == 0 and mem[i] == 0
+        if empty and spare < 1:
+            continue
+        if policy == D.BINPACK or policy == D.BESTFIT:
+            val = comp[i]
         elif policy == D.SPREAD:
-            key = -(chosen_sum * 65536 + gpu_after)
+            val = -comp[i]
         elif policy == D.RANDOM:
-            key = card_hash(device[D.SEED], member, node, n_cards)
-        elif policy == D.BESTFIT:
-            key = bestfit_key(alloc_row, used_row, req, device)
+            val = card_hash(device[D.SEED], member, node, i)
         else:
+            comp[i] += s
+            mem[i] += m
             free1, wf1 = _free_list(comp, mem, exists, any_after)
-            key = before - frag(free1, wf1, cpu_after, mix)
-    return True, key, adds, mask, share_cards
+            val = -frag(free1, wf1, cpu_after, mix)
+            comp[i] -= s
+            mem[i] -= m
+        if best < 0 or val > best_val:
+            best, best_val = i, val
+    return best
+
+
+def policy_key(
+    alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int],
+    member: int, node: int, policy: int, chosen_sum: int, before: int, any_after: int,
+    cpu_after: int, comp: Sequence[int], mem: Sequence[int], exists: Sequence[bool],
+) -> int:
+    """The node's key under the member's policy once its cards are taken (higher is better):
+    binpack the compute on its chosen cards then the GPUs used, spread the opposite, random
+    a draw, bestfit :func:`bestfit_key`, fragmentation minus the increase of :func:`frag`
+    from ``before``."""
+    gpu_after = used_row[device[D.GPU]] + req[device[D.GPU]] if device[D.GPU] >= 0 else 0
+    if policy == D.BINPACK:
+        return chosen_sum * 65536 + gpu_after
+    if policy == D.SPREAD:
+        return -(chosen_sum * 65536 + gpu_after)
+    if policy == D.RANDOM:
+        return card_hash(device[D.SEED], member, node, device[D.N_CARDS])
+    if policy == D.BESTFIT:
+        return bestfit_key(alloc_row, used_row, req, device)
+    free1, wf1 = _free_list(comp, mem, exists, any_after)
+    return before - frag(free1, wf1, cpu_after, _mix(device))
 
 
 def bestfit_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
@@ -422,53 +479,51 @@ def _check_place_shapes(problem: PlacementProblem, out: IntArray) -> None:
             raise ValueError("sig holds a signature index outside masks")
 
 
+class _Lists(NamedTuple):
+    """A problem's arrays as Python lists of exact integers, read member after member."""
+
+    alloc: list[list[int]]
+    used: list[list[int]]
+    masks: list[list[bool]]
+    static: list[list[int]]
+    weights: list[int]
+    scalar: list[bool]
+    shape_u: list[int]
+    shape_s: list[int]
+    strategy: int
+
+    @classmethod
+    def of(cls, problem: PlacementProblem) -> _Lists:
+        a = problem.scoring
+        return cls(problem.alloc.tolist(), problem.used.tolist(), problem.masks.tolist(),
+                   problem.static.tolist(), _ints(a.weights), [bool(v) for v in a.scalar],
+                   _ints(a.shape_u), _ints(a.shape_s), a.strategy)
+
+
 def place(problem: PlacementProblem, out: IntArray, /) -> int:
     """Place members in order, each on its best fitting node, all-or-nothing for the first
     ``min_count``. Writes ``used`` and ``out`` (and each placed member's card assignment
-    into its row of ``reqs``); see the kernel for the contract."""
-    a = problem.scoring
-    _check_strategy(a.strategy)
+    into its row of ``reqs``); see the kernel for the contract.
+
+    Per member: the best node (:func:`_best_node`, over :func:`_node_total`: the filter and
+    the score), then its cards taken (:func:`card_place`, :func:`_apply_cards`) and its
+    request added to the node; or, when a gang member finds none, every placement undone."""
+    _check_strategy(problem.scoring.strategy)
     _check_place_shapes(problem, out)
     used, reqs, sig, min_count = problem.used, problem.reqs, problem.sig, problem.min_count
     n_members = reqs.shape[0]
     out[:n_members] = -1
     if min_count > n_members:
         return 0
-    dev = _ints(a.device)
+    dev = _ints(problem.scoring.device)
     _clear_outputs(reqs, dev)
-    alloc_l: list[list[int]] = problem.alloc.tolist()
-    used_l: list[list[int]] = used.tolist()
-    reqs_l: list[list[int]] = reqs.tolist()
-    masks_l: list[list[bool]] = problem.masks.tolist()
-    static_l: list[list[int]] = problem.static.tolist()
-    weights_l, su, ss = _ints(a.weights), _ints(a.shape_u), _ints(a.shape_s)
-    scalar_l = [bool(v) for v in a.scalar]
-    strategy = a.strategy
+    lists = _Lists.of(problem)
     placed: list[tuple[int, int]] = []
-    for m, req in enumerate(reqs_l):
-        s = int(sig[m])
-        best = -1
-        best_total = 0
+    for m, req in enumerate(reqs.tolist()):
         cards = asks_cards(req, dev)
         policy = cards and _uses_policy(req, dev)
         by_cpu = not cards and cpu_fragments(req, dev)
-        for n, alloc_row in enumerate(alloc_l):
-            if not masks_l[s][n] or not _fits(alloc_row, used_l[n], req):
-                continue
-            if cards:
-                ok, key, _, _, _ = card_place(alloc_row, used_l[n], req, dev, m, n, policy)
-                if not ok:
-                    continue
-            if by_cpu:
-                total = static_l[s][n] + cpu_frag_key(alloc_row, used_l[n], req, dev) * D.KEY_SHIFT
-            elif policy:
-                total = static_l[s][n] + key * D.KEY_SHIFT
-            else:
-                total = static_l[s][n] + _score(
-                    alloc_row, used_l[n], req, weights_l, scalar_l, su, ss, strategy
-                )
-            if best < 0 or total > best_total:
-                best, best_total = n, total
+        best = _best_node(lists, req, int(sig[m]), m, dev, cards=cards, policy=policy, by_cpu=by_cpu)
         if best < 0:
             if m < min_count:
                 for k, n in reversed(placed):
@@ -478,17 +533,48 @@ def place(problem: PlacementProblem, out: IntArray, /) -> int:
                 return 0
             continue
         if cards:
-            _, _, adds, mask, share_cards = card_place(alloc_l[best], used_l[best], req, dev, m, best, policy)
+            _, _, adds, mask, share_cards = card_place(lists.alloc[best], lists.used[best], req, dev, m, best, policy)
             _apply_cards(req, reqs[m], dev, adds, mask, share_cards)
-        used_l[best] = [u + q for u, q in zip(used_l[best], req, strict=True)]
+        lists.used[best] = [u + q for u, q in zip(lists.used[best], req, strict=True)]
         used[best] += reqs[m]
         out[m] = best
         placed.append((m, best))
     return len(placed)
 
 
-place_members: PlaceMembers = positional(place)
-"""The twin in the kernel's positional form, for the victim search (see :func:`positional`)."""
+def _best_node(lists: _Lists, req: list[int], s: int, m: int, dev: Sequence[int], *, cards: bool,
+               policy: bool, by_cpu: bool) -> int:
+    """The node with the highest :func:`_node_total` for member m, the lowest on a tie; -1
+    when it may go nowhere."""
+    best = -1
+    best_total = 0
+    for n in range(len(lists.alloc)):
+        total = _node_total(lists, req, s, m, n, dev, cards=cards, policy=policy, by_cpu=by_cpu)
+        if total is not None and (best < 0 or total > best_total):
+            best, best_total = n, total
+    return best
+
+
+def _node_total(lists: _Lists, req: list[int], s: int, m: int, n: int, dev: Sequence[int], *,
+                cards: bool, policy: bool, by_cpu: bool) -> int | None:
+    """Member m's total on node n, or None where it may not go (its signature's mask, the fit,
+    the cards): the static score plus the CPU fragmentation key (``by_cpu``), the card
+    policy's key (``policy``), or the resource score."""
+    alloc_row, used_row = lists.alloc[n], lists.used[n]
+    if not lists.masks[s][n] or not _fits(alloc_row, used_row, req):
+        return None
+    key = 0
+    if cards:
+        ok, key, _, _, _ = card_place(alloc_row, used_row, req, dev, m, n, policy)
+        if not ok:
+            return None
+    static = lists.static[s][n]
+    if by_cpu:
+        return static + cpu_frag_key(alloc_row, used_row, req, dev) * D.KEY_SHIFT
+    if policy:
+        return static + key * D.KEY_SHIFT
+    return static + _score(alloc_row, used_row, req, lists.weights, lists.scalar, lists.shape_u,
+                           lists.shape_s, lists.strategy)
 
 
 def insufficient_counts(

@@ -43,7 +43,7 @@ import numpy as np
 
 from batchsched.core.devices import internal, shown
 from batchsched.core.model import PODS, Node
-from batchsched.core.placement.problem import Place, PlaceMembers, PlacementProblem
+from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import BoolArray, IntArray
 from batchsched.core.quantity import format_units
 
@@ -55,7 +55,6 @@ __all__ = [
     "TOPOLOGY_PREFERRED_ANNOTATION",
     "DomainCache",
     "Domains",
-    "PlaceMembers",  # of batchsched.core.placement.problem, for the victim search's walk
     "TopologyLevels",
     "place_gang_topology",
     "topology_placer",
@@ -296,16 +295,9 @@ def place_gang_topology(
     ``place`` over ``masks`` as given (a caller placing the extras of a gang whose quorum is
     already bound restricts ``masks`` to that quorum's domain itself).
     """
-    levels = domains.levels
-    alloc, used, reqs, sig, masks = problem.alloc, problem.used, problem.reqs, problem.sig, problem.masks
+    _check_arguments(problem, out, domains, required_level)
     min_count = problem.min_count
-    n_members = reqs.shape[0]
-    if required_level is not None and not 0 <= required_level < len(levels):
-        raise ValueError(f"required topology level {required_level} is not 0..{len(levels) - 1}")
-    if domains.n_nodes != alloc.shape[0]:
-        raise ValueError("domains were built for another node list")
-    if out.shape[0] < n_members:
-        raise ValueError("out must have one entry per member")
+    n_members = problem.reqs.shape[0]
     out[:n_members] = -1
     if min_count > n_members:
         return 0, f"the gang needs {min_count} members and has {n_members}"
@@ -314,51 +306,102 @@ def place_gang_topology(
         placed = place(problem, out)
         return placed, CLUSTER if placed else "none of the members fits on any node"
 
-    quorum: IntArray = reqs[:min_count].sum(axis=0)
-    for c, name in enumerate(columns):
-        if internal(name):
-            quorum[c] = 0  # card columns: the kernel checks cards one by one
-    allowed: BoolArray = np.asarray(masks[np.unique(sig[:min_count])].any(axis=0))
-    free: IntArray = np.maximum(alloc - used, 0)
-    free[~allowed] = 0
-    capacity: IntArray = np.maximum(alloc, 0)[allowed].sum(axis=0)
-    dom = _dominant(quorum, capacity, columns)
-
+    quorum = _Quorum.of(problem, columns)
     # The kernel gives ``scratch`` back unchanged whenever the quorum does not fit, so one
     # copy serves every attempt; it reaches ``used`` only once a placement is kept.
-    scratch = used.copy()
+    scratch = problem.used.copy()
     on_scratch = problem._replace(used=scratch)
-    last = len(levels) - 1 if required_level is None else required_level
+    placed, where, level_free, fitting = _search_domains(
+        on_scratch, out, domains, quorum, required_level=required_level, place=place,
+    )
+    if placed:
+        problem.used[...] = scratch
+        return placed, where
+
+    if required_level is None:
+        placed = place(on_scratch, out)
+        if placed:
+            problem.used[...] = scratch
+            return placed, CLUSTER
+        return 0, f"the gang's {min_count} members do not fit on the nodes together"
+    k = required_level
+    return 0, _no_domain_message(
+        domains, k, level_free[k], fitting[k], quorum.demand, quorum.dominant, min_count,
+        quorum.allowed, columns,
+    )
+
+
+def _check_arguments(problem: PlacementProblem, out: IntArray, domains: Domains,
+                     required_level: int | None) -> None:
+    levels = domains.levels
+    if required_level is not None and not 0 <= required_level < len(levels):
+        raise ValueError(f"required topology level {required_level} is not 0..{len(levels) - 1}")
+    if domains.n_nodes != problem.alloc.shape[0]:
+        raise ValueError("domains were built for another node list")
+    if out.shape[0] < problem.reqs.shape[0]:
+        raise ValueError("out must have one entry per member")
+
+
+@dataclass(slots=True, frozen=True)
+class _Quorum:
+    """What a gang's quorum asks for in total and the room it may use, to rank domains."""
+
+    demand: IntArray
+    """The quorum's requests summed (card columns 0: the kernel checks cards one by one)."""
+    allowed: BoolArray
+    """The nodes some quorum member may use."""
+    free: IntArray
+    """Each node's free room (0 on nodes not allowed)."""
+    dominant: int
+    """The column domains are ordered by (:func:`_dominant`)."""
+
+    @classmethod
+    def of(cls, problem: PlacementProblem, columns: Sequence[str]) -> _Quorum:
+        alloc, min_count = problem.alloc, problem.min_count
+        demand: IntArray = problem.reqs[:min_count].sum(axis=0)
+        for c, name in enumerate(columns):
+            if internal(name):
+                demand[c] = 0
+        allowed: BoolArray = np.asarray(problem.masks[np.unique(problem.sig[:min_count])].any(axis=0))
+        free: IntArray = np.maximum(alloc - problem.used, 0)
+        free[~allowed] = 0
+        capacity: IntArray = np.maximum(alloc, 0)[allowed].sum(axis=0)
+        return cls(demand, allowed, free, _dominant(demand, capacity, columns))
+
+
+def _search_domains(
+    problem: PlacementProblem, out: IntArray, domains: Domains, quorum: _Quorum, *,
+    required_level: int | None, place: Place,
+) -> tuple[int, str, list[IntArray], list[int]]:
+    """Try the domains level by level, narrowest first, each level's by free dominant
+    resource (ties by name), those with room for the quorum in total only.
+
+    Returns the members placed in the first domain that takes the quorum and its label
+    (``0, ""`` when none does), with each level's free totals and number of domains with
+    room, for the message. A preferred topology (``required_level`` None) spills the extras
+    that do not fit there onto the other nodes (:func:`_spill`).
+    """
+    n_members = problem.reqs.shape[0]
+    last = len(domains.levels) - 1 if required_level is None else required_level
     level_free: list[IntArray] = []
     fitting: list[int] = []  # per level, domains with enough free capacity in total
     for j in range(last + 1):
-        totals = domains.totals(j, free)
+        totals = domains.totals(j, quorum.free)
         level_free.append(totals)
-        ok = (totals >= quorum).all(axis=1)
+        ok = (totals >= quorum.demand).all(axis=1)
         if required_level is not None and j < required_level:
             ok &= domains.within(j, required_level) >= 0
         candidates = np.flatnonzero(ok)
         fitting.append(int(candidates.shape[0]))
         # stable sort of ids (= name order) by free dominant resource: ties go by name
-        for d in candidates[np.argsort(totals[candidates, dom], kind="stable")]:
-            placed = place(on_scratch._replace(masks=masks & domains.nodes_of(j, int(d))), out)
+        for d in candidates[np.argsort(totals[candidates, quorum.dominant], kind="stable")]:
+            placed = place(problem._replace(masks=problem.masks & domains.nodes_of(j, int(d))), out)
             if placed == 0:
                 continue
             if required_level is None and placed < n_members:
-                placed += _spill(place, on_scratch, out)
-            used[...] = scratch
-            return placed, domains.label(j, int(d))
-
-    if required_level is None:
-        placed = place(on_scratch, out)
-        if placed:
-            used[...] = scratch
-            return placed, CLUSTER
-        return 0, f"the gang's {min_count} members do not fit on the nodes together"
-    k = required_level
-    return 0, _no_domain_message(
-        domains, k, level_free[k], fitting[k], quorum, dom, min_count, allowed, columns
-    )
+                placed += _spill(place, problem, out)
+            return placed, domains.label(j, int(d)), level_free, fitting
+    return 0, "", level_free, fitting
 
 
 def topology_placer(

@@ -28,7 +28,7 @@ Who may be evicted, for a preemptor P of queue p (request of its quorum: ``x``):
 
 Gangs are evicted whole, or only their elastic extras (the members beyond the quorum) when
 that suffices: sets of extras alone are tried first. Among valid sets (valid = the quota
-check passes with the victims released, and ``place_members`` places the quorum on a
+check passes with the victims released, and the placement (``place``) places the quorum on a
 scratch copy of ``used`` with the victims' pods removed) the search takes the one losing
 the fewest GPU-hours of work already done (GPUs x time since start, summed over the set),
 then the fewest pods, then lower priorities and newer units. How it finds it:
@@ -78,7 +78,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +86,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core.placement import kernels
+from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import ScoringArrays
 from batchsched.core.plan import QueueName, RunningPod, RunningUnit, Victim, VictimKind
 from batchsched.core.preemption.candidates import eviction_kind
@@ -109,7 +110,6 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-Kernel = Callable[..., int]
 
 SECONDS_PER_HOUR = 3600.0
 #: up to this many candidate pieces, every set of them is weighed
@@ -138,7 +138,7 @@ def _set_cost(pieces: Sequence[_Piece]) -> SetCost:
 
 @dataclass(slots=True, frozen=True)
 class Preemptor:
-    """The pending unit, laid out as :func:`batchsched.core.placement.kernels.place_members` takes it.
+    """The pending unit, laid out as a :class:`~batchsched.core.placement.problem.PlacementProblem` holds it.
 
     Only its quorum (the first ``min_count`` members) is a reason to evict anyone.
     """
@@ -199,7 +199,7 @@ class _Search:
         tree: QueueTree | None,
         scoring: ScoringArrays,
         now: float,
-        place: Kernel,
+        place: Place,
     ) -> None:
         self.p = p
         self.alloc = alloc
@@ -350,11 +350,10 @@ class _Search:
             for pod in pc.pods:
                 scratch[pod.node] -= pod.req
         out = np.full(self.mc, -1, dtype=np.int64)
-        s = self.scoring
-        placed = self.place(
-            self.alloc, scratch, self.core, self.core_sig, p.masks, p.static_score,
-            s.weights, s.scalar, s.shape_u, s.shape_s, s.strategy, self.mc, out, s.device,
+        problem = PlacementProblem(
+            self.alloc, scratch, self.core, self.core_sig, p.masks, p.static_score, self.scoring, self.mc,
         )
+        placed = self.place(problem, out)
         if placed < self.mc:
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         return "", "", out
@@ -712,15 +711,15 @@ def select_victims(
     tree: QueueTree | None,
     scoring: ScoringArrays,
     now: float,
-    place: Kernel = kernels.place_members,
+    place: Place = kernels.place,
 ) -> Preemption | NoPreemption:
     """The victims that make room for ``preemptor``'s quorum, or why there are none.
 
     ``alloc``/``used``: the snapshot's arrays with every running unit's pods charged;
     ``tree``: the queues with every running unit charged (None: no queues at all);
     ``running``: the candidates (the caller may pass all running units: the rules above
-    filter them). ``place`` is the placement kernel or its twin. Nothing is modified.
-    A unit that fits already gets a :class:`Preemption` with no victims.
+    filter them). ``place`` is the placement: the kernel, its twin, or one built on them
+    (:meth:`batchsched.core.placer.Placer.placer`). Nothing is modified. A unit that fits already gets a :class:`Preemption` with no victims.
     """
     search = _Search(
         preemptor, running, alloc=alloc, used=used, tree=tree, scoring=scoring, now=now, place=place
