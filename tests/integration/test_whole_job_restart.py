@@ -42,10 +42,14 @@ async def test_a_lost_member_restarts_the_whole_job(
                      spec={"nodeSelector": {"pool": pool}}) for name in members
         ])
 
-        async def bound() -> bool:
-            return sum(1 for p in await list_pods(kube, namespace) if p["spec"].get("nodeName")) == 3
+        async def running() -> bool:
+            # started on their nodes (the node agent gave each an IP): a member fails only
+            # after it ran; marked Failed before, the fake kubelet would start it afterwards
+            # and turn it Running again
+            pods = await list_pods(kube, namespace)
+            return sum(1 for p in pods if p["status"].get("phase") == "Running" and p["status"].get("podIP")) == 3
 
-        await wait_for(bound, timeout=60)
+        await wait_for(running, timeout=60)
         failed = await kube.get(f"/api/v1/namespaces/{namespace}/pods/train-0")
         failed["status"]["phase"] = "Failed"
         await kube.replace(f"/api/v1/namespaces/{namespace}/pods/train-0/status", failed)
