@@ -267,6 +267,17 @@ def invalid_group(group: str, why: str) -> str:
     return f"{group} is invalid, its pods are not scheduled: {why}"
 
 
+def mixed_schedulers(foreign: int) -> str:
+    """A ``scheduling.k8s.io`` PodGroup whose members name different schedulers."""
+    return (f"{foreign} of its member(s) name another scheduler (spec.schedulerName); all members of a "
+            "pod group must name the same scheduler, or none could keep the gang whole")
+
+
+def group_placed_again() -> str:
+    """A ``scheduling.k8s.io`` group's ``DisruptionTarget`` turned False: it runs again."""
+    return "its quorum is placed again after the disruption"
+
+
 # -- GPU cards ------------------------------------------------------------------------------
 
 CARDS_WHOLE_SHORT = "too few whole cards free"

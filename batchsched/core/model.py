@@ -148,6 +148,8 @@ class Pod:
     tolerations: tuple[Toleration, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: ``spec.schedulingGroup.podGroupName``: the ``scheduling.k8s.io`` PodGroup it joins
+    scheduling_group: str = ""
     resource_version: str = ""
     #: the order the watch delivered it in, among pods created in the same second: the
     #: resourceVersion it was first seen with, as an integer (:func:`arrival_of`); the
@@ -430,10 +432,9 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
     status = obj.get("status") or {}
     name = spec.get("schedulerName") or "default-scheduler"
     if schedulers is not None and name not in schedulers and not spec.get("nodeName"):
-        return _foreign_pod(meta, status, str(name))
+        return _foreign_pod(meta, status, str(name), _scheduling_group(spec))
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     requests, invalid, asks = _pod_requests(spec, annotations)
-    invalid = invalid or _built_in_group(spec)
     affinity = spec.get("affinity") or {}
     required_terms, preferred = _node_affinity(affinity.get("nodeAffinity") or {})
     tolerations = tuple(
@@ -464,6 +465,7 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         tolerations=tolerations,
         labels=_strings(meta.get("labels")),
         annotations=annotations,
+        scheduling_group=_scheduling_group(spec),
         resource_version=str(meta.get("resourceVersion", "")),
         arrival=arrival_of(str(meta.get("resourceVersion", ""))),
         invalid=invalid,
@@ -485,20 +487,13 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
     )
 
 
-def _built_in_group(spec: Mapping[str, Any]) -> str:
-    """Why a pod that joins one of Kubernetes' built-in pod groups (``spec.schedulingGroup``,
-    ``scheduling.k8s.io`` PodGroup, 1.36+) is refused: batchsched does not read those groups
-    yet, and placed alone such a pod would break the gang it asks for. Empty otherwise."""
+def _scheduling_group(spec: Mapping[str, Any]) -> str:
+    """The ``scheduling.k8s.io`` PodGroup a pod joins (``spec.schedulingGroup``), or ""."""
     group = spec.get("schedulingGroup")
-    if not isinstance(group, Mapping) or not group:
-        return ""
-    name = group.get("podGroupName") or "(unnamed)"
-    return (f"it joins the scheduling.k8s.io PodGroup {name} (spec.schedulingGroup): batchsched "
-            "does not schedule Kubernetes' built-in pod groups yet; use a scheduler-plugins or "
-            "Volcano PodGroup")
+    return str(group.get("podGroupName") or "") if isinstance(group, Mapping) else ""
 
 
-def _foreign_pod(meta: Mapping[str, Any], status: Mapping[str, Any], scheduler: str) -> Pod:
+def _foreign_pod(meta: Mapping[str, Any], status: Mapping[str, Any], scheduler: str, group: str) -> Pod:
     """A pod another scheduler places, not bound yet: only what identifies it and its
     gang (its labels and annotations), its phase and age; it asks for nothing."""
     return Pod(
@@ -507,6 +502,7 @@ def _foreign_pod(meta: Mapping[str, Any], status: Mapping[str, Any], scheduler: 
         phase=str(status.get("phase") or "Pending"), created=parse_time(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")), labels=_strings(meta.get("labels")),
         annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+        scheduling_group=group,
         resource_version=str(meta.get("resourceVersion", "")),
         arrival=arrival_of(str(meta.get("resourceVersion", ""))),
     )

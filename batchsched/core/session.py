@@ -227,6 +227,7 @@ class Session(EventRouting):
             self._assume(plan, now, out)
             self._unplaced(plan, gangs, now, out)
             self.followup.preempted(plan, state, groups, out)
+            self.reports.preempted(plan)
             self._gang_results(plan, gangs, now, out)
             self._cut_gangs(plan, gangs, now, out)
             self.backlog.held(plan, gangs)

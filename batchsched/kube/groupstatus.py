@@ -9,7 +9,9 @@ which never blocks. Writes are coalesced per group:
 - at most one write per group is in flight; a newer status replaces one still waiting,
   so an older status cannot land after a newer one.
 
-Where it is written: the ``status`` subresource (scheduler-plugins' CRD has one). Volcano's
+Where it is written: the ``status`` subresource (scheduler-plugins' CRD has one; Kubernetes'
+own ``scheduling.k8s.io`` PodGroup too, where only its conditions are written, by a
+strategic merge patch that leaves other conditions alone). Volcano's
 PodGroup CRD has none, so a 404 from ``/status`` makes the writer patch the object itself
 and remember that for the API. Every patch carries the group's UID (``metadata.uid``), so
 it cannot reach a group recreated under the same name. A group that is gone (404, 409)
@@ -26,7 +28,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batchsched.core.gangs import VOLCANO, GroupKey, GroupStatus, PodGroup, condition_type
+from batchsched.core import explain
+from batchsched.core.gangs import K8S, VOLCANO, GroupKey, GroupStatus, PodGroup, condition_type
+from batchsched.core.gangs.upstream import COND_DISRUPTION, REASON_PREEMPTED
 from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.coalesce import CoalescingWriter, Transitions, WriteLater
 from batchsched.kube.errors import NotFoundError
@@ -100,6 +104,7 @@ class GroupStatusWriter:
         """The group was deleted: drop what is remembered about it."""
         self._writes.forget(key)
         self._transitions.forget(key)
+        self._transitions.forget(GroupKey(f"{key}#{COND_DISRUPTION}"))
 
     async def run(self) -> None:
         await self._writes.run()
@@ -131,7 +136,23 @@ class GroupStatusWriter:
         }
         if status.schedule_start:
             out["scheduleStartTime"] = status.schedule_start
+        if group.api == K8S:  # conditions only, as kube-scheduler writes them
+            out = {"conditions": [condition, *self._disruption(group, status)]}
         return {"metadata": {"uid": group.uid}, "status": out} if group.uid else {"status": out}
+
+    def _disruption(self, group: PodGroup, status: GroupStatus) -> list[JSON]:
+        """A ``scheduling.k8s.io`` group's ``DisruptionTarget``: True while it is being
+        preempted, False once it is placed again (none if it never was preempted)."""
+        if not status.disruption and not group.observed.disruption:
+            return []
+        key = GroupKey(f"{group.key}#{COND_DISRUPTION}")
+        if status.disruption:
+            since = self._transitions.since(key, (True,))
+            return [{"type": COND_DISRUPTION, "status": "True", "reason": REASON_PREEMPTED,
+                     "message": status.disruption[:MESSAGE_LIMIT], "lastTransitionTime": rfc3339(since)}]
+        since = self._transitions.since(key, (False,))
+        return [{"type": COND_DISRUPTION, "status": "False", "reason": "Scheduled",
+                 "message": explain.group_placed_again(), "lastTransitionTime": rfc3339(since)}]
 
     async def _write(self, key: GroupKey, write: _Write) -> bool:
         group = write.group
@@ -144,6 +165,9 @@ class GroupStatusWriter:
         async def patch() -> None:
             if group.api in self._no_subresource:
                 await fence.send(lambda: self.client.patch(path, body), what=what)
+                return
+            if group.api == K8S:  # a built-in type: its conditions merge by type
+                await fence.send(lambda: self.client.patch(path + "/status", body, kind="strategic"), what=what)
                 return
             try:
                 await fence.send(lambda: self.client.patch(path + "/status", body), what=what)
@@ -167,5 +191,5 @@ def _clipped(status: GroupStatus) -> GroupStatus:
     return GroupStatus(
         phase=status.phase, running=status.running, succeeded=status.succeeded,
         failed=status.failed, schedule_start=status.schedule_start, scheduled=status.scheduled,
-        reason=status.reason, message=status.message[:MESSAGE_LIMIT],
+        reason=status.reason, message=status.message[:MESSAGE_LIMIT], disruption=status.disruption,
     )

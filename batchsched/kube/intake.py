@@ -23,7 +23,7 @@ from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.disruption import parse_pdb
-from batchsched.core.gangs import VOLCANO, XK8S, PodGroup, parse_podgroup
+from batchsched.core.gangs import K8S, VOLCANO, XK8S, PodGroup, parse_podgroup
 from batchsched.core.model import Pod, parse_node, parse_pod, parse_priority_class
 from batchsched.core.plan import ObjectRef
 from batchsched.core.session import Session
@@ -42,6 +42,7 @@ log = logging.getLogger("batchsched")
 PODGROUP_PATHS = {
     XK8S: "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
     VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
+    K8S: "/apis/scheduling.k8s.io/v1beta1/podgroups",  # Kubernetes 1.36+ (beta API, off by default)
 }
 
 

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from batchsched.app import Scheduler
 from batchsched.config import parse_config
 from batchsched.core.quantity import to_units
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import NotFoundError
+from batchsched.kube.errors import ExpiredError, NotFoundError
 from tests.conftest import SCHEDULER_USER
 
 
@@ -279,3 +279,63 @@ async def gang_wait(kube: KubeClient, namespace: str, group: str, members: list[
                       if p["metadata"]["name"].startswith(late) and p["spec"].get("nodeName"))
         print(f"\n{what}: gang wait {wait:.1f} s (bound {timeout:g} s); {started} later small pods started meanwhile")
     return wait, told
+
+
+class PodHistory:
+    """Every version of every pod of a namespace from now on, in the order the apiserver
+    sent them; :meth:`states` replays them as the namespace's pods after each change."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self.kube = kube
+        self.path = f"/api/v1/namespaces/{namespace}/pods"
+        self.initial: list[dict[str, Any]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> PodHistory:
+        self.initial, rv = await self.kube.list(self.path)
+
+        async def run(rv: str) -> None:
+            while True:
+                try:
+                    async for kind, obj in self.kube.watch(self.path, rv, timeout_seconds=300):
+                        rv = obj.get("metadata", {}).get("resourceVersion") or rv
+                        if kind in ("ADDED", "MODIFIED", "DELETED"):
+                            self.events.append((kind, obj))
+                except ExpiredError:
+                    raise AssertionError("the pod history lost events (410 Gone)") from None
+                except Exception:
+                    await asyncio.sleep(0.2)
+
+        self.task = asyncio.get_running_loop().create_task(run(rv))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+
+    def states(self) -> Iterator[list[dict[str, Any]]]:
+        """The pods after each change seen."""
+        current = {p["metadata"]["uid"]: p for p in self.initial}
+        for kind, obj in self.events:
+            if kind == "DELETED":
+                current.pop(obj["metadata"]["uid"], None)
+            else:
+                current[obj["metadata"]["uid"]] = obj
+            yield list(current.values())
+
+    def versions(self, uid: str) -> list[dict[str, Any]]:
+        return [obj for _, obj in self.events if obj["metadata"]["uid"] == uid]
+
+    def disruption(self, uid: str) -> dict[str, Any] | None:
+        """The DisruptionTarget condition the pod ``uid`` was given, if any."""
+        for obj in self.versions(uid):
+            for c in (obj.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "DisruptionTarget":
+                    return dict(c)
+        return None
+
+    def deleted(self, uid: str) -> bool:
+        return any(kind == "DELETED" and obj["metadata"]["uid"] == uid for kind, obj in self.events)

@@ -20,10 +20,11 @@ from collections.abc import Callable
 from batchsched.core import explain
 from batchsched.core.decisions import Decisions, EventNote, group_ref
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup, Room, desired_status
+from batchsched.core.gangs.units import mixed_schedulers
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import format_time
 from batchsched.core.placement.topology import CLUSTER, TopologyLevels
-from batchsched.core.plan import Unit, UnitResult, UnitStatus
+from batchsched.core.plan import Plan, Unit, UnitResult, UnitStatus
 from batchsched.core.queues import QueueBook, QueueInput, QueueTree
 from batchsched.core.reservation import RESERVED
 
@@ -47,6 +48,11 @@ class GroupReports:
         self._message: dict[str, tuple[str, str]] = {}
         self._schedule_start: dict[GroupKey, str] = {}
         self._reported_invalid: dict[GroupKey, str] = {}
+        #: ``scheduling.k8s.io`` groups: those whose quorum was placed once (their
+        #: ``PodGroupInitiallyScheduled`` stays True), and why those being preempted are
+        #: (their ``DisruptionTarget``, until they are placed again)
+        self._initially: set[GroupKey] = set()
+        self._disruption: dict[GroupKey, str] = {}
         #: gang unit key -> (reason, message, time) last told its pods
         self._pods_told: dict[str, tuple[str, str, float]] = {}
         self._last_sweep = -1e18
@@ -63,8 +69,21 @@ class GroupReports:
             self._schedule_start.pop(group.key, None)
             self._message.pop(group.key, None)
             self._pods_told.pop(group.key, None)
+            self._initially.discard(group.key)
+            self._disruption.pop(group.key, None)
         else:
             self.dirty.add(group.key)
+
+    def preempted(self, plan: Plan) -> None:
+        """The cycle's victims: a ``scheduling.k8s.io`` group among them is told it is being
+        preempted (its ``DisruptionTarget``) until it is placed again."""
+        for rec in plan.preemptions:
+            for victim, message in zip(rec.victims, rec.messages, strict=True):
+                key = GroupKey(victim.unit.key)
+                group = self.groups.groups.get(key)
+                if group is not None and group.upstream is not None:
+                    self._disruption[key] = message
+                    self.dirty.add(key)
 
     def last_message(self, key: str) -> tuple[str, str] | None:
         """The ``(reason, message)`` of why the group ``key`` was not placed in the last
@@ -94,6 +113,7 @@ class GroupReports:
         if result.status is UnitStatus.SCHEDULED:
             self._message.pop(key, None)
             self._pods_told.pop(key, None)
+            self._disruption.pop(key, None)
             group = self.groups.groups.get(key)
             if group is not None:
                 message = explain.gang_placed(
@@ -153,13 +173,13 @@ class GroupReports:
             group = self.groups.groups.get(key)
             if group is None:
                 continue
-            if group.invalid and self._reported_invalid.get(key) != group.invalid:
-                self._reported_invalid[key] = group.invalid
-                out.events.append(EventNote(
-                    group_ref(group), "Warning", "InvalidPodGroup",
-                    explain.invalid_group(group.described, group.invalid),
-                ))
             tally = self.groups.tally(group, state)
+            refused = group.invalid or mixed_schedulers(group, tally)
+            if refused and self._reported_invalid.get(key) != refused:
+                self._reported_invalid[key] = refused
+                out.events.append(EventNote(
+                    group_ref(group), "Warning", "InvalidPodGroup", explain.invalid_group(group.described, refused),
+                ))
             if not tally.ours:
                 continue
             admitted = False
@@ -178,8 +198,12 @@ class GroupReports:
                 continue  # no object of its own: its pods are told (a status has nowhere to go)
             status = desired_status(
                 group, tally, waiting=message, reason=reason, admitted=admitted,
-                schedule_start=self._schedule_start.get(key, ""),
+                schedule_start=self._schedule_start.get(key, ""), refused=refused,
+                scheduled_before=key in self._initially or group.observed.scheduled,
+                disruption=self._disruption.get(key, ""),
             )
+            if group.upstream is not None and status.scheduled:
+                self._initially.add(key)
             out.group_statuses.append((group, status))
 
 

@@ -1,4 +1,4 @@
-"""Gangs: PodGroups of scheduler-plugins, Volcano and kube-batch, Kueue's pod groups, their members, quorum,
+"""Gangs: PodGroups of Kubernetes (scheduling.k8s.io), scheduler-plugins, Volcano and kube-batch, Kueue's pod groups, their members, quorum,
 timeouts and status."""
 
 from batchsched.core.gangs.book import GangCheck, GroupBook, GroupNotice, Room, free_capacity
@@ -6,6 +6,7 @@ from batchsched.core.gangs.podgroup import (
     ANNOTATION_GROUP,
     ANNOTATION_KUEUE_TOTAL,
     ANNOTATION_TASK,
+    K8S,
     KUEUE,
     LABEL_KUEUE_GROUP,
     LABEL_VOLCANO,
@@ -26,6 +27,7 @@ __all__ = [
     "ANNOTATION_GROUP",
     "ANNOTATION_KUEUE_TOTAL",
     "ANNOTATION_TASK",
+    "K8S",
     "KUEUE",
     "LABEL_KUEUE_GROUP",
     "LABEL_VOLCANO",

@@ -1,7 +1,9 @@
 """The PodGroup APIs users already run, read into one value, and how a pod names its group.
 
-Three ways a pod says it belongs to a gang, all recognised without changing the job:
+The ways a pod says it belongs to a gang, all recognised without changing the job:
 
+- Kubernetes' own ``scheduling.k8s.io/v1beta1`` PodGroup (1.36+); pods name it in
+  ``spec.schedulingGroup.podGroupName`` (:mod:`batchsched.core.gangs.upstream` reads its spec);
 - scheduler-plugins ``scheduling.x-k8s.io/v1alpha1`` PodGroup; pods labelled
   ``scheduling.x-k8s.io/pod-group: NAME`` (the Kubeflow training operator's non-volcano
   path, Kubeflow Trainer's coscheduling plugin, KubeRay);
@@ -16,7 +18,7 @@ Three ways a pod says it belongs to a gang, all recognised without changing the 
   batchsched says of it goes to the pods and, as Events, to the Workload Kueue made for it
   (named after the group), never to a status of its own.
 
-:func:`parse_podgroup` reads either PodGroup API into a :class:`PodGroup` and never raises
+:func:`parse_podgroup` reads any PodGroup API into a :class:`PodGroup` and never raises
 on an object the apiserver accepted; :func:`group_ref` reads which group a pod names. The
 book (:mod:`batchsched.core.gangs.book`) joins the two.
 """
@@ -27,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
+from batchsched.core.gangs.upstream import K8S, UpstreamPolicy, read_conditions, read_spec
 from batchsched.core.model import Pod, arrival_of, parse_time
 from batchsched.core.quantity import QuantityError, QuantityRangeError, to_units
 
@@ -35,6 +38,7 @@ __all__ = [
     "ANNOTATION_KUEUE_TOTAL",
     "ANNOTATION_TASK",
     "API_VERSIONS",
+    "K8S",
     "KUEUE",
     "LABEL_KUEUE_GROUP",
     "LABEL_VOLCANO",
@@ -56,8 +60,10 @@ XK8S = "scheduling.x-k8s.io"
 VOLCANO = "scheduling.volcano.sh"
 #: Kueue's plain pod groups (no PodGroup object; see :func:`kueue_group`)
 KUEUE = "kueue.x-k8s.io"
-API_VERSIONS = {XK8S: f"{XK8S}/v1alpha1", VOLCANO: f"{VOLCANO}/v1beta1", KUEUE: f"{KUEUE}/v1beta2"}
-_SHORT = {XK8S: "x-k8s", VOLCANO: "volcano", KUEUE: "kueue"}
+API_VERSIONS = {
+    XK8S: f"{XK8S}/v1alpha1", VOLCANO: f"{VOLCANO}/v1beta1", KUEUE: f"{KUEUE}/v1beta2", K8S: f"{K8S}/v1beta1",
+}
+_SHORT = {XK8S: "x-k8s", VOLCANO: "volcano", KUEUE: "kueue", K8S: "k8s"}
 
 LABEL_XK8S = "scheduling.x-k8s.io/pod-group"
 LABEL_VOLCANO = "scheduling.volcano.sh/group-name"
@@ -99,6 +105,8 @@ class GroupStatus:
     scheduled: bool = False
     reason: str = ""
     message: str = ""
+    #: why the group is being preempted (a ``scheduling.k8s.io`` group's ``DisruptionTarget``)
+    disruption: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,6 +136,8 @@ class PodGroup:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: ``metadata.annotations`` (the gang's topology policy is read from them)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: what a ``scheduling.k8s.io`` PodGroup asks beyond its quorum (None for other APIs)
+    upstream: UpstreamPolicy | None = None
 
     @property
     def key(self) -> GroupKey:
@@ -142,7 +152,10 @@ class PodGroup:
         return self.annotations.get(SUSPEND_ANNOTATION, "").strip().lower() == "true"
 
     def restarts_whole(self, default: bool) -> bool:
-        """Whether the job restarts whole when a running member is lost."""
+        """Whether the job restarts whole when a running member is lost (a
+        ``scheduling.k8s.io`` group's ``disruptionMode: all`` says so whatever the annotation)."""
+        if self.upstream is not None and self.upstream.disruption_all:
+            return True
         value = self.annotations.get(WHOLE_JOB_RESTART_ANNOTATION, "").strip().lower()
         return default if value not in ("true", "false") else value == "true"
 
@@ -218,9 +231,17 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
     problems: list[str] = []
     if not isinstance(spec, Mapping):
         spec, problems = {}, ["spec is not an object"]
-    min_member, problem = _positive_int(spec.get("minMember"), "spec.minMember")
-    if problem:
-        problems.append(problem)
+    status = status if isinstance(status, Mapping) else {}
+    upstream: UpstreamPolicy | None = None
+    if api == K8S:
+        min_member, upstream, found = read_spec(spec)
+        problems.extend(found)
+        observed = _observed_upstream(status)
+    else:
+        min_member, problem = _positive_int(spec.get("minMember"), "spec.minMember")
+        if problem:
+            problems.append(problem)
+        observed = _observed(status)
     min_resources: dict[str, int] = {}
     raw = spec.get("minResources") or {}
     if not isinstance(raw, Mapping):
@@ -277,10 +298,16 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
         resource_version=str(meta.get("resourceVersion") or ""),
         arrival=arrival_of(str(meta.get("resourceVersion") or "")),
         invalid="; ".join(problems),
-        observed=_observed(status if isinstance(status, Mapping) else {}),
+        observed=observed,
         labels=_strings(meta.get("labels")),
         annotations=annotations,
+        upstream=upstream,
     )
+
+
+def _observed_upstream(status: Mapping[str, Any]) -> GroupStatus:
+    scheduled, reason, message, disruption = read_conditions(status)
+    return GroupStatus(scheduled=scheduled, reason=reason, message=message, disruption=disruption)
 
 
 def _strings(raw: Any) -> dict[str, str]:
@@ -295,7 +322,10 @@ def group_ref(pod: Pod) -> tuple[str, str] | None:
 
     The scheduler-plugins label wins over Volcano's label, which wins over the kube-batch
     annotation (shared by Volcano and the old kube-batch, resolved when the groups are known).
+    A pod's ``spec.schedulingGroup`` (Kubernetes' own pod groups) comes before them all.
     """
+    if pod.scheduling_group:
+        return K8S, pod.scheduling_group
     name = pod.labels.get(LABEL_XK8S)
     if name:
         return XK8S, name

@@ -1,6 +1,8 @@
 """The priority classes, as a gang reads its priority and its preemption policy from them.
 
-A gang's priority is its PodGroup's ``priorityClassName`` when the class is known, else
+A ``scheduling.k8s.io`` PodGroup's own ``priority`` and ``preemptionPolicy`` come first
+(the apiserver copies them from its class). Otherwise a gang's priority is its PodGroup's
+``priorityClassName`` when the class is known, else
 the highest of its members' (each pod carries the value its PriorityClass gave it at
 creation). Its preemption policy comes from the same place: a gang whose class says
 ``preemptionPolicy: Never``, or, without a known class, one of whose members does, never
@@ -48,6 +50,8 @@ class PriorityClasses:
         self.never = set(never) & set(classes)
 
     def priority(self, group: PodGroup, members: Iterable[Pod]) -> int:
+        if group.upstream is not None and group.upstream.priority is not None:
+            return group.upstream.priority
         if group.priority_class and group.priority_class in self.values:
             return self.values[group.priority_class]
         return max((p.priority for p in members), default=0)
@@ -56,6 +60,8 @@ class PriorityClasses:
         """Whether ``group`` may not evict anyone: its priority class says
         ``preemptionPolicy: Never``, or (when it names no known class) a member does, since
         the gang preempts for all of them (the policy comes from where its priority does)."""
+        if group.upstream is not None and (group.upstream.never_preempts or group.upstream.priority is not None):
+            return group.upstream.never_preempts
         if group.priority_class and group.priority_class in self.values:
             return group.priority_class in self.never
         return any(p.never_preempts for p in members)

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchsched.core import explain
 from batchsched.core.gangs.podgroup import (
     _COND_VOLCANO_OK,
     _COND_VOLCANO_WAIT,
@@ -23,6 +24,7 @@ from batchsched.core.gangs.podgroup import (
     GroupStatus,
     PodGroup,
 )
+from batchsched.core.gangs.upstream import COND_SCHEDULED, K8S
 from batchsched.core.model import Pod
 
 __all__ = ["Tally", "condition_type", "desired_status", "member_order", "runs_whole", "task_of"]
@@ -103,6 +105,8 @@ def runs_whole(group: PodGroup, t: Tally) -> bool:
 def condition_type(api: str, scheduled: bool) -> str:
     if api == VOLCANO:
         return _COND_VOLCANO_OK if scheduled else _COND_VOLCANO_WAIT
+    if api == K8S:
+        return COND_SCHEDULED
     return _COND_XK8S
 
 
@@ -114,6 +118,9 @@ def desired_status(
     reason: str,
     admitted: bool,
     schedule_start: str,
+    refused: str = "",
+    scheduled_before: bool = False,
+    disruption: str = "",
 ) -> GroupStatus:
     """The status batchsched writes for a group.
 
@@ -125,8 +132,14 @@ def desired_status(
     Running, Completed.
 
     ``waiting``/``reason`` say why the group is not placed (from the last cycle); they are
-    ignored once the quorum is placed.
+    ignored once the quorum is placed. ``refused``: why batchsched will not place the group
+    (the group's own :attr:`~PodGroup.invalid` when not given). For a ``scheduling.k8s.io``
+    group see :func:`_upstream_status`.
     """
+    refused = refused or group.invalid
+    if group.upstream is not None:
+        return _upstream_status(group, t, waiting=waiting, refused=refused,
+                                scheduled_before=scheduled_before, disruption=disruption)
     n = group.min_member
     running, succeeded, failed = t.running, t.succeeded, t.failed
     placed = t.placed >= n
@@ -149,8 +162,8 @@ def desired_status(
         phase = "Scheduling"
     else:
         phase = "Pending"
-    if group.invalid:
-        message, why = f"{group.described} is invalid: {group.invalid}", "InvalidPodGroup"
+    if refused:
+        message, why = f"{group.described} is invalid: {refused}", "InvalidPodGroup"
         placed = False
     elif placed:
         why = "Scheduled"
@@ -168,3 +181,26 @@ def desired_status(
         reason=why,
         message=message,
     )
+
+
+def _upstream_status(
+    group: PodGroup, t: Tally, *, waiting: str, refused: str, scheduled_before: bool, disruption: str,
+) -> GroupStatus:
+    """A ``scheduling.k8s.io`` group's conditions, as kube-scheduler writes them:
+    ``PodGroupInitiallyScheduled`` True (``Scheduled``) once the quorum is placed and never
+    False again (``scheduled_before``: it was True), else False with reason ``Unschedulable``
+    and batchsched's own explanation, or ``SchedulerError`` for a group it refuses.
+    ``disruption``: why the group is being preempted (its ``DisruptionTarget``)."""
+    n = group.min_member
+    if scheduled_before:
+        observed = group.observed
+        scheduled, why = True, "Scheduled"
+        message = observed.message if observed.scheduled else f"{t.placed} of {n} required members placed"
+    elif refused:
+        scheduled, why, message = False, "SchedulerError", explain.invalid_group(group.described, refused)
+    elif t.placed >= n:
+        scheduled, why, message = True, "Scheduled", f"{t.placed} of {n} required members placed"
+    else:
+        scheduled, why = False, "Unschedulable"
+        message = waiting or f"waiting for pods: {t.placed + len(t.schedulable)} of {n} required members exist"
+    return GroupStatus(scheduled=scheduled, reason=why, message=message, disruption=disruption)

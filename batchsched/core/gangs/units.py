@@ -88,7 +88,7 @@ def gang_unit(
     if short:  # not placed: its count only sizes the reservation it may hold
         min_count = _covering(group, t, ordered, min_count)
     try:
-        level, required = topology_policy(_topology_annotations(group, ordered), levels)
+        level, required = _topology(group, ordered, levels)
     except ValueError as exc:
         return _blocked(key, pods, priority, group.created, group.uid, str(exc), "InvalidTopology")
     return Unit(
@@ -104,6 +104,9 @@ def blocked_reason(group: PodGroup, t: Tally, now: float, timers: GangTimers) ->
     """``(condition reason, message)`` of why the group may not be placed now, or ("", "")."""
     if group.invalid:
         return "InvalidPodGroup", f"{group.described} is invalid: {group.invalid}"
+    mixed = mixed_schedulers(group, t)
+    if mixed:
+        return "InvalidPodGroup", f"{group.described} is invalid: {mixed}"
     if group.suspended:
         return "Suspended", explain.suspended(group.display)
     if timers.backing_off(group.key, now):
@@ -131,6 +134,15 @@ def blocked_reason(group: PodGroup, t: Tally, now: float, timers: GangTimers) ->
                 f"waiting for pods: task {task} has {have} of {need} required members"
             )
     return "", ""
+
+
+def mixed_schedulers(group: PodGroup, t: Tally) -> str:
+    """Why a ``scheduling.k8s.io`` group whose members name different schedulers is refused
+    (as kube-scheduler refuses one), or "". Each scheduler would place its own members
+    apart, and neither could keep the gang whole."""
+    if group.upstream is None or not t.foreign or not t.ours:
+        return ""
+    return explain.mixed_schedulers(t.foreign)
 
 
 def _blocked(
@@ -176,6 +188,14 @@ def _covering(group: PodGroup, t: Tally, ordered: list[Pod], min_count: int) -> 
             if r in need:
                 need[r] -= v
     return len(ordered)
+
+
+def _topology(group: PodGroup, ordered: list[Pod], levels: TopologyLevels) -> tuple[int | None, bool]:
+    """``(level, required)``: a ``scheduling.k8s.io`` group's topology constraint (a node
+    label key, required), else the gang's topology annotations."""
+    if group.upstream is not None and group.upstream.topology_key:
+        return levels.level_of_key(group.upstream.topology_key), True
+    return topology_policy(_topology_annotations(group, ordered), levels)
 
 
 def _topology_annotations(group: PodGroup, ordered: list[Pod]) -> Mapping[str, str]:

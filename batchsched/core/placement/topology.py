@@ -109,6 +109,19 @@ class TopologyLevels:
             raise ValueError(f"{name!r} is not a topology level; use one of {known}") from None
 
 
+    def level_of_key(self, key: str) -> int:
+        """The level whose node label key is ``key`` (a ``scheduling.k8s.io`` PodGroup's
+        topology constraint names the label); ValueError if none is."""
+        try:
+            return self.keys.index(key)
+        except ValueError:
+            known = ", ".join(self.keys)
+            raise ValueError(
+                f"topology key {key!r} is not one of the configured topology levels ({known}); "
+                "add it to topology.levels in the configuration"
+            ) from None
+
+
 def _short(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
