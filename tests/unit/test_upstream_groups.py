@@ -247,3 +247,74 @@ def test_what_batchsched_does_not_read_yet_is_refused_visibly() -> None:
     w.member("part-0", 1, "part")
     d = w.step()
     assert d.binds == [] and [e.reason for e in d.events if e.reason == "InvalidPodGroup"]
+
+
+# -- where they meet the other policies ------------------------------------------------------------
+
+
+def test_a_gang_labelled_with_a_queue_is_held_by_its_quota_and_charged_to_it() -> None:
+    w = Upstream()
+    for n in ("n0", "n1"):
+        w.node(n, 8)
+    w.session.on_queues_listed([{"metadata": {"name": "team", "uid": "q-team", "resourceVersion": "1"},
+                                 "spec": {"resources": [{"name": GPU, "nominal": "8"}]}}])
+    w.upstream("big", 2)
+    w.groups["big"]["metadata"]["labels"] = {"batchsched.io/queue": "team"}
+    w.session.on_podgroup("MODIFIED", parse_podgroup(K8S, w.groups["big"]))
+    [w.member(f"big-{i}", 8, "big") for i in range(2)]
+    d = w.step()
+    assert d.binds == []  # 16 GPUs asked of a queue of 8, though the cluster has them
+    assert "team" in w.status_of(d, "big").message
+    w.upstream("fits", 1)
+    w.groups["fits"]["metadata"]["labels"] = {"batchsched.io/queue": "team"}
+    w.session.on_podgroup("MODIFIED", parse_podgroup(K8S, w.groups["fits"]))
+    fits = w.member("fits-0", 8, "fits")
+    assert [b.uid for b in w.step(after=1).binds] == [fits]
+
+
+def test_a_waiting_gang_reserves_the_nodes_it_needs_against_later_small_pods() -> None:
+    w = Upstream()
+    for n in ("n0", "n1"):
+        w.node(n, 8)
+    first = [w.pod(f"first-{i}", 4, runtime="60s") for i in range(2)]
+    w.step()
+    assert all(w.bound(u) for u in first)
+    w.now += 1
+    w.upstream("big", 2)
+    big = [w.member(f"big-{i}", 8, "big") for i in range(2)]
+    w.step()
+    started = None
+    for tick in range(30):
+        w.now += 5
+        if w.now >= 1_800_000_060.0:
+            for u in first:
+                if u in w.pods and w.pods[u]["status"]["phase"] == "Running":
+                    w.finish(u)
+        w.pod(f"small-{tick}", 1, runtime="60s")  # a stream of later small pods
+        w.step()
+        if all(w.bound(u) for u in big):
+            started = w.now
+            break
+    assert started is not None, "the stream of small pods starved the gang"
+
+
+def test_members_sharing_gpu_cards_are_placed_as_one_gang() -> None:
+    from batchsched.core import devices
+
+    w = Upstream()
+    w.session.on_node("ADDED", parse_node(make_node("card-node").cap(
+        {"cpu": "64", "memory": "256Gi", devices.ELASTIC_CORE: "100", devices.ELASTIC_MEMORY: "16384"}).obj()))
+    w.upstream("halves", 3)
+    uids = []
+    for i in range(3):
+        obj = make_pod(f"halves-{i}").req({"cpu": "1", devices.ELASTIC_CORE: "50"}).created(w.now).obj()
+        obj["spec"]["schedulingGroup"] = {"podGroupName": "halves"}
+        w.pods[obj["metadata"]["uid"]] = obj
+        w.session.on_pod("ADDED", parse_pod(obj))
+        uids.append(obj["metadata"]["uid"])
+    assert w.step().binds == []  # three halves of one card: none, not two
+    w.session.on_pod("DELETED", parse_pod(w.pods.pop(uids[2])))
+    w.groups["halves"]["spec"]["schedulingPolicy"] = {"gang": {"minCount": 2}}
+    w.session.on_podgroup("MODIFIED", parse_podgroup(K8S, w.groups["halves"]))
+    d = w.step(after=1)
+    assert sorted(b.uid for b in d.binds) == sorted(uids[:2]) and {b.cards for b in d.binds} == {((0,),)}
