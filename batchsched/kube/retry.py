@@ -36,6 +36,7 @@ from batchsched.kube.errors import (
 )
 
 __all__ = [
+    "WATCH_RETRY_CAP",
     "Backoff",
     "RetryPolicy",
     "Sleep",
@@ -185,6 +186,12 @@ def evictions(retries: int) -> RetryPolicy:
     return RetryPolicy(backoff=Backoff(initial=0.5, cap=10.0), retries=retries)
 
 
+#: the longest pause between a reflector's tries: once the apiserver answers again, the
+#: mirror is listed within this long (15 reflectors retrying this often cost an apiserver
+#: that is away nothing; a longer cap left new pods unseen for up to half a minute)
+WATCH_RETRY_CAP = 5.0
+
+
 def watches() -> RetryPolicy:
     """A reflector's list or watch: never given up; ``pause(attempt)`` only."""
-    return RetryPolicy(backoff=Backoff(initial=0.5, cap=30.0, jitter=0.5))
+    return RetryPolicy(backoff=Backoff(initial=0.5, cap=WATCH_RETRY_CAP, jitter=0.5))

@@ -222,8 +222,8 @@ async def watch_expired(world: World, *, partition_for: float = 3.0) -> Injected
         proxy.heal()
         healed = time.time()
         await churn
-        # a watch cut by the partition waits out its retry back-off (up to about 25 s after
-        # the faults before this one) before it resumes and meets the compaction
+        # a watch cut by the partition waits out its retry back-off (a few seconds) before
+        # it resumes and meets the compaction
         deadline = time.monotonic() + RELIST_WAIT_SECONDS
         while _relists(world, leader) <= before and time.monotonic() < deadline:
             await asyncio.sleep(0.2)

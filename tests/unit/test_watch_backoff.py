@@ -1,6 +1,7 @@
 """A watch's retry back-off grows with failures in a row, but a watch that had been running
 fine when it was cut starts again from the first back-off: after an apiserver's bad minute,
-a later cut must not leave the mirror stale for the grown (up to 30 s) back-off."""
+a later cut must not leave the mirror stale for the grown back-off. However long the
+apiserver is away, the pause between tries stays short (:data:`WATCH_RETRY_CAP`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import itertools
 
 from batchsched.kube.errors import TemporaryError
 from batchsched.kube.fake import FakeKube, FakeSleep
+from batchsched.kube.retry import WATCH_RETRY_CAP, watches
 from batchsched.kube.watch import HEALTHY_WATCH_SECONDS, Reflector
 from tests.unit.test_kube_writers import with_task
 
@@ -46,3 +48,9 @@ def test_a_watch_cut_after_running_a_while_retries_at_the_first_back_off() -> No
     delays = _delays(HEALTHY_WATCH_SECONDS)
     assert len(delays) == 4 and len(set(delays)) == 1
     assert delays[0] == _delays(0.0)[0]
+
+
+def test_however_long_the_apiserver_is_away_a_watch_tries_again_within_seconds() -> None:
+    policy = watches()
+    assert WATCH_RETRY_CAP <= 5.0
+    assert max(policy.backoff.delay(attempt, draw=0.999) for attempt in range(40)) <= WATCH_RETRY_CAP
