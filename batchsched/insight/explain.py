@@ -157,9 +157,9 @@ def summary(job: dict[str, Any], queue: dict[str, Any] | None, ahead: list[dict[
     """The lines ``batchsched explain`` prints for a job; ``also``: the other API groups
     holding a PodGroup of the same name in its namespace."""
     m = job["members"]
-    api = f" ({job['api']})" if job.get("api") else ""
     lines = [
-        f"{job['kind']} {job['namespace']}/{job['name']}{api}: {job['stateText']}",
+        f"{job['kind']} {job['namespace']}/{job['name']}: {job['stateText']}",
+        *([f"  api: {job['api']}"] if job.get("api") else []),
         f"  members: {m['bound']} of {m['required']} required bound ({m['total']} in all), "
         f"asking {_gpus(job['gpus'])} GPU(s); priority {job['priority']}",
     ]

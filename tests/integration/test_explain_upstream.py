@@ -57,7 +57,7 @@ async def test_an_upstream_gang_is_explained_as_kubernetes_own_and_a_same_named_
 
         text = await cli(sandbox, namespace, "explain", "pg", "train", "-n", namespace)
         assert text.returncode == 0, text.stderr
-        assert f"PodGroup {namespace}/train (scheduling.k8s.io): " in text.stdout
+        assert f"PodGroup {namespace}/train: " in text.stdout and "\n  api: scheduling.k8s.io\n" in text.stdout
         assert f"also a PodGroup {namespace}/train in scheduling.x-k8s.io" in text.stdout
 
         by_member = await explained(sandbox, namespace, "pod", "train-1")

@@ -41,7 +41,7 @@ def test_an_upstream_podgroup_is_explained_by_name_and_by_a_member() -> None:
     assert job["members"] == {"bound": 0, "required": 3, "total": 3}
     assert job["priority"] == 500  # the group's, not its members'
     assert job["state"] == "queued" and "3" in job["message"] and job["message"], job
-    assert out["summary"][0].startswith("PodGroup default/train (scheduling.k8s.io): ")
+    assert out["summary"][0].startswith("PodGroup default/train: ") and out["summary"][1] == "  api: scheduling.k8s.io"
     assert {p["name"] for p in out["pods"]} == {"train-0", "train-1", "train-2"}
     by_member = insight.explain(w.now, kind="pod", namespace="default", name="train-2")["job"]
     assert by_member["key"] == job["key"] == "k8s:default/train"
