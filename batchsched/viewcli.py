@@ -9,6 +9,8 @@ import asyncio
 import sys
 from typing import Any
 
+#: the PodGroup API groups, in the order ``explain podgroup`` picks one when several hold a name
+_APIS = ("scheduling.k8s.io", "scheduling.volcano.sh", "scheduling.x-k8s.io", "kueue.x-k8s.io")
 _KINDS = {"pod": "pod", "pods": "pod", "po": "pod", "podgroup": "podgroup", "podgroups": "podgroup",
           "pg": "podgroup", "job": "podgroup", "queue": "queue", "queues": "queue", "bq": "queue"}
 
@@ -30,9 +32,12 @@ def add_parsers(sub: Any) -> None:
             p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
 
     ex = sub.add_parser("explain", help="why a pod, job (PodGroup) or queue waits, and when it should start")
-    ex.add_argument("kind", help="pod, podgroup (pg, job) or queue")
+    ex.add_argument("kind", help="pod, podgroup (pg, job) or queue; podgroup.API (podgroup.scheduling.k8s.io) "
+                                 "names a PodGroup's API, as --api does")
     ex.add_argument("name")
     ex.add_argument("-n", "--namespace", default="default")
+    ex.add_argument("--api", help="the PodGroup's API group when the namespace holds the name in several: "
+                                  f"{', '.join(_APIS)} (default: the first of these that has it)")
     common(ex)
     jobs = sub.add_parser("jobs", help="jobs (gangs and pods) with their state, wait and estimated start")
     jobs.add_argument("-q", "--queue")
@@ -74,11 +79,16 @@ async def _view(args: argparse.Namespace) -> int:
 
     creds, server = await _server(args)
     if args.command == "explain":
-        kind = _KINDS.get(args.kind.lower())
-        if kind is None:
+        word, _, api = args.kind.lower().partition(".")
+        kind = _KINDS.get(word)
+        if kind is None or (api and kind != "podgroup"):
             print(f"batchsched: error: cannot explain a {args.kind!r}: give pod, podgroup or queue", file=sys.stderr)
             return 2
-        params = {"kind": kind, "name": args.name, "namespace": args.namespace}
+        api = args.api or api
+        if api and api not in _APIS:
+            print(f"batchsched: error: unknown PodGroup API {api!r}: give one of {', '.join(_APIS)}", file=sys.stderr)
+            return 2
+        params = {"kind": kind, "name": args.name, "namespace": args.namespace, **({"api": api} if api else {})}
         body = await read_view(creds, server, "/debug/explain", params)
         _print(body, args.output, "\n".join(body.get("summary") or []))
     elif args.command == "jobs":

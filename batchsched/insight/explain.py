@@ -8,14 +8,14 @@ first estimate made for each job, so that when the job starts the estimate can b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.session import Session
 from batchsched.insight.estimate import Estimate, Forward, estimate_starts, first_estimates
-from batchsched.insight.views import Job, find_job, jobs, node_rows, queue_rows
+from batchsched.insight.views import Job, find_job, groups_named, jobs, node_rows, queue_rows
 
 __all__ = ["Insight", "NotFound"]
 
@@ -103,14 +103,18 @@ class Insight:
     def nodes(self, now: float) -> dict[str, Any]:
         return {"now": now, "nodes": node_rows(self.session)}
 
-    def explain(self, now: float, *, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
-        """The explanation of a pod's job, a PodGroup's, or a Queue; raises :class:`NotFound`."""
+    def explain(self, now: float, *, kind: str, name: str, namespace: str = "", api: str = "") -> dict[str, Any]:
+        """The explanation of a pod's job, a PodGroup's (of the API group ``api`` when
+        given), or a Queue; raises :class:`NotFound`."""
         all_jobs = jobs(self.session, now)
         if kind == "queue":
             return self._queue(now, name, all_jobs)
-        job = find_job(all_jobs, kind=kind, namespace=namespace, name=name)
+        job = find_job(all_jobs, kind=kind, namespace=namespace, name=name, api=api)
         if job is None:
-            raise NotFound(f"{kind} {namespace}/{name} is not a pod of ours that waits or runs")
+            raise NotFound(_not_found(all_jobs, kind=kind, namespace=namespace, name=name, api=api))
+        # the same name in other APIs: said, with how to ask for one of them
+        also = [j.api for j in groups_named(all_jobs, namespace=namespace, name=name)
+                if j.api != job.api] if kind == "podgroup" else []
         by_key = {j.key: j for j in all_jobs}
         estimate = self.estimates.get(job.key)
         row = job.row(now, estimate)
@@ -121,9 +125,9 @@ class Insight:
         pods = [{"name": p.name, "phase": p.phase, "node": p.node_name or None,
                  "message": (p.shows or ("", ""))[1]} for p in job.pods]
         return {
-            "kind": job.kind, "namespace": job.namespace, "name": job.name, "now": now,
+            "kind": job.kind, "api": job.api or None, "namespace": job.namespace, "name": job.name, "now": now,
             "estimatedAt": self.estimated_at, "job": row, "queue": queue, "ahead": ahead, "pods": pods,
-            "summary": summary(row, queue, ahead),
+            "alsoIn": also, "summary": summary(row, queue, ahead, also),
         }
 
     def _queue(self, now: float, name: str, all_jobs: list[Job]) -> dict[str, Any]:
@@ -136,20 +140,34 @@ class Insight:
                 "summary": queue_summary(row, mine)}
 
 
+def _not_found(all_jobs: list[Job], *, kind: str, namespace: str, name: str, api: str) -> str:
+    if kind == "podgroup" and api:
+        others = [j.api for j in groups_named(all_jobs, namespace=namespace, name=name)]
+        where = f" (there is one in {', '.join(others)})" if others else ""
+        return f"there is no PodGroup {namespace}/{name} in {api} with a pod that waits or runs{where}"
+    return f"{kind} {namespace}/{name} is not a pod of ours that waits or runs"
+
+
 def _gpus(value: float) -> str:
     return f"{value:g}"
 
 
-def summary(job: dict[str, Any], queue: dict[str, Any] | None, ahead: list[dict[str, Any]]) -> list[str]:
-    """The lines ``batchsched explain`` prints for a job."""
+def summary(job: dict[str, Any], queue: dict[str, Any] | None, ahead: list[dict[str, Any]],
+            also: Sequence[str] = ()) -> list[str]:
+    """The lines ``batchsched explain`` prints for a job; ``also``: the other API groups
+    holding a PodGroup of the same name in its namespace."""
     m = job["members"]
     lines = [
         f"{job['kind']} {job['namespace']}/{job['name']}: {job['stateText']}",
+        *([f"  api: {job['api']}"] if job.get("api") else []),
         f"  members: {m['bound']} of {m['required']} required bound ({m['total']} in all), "
         f"asking {_gpus(job['gpus'])} GPU(s); priority {job['priority']}",
     ]
     if job["message"]:
         lines.append(f"  why: {job['message']}")
+    for other in also:
+        lines.append(f"  also a PodGroup {job['namespace']}/{job['name']} in {other}: "
+                     f"batchsched explain podgroup {job['name']} -n {job['namespace']} --api {other}")
     if job["queue"]:
         q = f"  queue: {job['queue']}"
         if queue is not None:

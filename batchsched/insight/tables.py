@@ -34,13 +34,13 @@ def _num(value: float | None) -> str:
 
 
 def jobs_table(rows: Sequence[Mapping[str, Any]], *, namespaces: bool = True) -> str:
-    header = [*(["NAMESPACE"] if namespaces else []), "NAME", "KIND", "QUEUE", "STATE", "BOUND", "GPUS",
+    header = [*(["NAMESPACE"] if namespaces else []), "NAME", "KIND", "API", "QUEUE", "STATE", "BOUND", "GPUS",
               "WAIT", "POSITION", "START"]
     body = []
     for r in rows:
         m = r["members"]
         body.append([
-            *([r["namespace"]] if namespaces else []), r["name"], r["kind"], r["queue"] or "-", r["state"],
+            *([r["namespace"]] if namespaces else []), r["name"], r["kind"], r.get("api") or "-", r["queue"] or "-", r["state"],
             f"{m['bound']}/{m['required']}", _num(r["gpus"]), _ago(r["wait"]),
             "-" if r["position"] is None else f"{r['position']}/{r['queueLength']}", _start(r),
         ])

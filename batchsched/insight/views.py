@@ -27,14 +27,14 @@ from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.devices import CARDS_ANY, card_columns_of
-from batchsched.core.gangs import GroupKey, PodGroup
+from batchsched.core.gangs import K8S, KUEUE, VOLCANO, XK8S, GroupKey, PodGroup
 from batchsched.core.model import Pod
 from batchsched.core.quantity import MILLI_RESOURCES
 from batchsched.core.queues import QueueName, QueueProblem, QueueTree, StopPolicy
 from batchsched.core.queues.running import natural
 from batchsched.core.session import Session
 
-__all__ = ["Job", "amount", "jobs", "node_rows", "queue_rows"]
+__all__ = ["API_ORDER", "Job", "amount", "find_job", "groups_named", "jobs", "node_rows", "queue_rows"]
 
 #: states whose jobs wait for a person to act: no start estimate
 HELD_STATES = frozenset({"suspended", "queue-stopped", "invalid", "gated"})
@@ -50,6 +50,8 @@ class Job:
 
     key: str
     kind: str
+    #: the PodGroup's API group (``scheduling.k8s.io`` for Kubernetes' own); "" for a pod
+    api: str
     namespace: str
     name: str
     queue: str | None
@@ -77,7 +79,7 @@ class Job:
 
     def row(self, now: float, estimate: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return {
-            "key": self.key, "kind": self.kind, "namespace": self.namespace, "name": self.name,
+            "key": self.key, "kind": self.kind, "api": self.api or None, "namespace": self.namespace, "name": self.name,
             "queue": self.queue, "priority": self.priority, "state": self.state,
             "stateText": explain.STATE_WORDS.get(self.state, self.state),
             "reason": self.reason, "message": self.message,
@@ -153,12 +155,12 @@ def jobs(session: Session, now: float) -> list[Job]:
         in_groups.update(p.uid for p in pods)
         if not pods:
             continue
-        out.append(_job(session, group.key, "PodGroup", group.namespace, group.name, pods, group,
+        out.append(_job(session, group.key, "PodGroup", group.api, group.namespace, group.name, pods, group,
                         group.min_member, groups.priority(group, pods), group.created, tree, now))
     for pod in state.pods.values():
         if pod.uid in in_groups or pod.terminal or not state.ours(pod):
             continue
-        job = _job(session, pod.key, "Pod", pod.namespace, pod.name, [pod], None, 1,
+        job = _job(session, pod.key, "Pod", "", pod.namespace, pod.name, [pod], None, 1,
                    pod.priority, pod.created, tree, now)
         if groups.in_group(pod.uid) and job.waiting and job.state != "invalid":
             # it names a PodGroup that does not exist (yet): it waits for it
@@ -168,7 +170,7 @@ def jobs(session: Session, now: float) -> list[Job]:
     return out
 
 
-def _job(session: Session, key: str, kind: str, namespace: str, name: str, pods: list[Pod],
+def _job(session: Session, key: str, kind: str, api: str, namespace: str, name: str, pods: list[Pod],
          group: PodGroup | None, required: int, priority: int, created: float, tree: QueueTree,
          now: float) -> Job:
     assumed = session.state.assumed
@@ -177,7 +179,7 @@ def _job(session: Session, key: str, kind: str, namespace: str, name: str, pods:
     st, reason, message = _state(session, key, pods, group, required, bound, (problem[0], problem[1]), now)
     waiting = [p.created for p in pods if not p.node_name and p.uid not in assumed]
     return Job(
-        key=key, kind=kind, namespace=namespace, name=name, queue=queue, priority=priority,
+        key=key, kind=kind, api=api, namespace=namespace, name=name, queue=queue, priority=priority,
         created=created or min((p.created for p in pods), default=0.0), state=st, reason=reason,
         message=message, bound=bound, required=required, total=len(pods),
         gpus=sum(cards_asked(p) for p in pods), pods=pods,
@@ -199,11 +201,29 @@ def _positions(all_jobs: Iterable[Job]) -> None:
             j.ahead = [w.key for w in waiting[:i]]
 
 
-def find_job(all_jobs: Iterable[Job], *, kind: str, namespace: str, name: str) -> Job | None:
-    """The job of a pod (its gang's, when it is in one) or of a PodGroup."""
+#: which API's PodGroup ``explain podgroup NAME`` picks when a namespace holds the name in
+#: several: Kubernetes' own first, then in the order the kube-batch annotation resolves
+#: (Volcano's, then scheduler-plugins'); the answer names the others
+API_ORDER = (K8S, VOLCANO, XK8S, KUEUE)
+
+
+def _api_rank(api: str) -> int:
+    return API_ORDER.index(api) if api in API_ORDER else len(API_ORDER)
+
+
+def groups_named(all_jobs: Iterable[Job], *, namespace: str, name: str) -> list[Job]:
+    """The PodGroup jobs named ``namespace/name``, in every API, in :data:`API_ORDER`."""
+    found = [j for j in all_jobs if j.kind == "PodGroup" and j.namespace == namespace and j.name == name]
+    return sorted(found, key=lambda j: (_api_rank(j.api), j.api))
+
+
+def find_job(all_jobs: Iterable[Job], *, kind: str, namespace: str, name: str, api: str = "") -> Job | None:
+    """The job of a pod (its gang's, when it is in one) or of a PodGroup (of ``api`` when
+    given, else the first in :data:`API_ORDER`)."""
+    if kind == "podgroup":
+        named = [j for j in groups_named(all_jobs, namespace=namespace, name=name) if not api or j.api == api]
+        return named[0] if named else None
     for j in all_jobs:
-        if kind == "podgroup" and j.kind == "PodGroup" and j.namespace == namespace and j.name == name:
-            return j
         if kind == "pod" and any(p.namespace == namespace and p.name == name for p in j.pods):
             return j
     return None

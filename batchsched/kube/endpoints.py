@@ -33,8 +33,8 @@ class Views(Protocol):
 
     async def nodes(self) -> dict[str, Any]: ...
 
-    async def explain(self, *, kind: str, name: str, namespace: str) -> dict[str, Any]:
-        """Raises LookupError for an unknown object."""
+    async def explain(self, *, kind: str, name: str, namespace: str, api: str = "") -> dict[str, Any]:
+        """Raises LookupError for an unknown object; ``api``: the PodGroup's API group."""
         ...
 
 
@@ -97,7 +97,8 @@ async def serve_endpoints(
         if kind not in ("pod", "podgroup", "queue") or not q.get("name"):
             return _json({"error": "give kind=pod|podgroup|queue and name (and namespace)"}, 400)
         try:
-            return _json(await views.explain(kind=kind, name=q["name"], namespace=q.get("namespace") or "default"))
+            return _json(await views.explain(kind=kind, name=q["name"], namespace=q.get("namespace") or "default",
+                                             api=q.get("api") or ""))
         except LookupError as exc:
             return _json({"error": str(exc.args[0]) if exc.args else "not found"}, 404)
 

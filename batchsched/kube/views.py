@@ -61,9 +61,9 @@ class SessionViews:
     async def nodes(self) -> dict[str, Any]:
         return self.insight.nodes(self._clock())
 
-    async def explain(self, *, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    async def explain(self, *, kind: str, name: str, namespace: str, api: str = "") -> dict[str, Any]:
         await self.fresh(wait=False)
-        answer = self.insight.explain(self._clock(), kind=kind, name=name, namespace=namespace)
+        answer = self.insight.explain(self._clock(), kind=kind, name=name, namespace=namespace, api=api)
         job = answer.get("job")
         if job is not None and job["state"] != "running" and job["key"] not in self.insight.estimates:
             # a job the last estimate did not know yet: a run in progress may; else a new one
@@ -72,7 +72,7 @@ class SessionViews:
             if job["key"] not in self.insight.estimates:
                 self.insight.expire()
                 await self.fresh(wait=True)
-            answer = self.insight.explain(self._clock(), kind=kind, name=name, namespace=namespace)
+            answer = self.insight.explain(self._clock(), kind=kind, name=name, namespace=namespace, api=api)
         return answer
 
     def started(self, unit: str, now: float) -> None:

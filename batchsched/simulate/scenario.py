@@ -14,7 +14,8 @@ through the session on a virtual clock.
       - {name: notebook, at: 60, duration: 600, core: 50}    # a share of one card
 
 A job's pods ask ``gpus`` whole ``nvidia.com/gpu`` cards or ``core`` (``elasticgpu.io/gpu-core``)
-each; ``minMember`` makes it a gang (a scheduler-plugins PodGroup). Each job starts when its
+each; ``minMember`` makes it a gang: a scheduler-plugins PodGroup, or Kubernetes' own
+(``minMember`` as its ``minCount``) when the job says ``api: scheduling.k8s.io``. Each job starts when its
 last member is bound and all its pods end ``duration`` seconds later; a job whose pods are
 evicted (preemption, reclaim) is created again at once, as a training operator restarts
 it, and runs its whole duration from its next start.
@@ -29,11 +30,13 @@ from typing import Any
 
 from batchsched.config import parse_config
 from batchsched.core.devices import ELASTIC_CORE, ELASTIC_MEMORY, MODEL_LABEL
-from batchsched.core.gangs import XK8S, parse_podgroup
+from batchsched.core.gangs import K8S, XK8S, parse_podgroup
 from batchsched.simulate.engine import Simulation
 
 LABEL_GROUP = "scheduling.x-k8s.io/pod-group"
 QUEUE_LABEL = "batchsched.io/queue"
+#: the PodGroup APIs a scenario's gang may be written in
+APIS = (XK8S, K8S)
 
 
 @dataclass(slots=True)
@@ -92,16 +95,34 @@ def _pod(job: Mapping[str, Any], i: int, now: float, attempt: int = 0) -> dict[s
     labels: dict[str, str] = {}
     if job.get("queue"):
         labels[QUEUE_LABEL] = str(job["queue"])
-    if job.get("minMember"):
+    spec: dict[str, Any] = {"schedulerName": "batchsched", "priority": int(job.get("priority", 0)),
+                            "containers": [{"name": "main", "resources": {"requests": req}}]}
+    if job.get("minMember") and _api(job) == K8S:
+        spec["schedulingGroup"] = {"podGroupName": str(job["name"])}
+    elif job.get("minMember"):
         labels[LABEL_GROUP] = str(job["name"])
     import datetime as dt
 
     created = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"metadata": {"name": name, "namespace": "default", "uid": name, "labels": labels,
                          "creationTimestamp": created},
-            "spec": {"schedulerName": "batchsched", "priority": int(job.get("priority", 0)),
-                     "containers": [{"name": "main", "resources": {"requests": req}}]},
-            "status": {"phase": "Pending"}}
+            "spec": spec, "status": {"phase": "Pending"}}
+
+
+def _api(job: Mapping[str, Any]) -> str:
+    api = str(job.get("api") or XK8S)
+    if api not in APIS:
+        raise ValueError(f"job {job.get('name')!r}: api must be one of {', '.join(APIS)}, got {api!r}")
+    return api
+
+
+def _group(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The PodGroup of a gang job, in the API it names."""
+    meta = {"name": str(job["name"]), "namespace": "default", "uid": f"pg-{job['name']}"}
+    if _api(job) == K8S:
+        return {"metadata": meta, "spec": {"schedulingPolicy": {"gang": {"minCount": int(job["minMember"])}},
+                                           "disruptionMode": {"single": {}}}}
+    return {"metadata": meta, "spec": {"minMember": int(job["minMember"])}}
 
 
 def run(doc: Mapping[str, Any], *, use_jit: bool = True, retry: float = 30.0, horizon: float = 30 * 86400) -> ScenarioResult:
@@ -129,9 +150,7 @@ def run(doc: Mapping[str, Any], *, use_jit: bool = True, retry: float = 30.0, ho
             if what == 0:
                 n = int(job.get("pods", 1))
                 if job.get("minMember") and name not in out.jobs:
-                    sim.session.on_podgroup("ADDED", parse_podgroup(XK8S, {
-                        "metadata": {"name": name, "namespace": "default", "uid": f"pg-{name}"},
-                        "spec": {"minMember": int(job["minMember"])}}))
+                    sim.session.on_podgroup("ADDED", parse_podgroup(_api(job), _group(job)))
                 attempt = out.jobs[name].evictions if name in out.jobs else 0
                 waiting[name] = [sim.add_pod(_pod(job, i, now, attempt)).uid for i in range(n)]
                 out.jobs.setdefault(name, JobResult(name, str(job.get("queue", "")), now))

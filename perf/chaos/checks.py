@@ -7,7 +7,8 @@ when each was deleted, cordoned or tainted; the PodGroups, Queues and Events. A
 :class:`Checker` samples it (every second and on each change, not only at the end) and
 keeps what it found in a :class:`Verdict`:
 
-- **partial gangs**: a PodGroup with some, but fewer than ``minMember``, of its unfinished
+- **partial gangs**: a PodGroup (scheduler-plugins' or Kubernetes' own, :data:`GROUP_APIS`)
+  with some, but fewer than its quorum (``minMember``, ``minCount``), of its unfinished
   members bound, for longer than ``partial_grace`` (binding a gang takes a moment; a gang
   that lost members to a fault is partial until batchsched places the replacements or
   evicts it whole after its ``scheduleTimeoutSeconds``, which the grace must cover; time
@@ -40,6 +41,12 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+XK8S_API = "scheduling.x-k8s.io"
+K8S_API = "scheduling.k8s.io"
+#: the PodGroup APIs a world's gangs are written in: API group -> its version's path
+#: (scheduler-plugins' pods carry :data:`GROUP_LABEL`; Kubernetes' own name their group in
+#: ``spec.schedulingGroup.podGroupName``)
+GROUP_APIS = {XK8S_API: "/apis/scheduling.x-k8s.io/v1alpha1", K8S_API: "/apis/scheduling.k8s.io/v1beta1"}
 QUEUE_LABEL = "batchsched.io/queue"
 #: on every object of a world: its namespace (Queues are cluster-scoped)
 WORLD_LABEL = "chaos.batchsched.io/world"
@@ -124,7 +131,37 @@ class Mirror:
     gpus_per_node: int = 8
 
 
-# -- reading pods ---------------------------------------------------------------------------
+# -- reading pods and groups ----------------------------------------------------------------
+
+
+def podgroups_path(api: str, namespace: str) -> str:
+    """The collection of ``api``'s PodGroups in ``namespace``."""
+    return f"{GROUP_APIS[api]}/namespaces/{namespace}/podgroups"
+
+
+def group_of(pod: Mapping[str, Any]) -> str | None:
+    """The name of the PodGroup a pod joins, in either API."""
+    label = ((pod.get("metadata") or {}).get("labels") or {}).get(GROUP_LABEL)
+    if label:
+        return str(label)
+    named = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    return str(named) if named else None
+
+
+def api_of(group: Mapping[str, Any]) -> str:
+    """A PodGroup's API group (from its ``apiVersion``)."""
+    return str(group.get("apiVersion") or "").split("/", 1)[0]
+
+
+def quorum(group: Mapping[str, Any]) -> int:
+    """Members a PodGroup needs bound together: ``minMember``, or ``schedulingPolicy.gang.minCount``
+    (1 for the basic policy)."""
+    spec = group.get("spec") or {}
+    if "minMember" in spec:
+        return int(spec.get("minMember") or 1)
+    gang = (spec.get("schedulingPolicy") or {}).get("gang") or {}
+    return int(gang.get("minCount") or 1)
+
 
 
 def cards_asked(pod: Mapping[str, Any]) -> float:
@@ -303,7 +340,7 @@ class Checker:
         for name, group in m.groups.items():
             if name in m.retired:
                 continue
-            want = int((group.get("spec") or {}).get("minMember") or 1)
+            want = quorum(group)
             got = bound_by_group.get(name, 0)
             if 0 < got < want:
                 seen.add(name)
@@ -461,7 +498,7 @@ def settled(m: Mirror, *, now: float, quiet: float, jobs: Mapping[str, Any] | No
             continue  # no PodGroup: waits for it by design
         need = len(pods)
         if group is not None:
-            want = int((group.get("spec") or {}).get("minMember") or 1)
+            want = quorum(group)
             bound = sum(1 for p in m.pods.values() if p.group == pods[0].group and p.live and p.binds)
             if bound + len(pods) < want:
                 continue  # fewer members than its quorum exist: it waits by design

@@ -28,7 +28,6 @@ from typing import Any
 from batchsched.kube.errors import KubeError, NotFoundError
 from perf.chaos.world import (
     QUEUES,
-    XK8S,
     Fault,
     Injected,
     Job,
@@ -395,11 +394,11 @@ async def objects_recreated(world: World) -> Injected:
     held = [await world.submit(members=1, gpu=1, queue=qname) for _ in range(2)]
     await asyncio.sleep(3)
     at = time.time()
-    await world.kube.delete(f"{XK8S}/namespaces/{ns}/podgroups/{gang.name}")
+    await world.kube.delete(f"{world.group_path(gang)}/{gang.name}")
     await asyncio.sleep(0.5)
     new_min = size // 2
     gang.min_member = new_min
-    await retrying(lambda: world.kube.create(f"{XK8S}/namespaces/{ns}/podgroups", world.group_body(gang)))
+    await retrying(lambda: world.kube.create(world.group_path(gang), world.group_body(gang)))
     await world.kube.delete(f"{QUEUES}/{qname}")
     await asyncio.sleep(0.5)
     roomy = {"parent": ns, "resources": [{"name": "batchsched.io/gpu", "nominal": 2, "borrowingLimit": 0}]}
@@ -415,7 +414,7 @@ async def objects_recreated(world: World) -> Injected:
         world.queues.pop(qname, None)
 
     world.after_recovery.append(undo)
-    return Injected(at=at, detail=f"PodGroup {gang.name} of {size} pods: minMember {size + 2}->{new_min}; "
+    return Injected(at=at, detail=f"PodGroup {gang.name} ({gang.api}) of {size} pods: quorum {size + 2}->{new_min}; "
                                   f"Queue {qname} quota 0->2 with 2 pods waiting",
                     facts={"gang": gang.name, "min_member": new_min, "queue_jobs": [j.name for j in held]})
 

@@ -5,7 +5,8 @@ sandbox's admin kubeconfig, never through the fault proxy), so neither a blocked
 nor a fault aimed at batchsched's connections delays or hides what it sees. It keeps a
 :class:`~perf.chaos.checks.Mirror`: the world's pods by uid (each node a uid was ever seen
 bound to, first-seen times, deletion, finish, ``PodScheduled=False``), the pool's nodes
-(created, deleted, cordoned or tainted spans), PodGroups, Queues and the Events about pods.
+(created, deleted, cordoned or tainted spans), PodGroups (of each API the world writes
+gangs in), Queues and the Events about pods.
 Each watch lists, then watches, and lists again when it fails (a pod that vanished between
 two lists is recorded as gone when the relist shows it missing). Every second, and at most
 five times a second on changes, it samples a :class:`~perf.chaos.checks.Checker`.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +28,7 @@ from typing import Any
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ExpiredError, KubeError
 from perf.chaos.checks import (
-    GROUP_LABEL,
+    GROUP_APIS,
     JOB_LABEL,
     MEMBER_LABEL,
     QUEUE_LABEL,
@@ -37,10 +39,12 @@ from perf.chaos.checks import (
     NodeRecord,
     PodRecord,
     Verdict,
+    api_of,
+    group_of,
     node_closed,
+    podgroups_path,
 )
 
-XK8S = "/apis/scheduling.x-k8s.io/v1alpha1"
 QUEUES = "/apis/batchsched.io/v1alpha1/queues"
 SANDBOX_LABEL = "batchsched.io/sandbox-node"
 
@@ -54,8 +58,10 @@ class Recorder:
     """See the module docstring. :meth:`start` and :meth:`stop` from the harness's thread."""
 
     def __init__(self, kubeconfig: str, *, namespace: str, pool: str, gpus_per_node: int = 8,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, group_apis: tuple[str, ...] = tuple(GROUP_APIS)) -> None:
         self.kubeconfig = kubeconfig
+        #: the PodGroup APIs watched (those the cluster serves)
+        self.group_apis = group_apis
         self.namespace = namespace
         self.pool = pool
         self.m = Mirror(gpus_per_node=gpus_per_node)
@@ -71,6 +77,7 @@ class Recorder:
         self._stop: asyncio.Event | None = None
         self._changed: asyncio.Event | None = None
         self._synced_names: set[str] = set()
+        self._watches = 0
 
     # -- the thread --------------------------------------------------------------------
 
@@ -92,14 +99,17 @@ class Recorder:
         self._changed = asyncio.Event()
         client = await KubeClient.connect(self.kubeconfig, max_connections=16)
         ns = self.namespace
-        watches = [
+        watches: list[tuple[str, str, dict[str, str], Callable[[list[dict[str, Any]], float], None],
+                            Callable[[str, dict[str, Any], float], None]]] = [
             ("pods", f"/api/v1/namespaces/{ns}/pods", {}, self._pods_listed, self._pod_event),
             ("nodes", "/api/v1/nodes", {"labelSelector": f"{SANDBOX_LABEL}={self.pool}"}, self._nodes_listed, self._node_event),
-            ("groups", f"{XK8S}/namespaces/{ns}/podgroups", {}, self._groups_listed, self._group_event),
+            *((f"groups.{api}", podgroups_path(api, ns), {}, functools.partial(self._groups_listed, api),
+               self._group_event) for api in self.group_apis),
             ("queues", QUEUES, {"labelSelector": f"{WORLD_LABEL}={ns}"}, self._queues_listed, self._queue_event),
             ("events", f"/api/v1/namespaces/{ns}/events", {"fieldSelector": "involvedObject.kind=Pod"},
              self._events_listed, self._event_event),
         ]
+        self._watches = len(watches)
         tasks = [asyncio.create_task(self._mirror(client, *w)) for w in watches]
         tasks.append(asyncio.create_task(self._sampler()))
         try:
@@ -124,7 +134,7 @@ class Recorder:
                         listed(items, time.time())
                     self.relists[name] = self.relists.get(name, 0) + 1
                     self._synced_names.add(name)
-                    if len(self._synced_names) == 5:
+                    if len(self._synced_names) == self._watches:
                         self.synced.set()
                     self._poke()
                 async for etype, obj in client.watch(path, rv, timeout_seconds=60, **params):
@@ -188,7 +198,7 @@ class Recorder:
         labels = meta.get("labels") or {}
         if rec is None:
             rec = PodRecord(uid=uid, name=meta["name"], job=labels.get(JOB_LABEL, meta["name"]),
-                            member=labels.get(MEMBER_LABEL, meta["name"]), group=labels.get(GROUP_LABEL),
+                            member=labels.get(MEMBER_LABEL, meta["name"]), group=group_of(obj),
                             queue=labels.get(QUEUE_LABEL), created=now, obj=obj)
             self.m.pods[uid] = rec
         rec.obj = obj
@@ -245,8 +255,14 @@ class Recorder:
 
     # -- groups, queues, events -------------------------------------------------------------------
 
-    def _groups_listed(self, items: list[dict[str, Any]], now: float) -> None:
-        self.m.groups = {o["metadata"]["name"]: o for o in items}
+    def _groups_listed(self, api: str, items: list[dict[str, Any]], now: float) -> None:
+        """``api``'s PodGroups listed: they replace those of that API (the world's job
+        names are unique, so one mapping by name holds both APIs)."""
+        version = GROUP_APIS[api].removeprefix("/apis/")
+        for o in items:
+            o.setdefault("apiVersion", version)  # a built-in type's list items carry none
+        self.m.groups = {n: o for n, o in self.m.groups.items() if api_of(o) != api}
+        self.m.groups.update((o["metadata"]["name"], o) for o in items)
 
     def _group_event(self, etype: str, obj: dict[str, Any], now: float) -> None:
         name = obj["metadata"]["name"]

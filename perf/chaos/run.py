@@ -8,7 +8,9 @@
    harness's job controller (a member pod that is gone is created again);
 3. the workload: gangs of 8 to 64 single-GPU pods, gangs of card shares, whole-GPU pods and
    shares, in two teams' queues with borrowing, three priorities; about 60% of the pool
-   asked for, so faults have room and preemption has work;
+   asked for, so faults have room and preemption has work; every second gang (of the
+   workload and of the faults) is a Kubernetes ``scheduling.k8s.io/v1beta1`` PodGroup when
+   the cluster serves that API, the others scheduler-plugins' PodGroups;
 4. for each fault, in turn: inject it (:mod:`perf.chaos.faults_cluster`, and the faults of
    :mod:`perf.chaos.faults_scheduler` when that module is present); wait until the cluster
    has recovered (:meth:`World.recovered`), timed from when the fault was undone (or
@@ -179,6 +181,7 @@ async def run_world(world: World, cfg: ChaosConfig) -> dict[str, Any]:
     return {
         "nodes": len(world.nodes), "gpus_per_node": world.gpus_per_node, "jobs_at_start": jobs,
         "workload_settled_s": round(baseline, 1), "rows": [r.to_json() for r in rows],
+        "gangs_by_api": dict(world.gangs_by_api),
         "whole_run": final.to_json(), "pods_recreated_by_job_controller": world.replaced,
         "replica_restarts": {n: r.restarts for n, r in world.schedulers.replicas.items()},
         "faults_scheduler_present": any(k not in CLUSTER_FAULTS for k in faults),
@@ -224,5 +227,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"longest partial gang {result['whole_run']['longest_partial_s']} s (binding included); "
         f"{result['pods_recreated_by_job_controller']} member pods created again by the harness's job controller; "
         f"replicas started again after exiting: {result['replica_restarts']}.",
+        "",
+        "Gangs submitted per PodGroup API: " + ", ".join(f"{api} {n}" for api, n in sorted(result["gangs_by_api"].items())) + ".",
         "",
     ])

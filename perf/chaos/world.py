@@ -54,13 +54,17 @@ from batchsched.sandbox.nodes import (
 )
 from perf.chaos.checks import (
     GPU,
+    GROUP_APIS,
     GROUP_LABEL,
     JOB_LABEL,
+    K8S_API,
     MEMBER_LABEL,
     QUEUE_LABEL,
     QUOTA_RESOURCE,
     SHARE_ANNOTATION,
     WORLD_LABEL,
+    XK8S_API,
+    podgroups_path,
 )
 from perf.chaos.recorder import Recorder
 
@@ -69,7 +73,6 @@ if TYPE_CHECKING:
     from perf.chaos.checks import Verdict
     from perf.chaos.proxy import Proxy
 
-XK8S = "/apis/scheduling.x-k8s.io/v1alpha1"
 QUEUES = "/apis/batchsched.io/v1alpha1/queues"
 LEASES = "/apis/coordination.k8s.io/v1"
 LEASE_NAME = "batchsched"
@@ -109,6 +112,8 @@ class Job:
     pods: list[str]
     #: when not empty, the only nodes its pods may go to (required node affinity)
     nodes: tuple[str, ...] = ()
+    #: the API its PodGroup is written in (a gang's)
+    api: str = XK8S_API
 
     @property
     def gang(self) -> bool:
@@ -341,6 +346,7 @@ class Schedulers:
 @dataclass(slots=True)
 class Counters:
     jobs: itertools.count[int] = field(default_factory=itertools.count)
+    gangs: itertools.count[int] = field(default_factory=itertools.count)
     replacements: itertools.count[int] = field(default_factory=itertools.count)
 
 
@@ -350,7 +356,7 @@ class World:
     def __init__(self, *, kube: KubeClient, sandbox: SandboxState, namespace: str, nodes: list[str],
                  gpus_per_node: int, queues: dict[str, dict[str, Any]], schedulers: Schedulers,
                  recorder: Recorder, scheduler_name: str, pool: str, workdir: Path,
-                 gang_timeout: float) -> None:
+                 gang_timeout: float, group_apis: tuple[str, ...] = (XK8S_API,), upstream_every: int = 2) -> None:
         self.kube = kube
         self.sandbox = sandbox
         self.namespace = namespace
@@ -363,6 +369,12 @@ class World:
         self.pool = pool
         self.workdir = workdir
         self.gang_timeout = gang_timeout
+        #: the PodGroup APIs the cluster serves (Kubernetes' own from 1.36, when enabled)
+        self.group_apis = group_apis
+        #: every n-th gang is written in Kubernetes' own API (0: none)
+        self.upstream_every = upstream_every
+        #: gangs submitted in each PodGroup API, over the whole run
+        self.gangs_by_api: dict[str, int] = {}
         self.jobs: dict[str, Job] = {}
         self._count = Counters()
         self._supervisor: asyncio.Task[None] | None = None
@@ -395,7 +407,7 @@ class World:
         elif job.gpu:
             requests[GPU] = limits[GPU] = str(job.gpu)
         labels = {WORLD_LABEL: self.namespace, JOB_LABEL: job.name, MEMBER_LABEL: member}
-        if job.gang:
+        if job.gang and job.api == XK8S_API:
             labels[GROUP_LABEL] = job.name
         if job.queue:
             labels[QUEUE_LABEL] = job.queue
@@ -408,6 +420,8 @@ class World:
         }
         if job.priority:
             spec["priorityClassName"] = job.priority
+        if job.gang and job.api == K8S_API:
+            spec["schedulingGroup"] = {"podGroupName": job.name}
         if job.nodes:
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [
@@ -416,27 +430,48 @@ class World:
                 "metadata": {"name": pod, "labels": labels, "annotations": annotations}, "spec": spec}
 
     def group_body(self, job: Job, *, min_member: int | None = None) -> dict[str, Any]:
+        """The gang's PodGroup in its API. Kubernetes' own has no schedule timeout: the
+        replicas' ``gang.defaultScheduleTimeoutSeconds`` is the world's."""
         labels = {WORLD_LABEL: self.namespace}
         if job.queue:
             labels[QUEUE_LABEL] = job.queue
-        return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-                "metadata": {"name": job.name, "namespace": self.namespace, "labels": labels},
-                "spec": {"minMember": min_member or job.min_member,
-                         "scheduleTimeoutSeconds": int(self.gang_timeout)}}
+        spec: dict[str, Any] = {"minMember": min_member or job.min_member,
+                                "scheduleTimeoutSeconds": int(self.gang_timeout)}
+        if job.api == K8S_API:
+            spec = {"schedulingPolicy": {"gang": {"minCount": min_member or job.min_member}}}
+            if job.priority:
+                spec["priorityClassName"] = job.priority
+        return {"apiVersion": GROUP_APIS[job.api].removeprefix("/apis/"), "kind": "PodGroup",
+                "metadata": {"name": job.name, "namespace": self.namespace, "labels": labels}, "spec": spec}
+
+    def group_path(self, job: Job) -> str:
+        """The collection the gang's PodGroup is in."""
+        return podgroups_path(job.api, self.namespace)
+
+    def next_gang_api(self) -> str:
+        """The API of the next gang: every :attr:`upstream_every`-th is Kubernetes' own when
+        the cluster serves it, the others scheduler-plugins'."""
+        n = next(self._count.gangs)
+        if K8S_API in self.group_apis and self.upstream_every and n % self.upstream_every == self.upstream_every - 1:
+            return K8S_API
+        return XK8S_API
 
     async def submit(self, *, members: int, min_member: int | None = None, gpu: int = 1, share: float | None = None,
                      queue: str | None = None, priority: str | None = None, name: str | None = None,
-                     nodes: tuple[str, ...] = ()) -> Job:
+                     nodes: tuple[str, ...] = (), api: str | None = None) -> Job:
         """One gang (``members > 1``: a PodGroup and its pods) or one single pod; ``nodes``,
-        when given, are the only nodes its pods may go to."""
+        when given, are the only nodes its pods may go to; ``api``: the gang's PodGroup API
+        (default: :meth:`next_gang_api`)."""
         name = name or f"j{next(self._count.jobs):04d}"
         pods = [f"{name}-{i}" for i in range(members)] if members > 1 else [name]
         job = Job(name=name, namespace=self.namespace, members=members, min_member=min_member or members,
                   gpu=gpu, share=share, queue=queue, priority=priority, pods=pods, nodes=nodes)
+        if job.gang:
+            job.api = api or self.next_gang_api()
+            self.gangs_by_api[job.api] = self.gangs_by_api.get(job.api, 0) + 1
         self.jobs[name] = job
         if job.gang:
-            await retrying(lambda: self.kube.create(f"{XK8S}/namespaces/{self.namespace}/podgroups",
-                                                    self.group_body(job)))
+            await retrying(lambda: self.kube.create(self.group_path(job), self.group_body(job)))
         await asyncio.gather(*(self._create_pod(job, pod, pod) for pod in pods))
         return job
 
@@ -463,7 +498,7 @@ class World:
                                                                 gracePeriodSeconds=0))
         if job.gang:
             with contextlib.suppress(NotFoundError):
-                await retrying(lambda: self.kube.delete(f"{XK8S}/namespaces/{ns}/podgroups/{job.name}"))
+                await retrying(lambda: self.kube.delete(f"{self.group_path(job)}/{job.name}"))
         self.jobs.pop(job.name, None)
 
     async def wait_bound(self, job: Job, timeout: float) -> None:
@@ -647,6 +682,27 @@ def team_queues(namespace: str, total_gpus: int) -> dict[str, dict[str, Any]]:
     }
 
 
+async def served_group_apis(kube: KubeClient, namespace: str) -> tuple[str, ...]:
+    """The PodGroup APIs of :data:`~perf.chaos.checks.GROUP_APIS` the cluster serves
+    (Kubernetes' own needs 1.36+ with its feature gates; scheduler-plugins' needs its CRD)."""
+    served = []
+    for api in GROUP_APIS:
+        try:
+            await kube.list(podgroups_path(api, namespace))
+        except NotFoundError:
+            continue
+        served.append(api)
+    return tuple(served)
+
+
+def _with_gang_timeout(config: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
+    """The replicas' configuration with the world's gang timeout as the default (what a
+    Kubernetes PodGroup, which has no timeout of its own, waits), unless it sets one."""
+    doc = dict(config or {})
+    doc["gang"] = {"defaultScheduleTimeoutSeconds": timeout, **(doc.get("gang") or {})}
+    return doc
+
+
 def queue_body(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue",
             "metadata": {"name": name, "labels": {WORLD_LABEL: namespace}}, "spec": spec}
@@ -655,10 +711,13 @@ def queue_body(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any
 @contextlib.asynccontextmanager
 async def open_world(sandbox: SandboxState, *, workdir: Path, nodes: int = 8, gpus_per_node: int = 8,
                      namespace: str | None = None, kubeconfig: str | None = None, gang_timeout: float = 20.0,
-                     scheduler_config: dict[str, Any] | None = None, settle: float = 0.0) -> AsyncIterator[World]:
+                     scheduler_config: dict[str, Any] | None = None, settle: float = 0.0,
+                     upstream_every: int = 2) -> AsyncIterator[World]:
     """A world in ``sandbox``: namespace, nodes, queues, recorder and proxy, all removed on exit.
 
-    ``kubeconfig`` is the one replicas use (default: the sandbox's admin kubeconfig)."""
+    ``kubeconfig`` is the one replicas use (default: the sandbox's admin kubeconfig). Every
+    ``upstream_every``-th gang is written in Kubernetes' own PodGroup API when the cluster
+    serves it (0: none), the others in scheduler-plugins'."""
     from perf.chaos.proxy import Proxy
 
     namespace = namespace or f"chaos-{uuid.uuid4().hex[:6]}"
@@ -675,6 +734,7 @@ async def open_world(sandbox: SandboxState, *, workdir: Path, nodes: int = 8, gp
     try:
         await kube.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {WORLD_LABEL: namespace}}})
         await _default_account(kube, namespace)
+        apis = await served_group_apis(kube, namespace)
         node_names = await create_nodes(kube, [NodeShape(count=nodes, prefix=namespace, gpus=gpus_per_node,
                                                          labels={WORLD_LABEL: namespace})])
         await wait_nodes_ready(kube, node_names, timeout=max(120.0, nodes * 0.2))
@@ -682,16 +742,17 @@ async def open_world(sandbox: SandboxState, *, workdir: Path, nodes: int = 8, gp
             await kube.create(QUEUES, queue_body(namespace, name, spec))
             made_queues.append(name)
         recorder = Recorder(sandbox.kubeconfig, namespace=namespace, pool=namespace,
-                             gpus_per_node=gpus_per_node)
+                             gpus_per_node=gpus_per_node, group_apis=apis)
         recorder.start()
         proxy = Proxy(sandbox, kubeconfig=kubeconfig or sandbox.kubeconfig, workdir=workdir)
         proxy.start()
         schedulers = Schedulers(kubeconfig=kubeconfig or sandbox.kubeconfig, namespace=namespace,
                                 scheduler_name=scheduler_name, workdir=workdir, proxy=proxy,
-                                base_config=scheduler_config)
+                                base_config=_with_gang_timeout(scheduler_config, gang_timeout))
         world = World(kube=kube, sandbox=sandbox, namespace=namespace, nodes=node_names, gpus_per_node=gpus_per_node,
                       queues=queues, schedulers=schedulers, recorder=recorder, scheduler_name=scheduler_name,
-                      pool=namespace, workdir=workdir, gang_timeout=gang_timeout)
+                      pool=namespace, workdir=workdir, gang_timeout=gang_timeout, group_apis=apis,
+                      upstream_every=upstream_every)
         recorder.jobs = world.jobs
         world.start_supervisor()
         yield world

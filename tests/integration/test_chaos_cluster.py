@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from perf.chaos import faults_cluster
-from perf.chaos.checks import KINDS
+from perf.chaos.checks import K8S_API, KINDS, XK8S_API
 from perf.chaos.run import Row, inject
 from perf.chaos.world import World, open_world
 from tests.integration.helpers import scheduler_kubeconfig
@@ -42,6 +42,8 @@ async def chaos_world(sandbox: Any, tmp_path: Path) -> AsyncIterator[World]:
         # a little work already running, in both queues
         await world.submit(members=4, gpu=1, queue=world.team_queues[0])
         await world.submit(members=2, share=0.5, queue=world.team_queues[1])
+        # the 1.37 sandbox serves Kubernetes' own PodGroups: every second gang is one
+        assert world.gangs_by_api == {XK8S_API: 1, K8S_API: 1}, world.gangs_by_api
         await world.recovered(RECOVER)
         yield world
 

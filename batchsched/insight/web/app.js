@@ -209,7 +209,7 @@ function renderJobs() {
       est.start ? `at ${formatTime(est.start)}` : null].filter(Boolean).join("\n") || undefined : undefined;
     const running = j.state === "running";
     return el("tr", { className: `job ${j.state}`, dataset: { key: j.key } },
-      el("td", { className: "name", title: `${j.kind}, priority ${j.priority}` },
+      el("td", { className: "name", title: `${j.kind}${j.api ? ` (${j.api})` : ""}, priority ${j.priority}` },
         el("span", { className: "muted" }, `${j.namespace}/`), j.name),
       el("td", { className: "queue" }, j.queue || "—", j.position ? el("span", { className: "muted", title: `${j.ahead || 0} job(s) ahead of it in its queue` },
         ` #${j.position}${j.queueLength ? ` of ${j.queueLength}` : ""}`) : null),
