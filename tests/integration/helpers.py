@@ -60,10 +60,12 @@ def scheduler_kubeconfig(sandbox: Any) -> str:
 
 
 @contextlib.asynccontextmanager
-async def running_scheduler(sandbox: Any, namespace: str, **overrides: Any) -> AsyncIterator[Scheduler]:
+async def running_scheduler(sandbox: Any, namespace: str, *, kubeconfig: str | None = None,
+                            **overrides: Any) -> AsyncIterator[Scheduler]:
     """batchsched in this process, leading, under its ServiceAccount; ``overrides`` are
-    configuration keys (see :func:`config`)."""
-    client = await KubeClient.connect(scheduler_kubeconfig(sandbox))
+    configuration keys (see :func:`config`); ``kubeconfig``: its ServiceAccount's, pointed
+    elsewhere (through a proxy)."""
+    client = await KubeClient.connect(kubeconfig or scheduler_kubeconfig(sandbox))
     sched = Scheduler(client, config(namespace, **overrides))
     task = asyncio.get_running_loop().create_task(sched.run())
     try:

@@ -42,6 +42,8 @@ from tests.integration.helpers import (
     wait_for,
 )
 
+UPSTREAM = "/apis/scheduling.k8s.io/v1beta1"
+
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 Use = tuple[str, str, str]  # (API group, resource[/subresource], verb)
@@ -101,7 +103,12 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
     try:
         await create_group(kube, XK8S, namespace, "train", {"minMember": 2})
         await create_group(kube, VOLCANO, namespace, "vc", {"minMember": 1})
+        await kube.create(f"{UPSTREAM}/namespaces/{namespace}/podgroups", {
+            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup", "metadata": {"name": "up"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}},
+        })
         await create_pods(kube, namespace, [
+            pod_body("up-0", spec={**in_pool, "schedulingGroup": {"podGroupName": "up"}}),
             *(pod_body(f"train-{i}", gpu=2, spec=in_pool,
                        metadata={"labels": {"scheduling.x-k8s.io/pod-group": "train"}}) for i in range(2)),
             pod_body("vc-0", gpu=1, spec=in_pool,
@@ -125,6 +132,14 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
                 return st.get("phase") == "Running"
 
             await wait_for(vc_running, timeout=60)
+
+            # Kubernetes' own PodGroup: its conditions patched on its status subresource
+            async def up_scheduled() -> bool:
+                group = await kube.get(f"{UPSTREAM}/namespaces/{namespace}/podgroups/up")
+                return any(c.get("type") == "PodGroupInitiallyScheduled" and c.get("status") == "True"
+                           for c in (group.get("status") or {}).get("conditions") or [])
+
+            await wait_for(up_scheduled, timeout=60)
             # a share of a card: the card is written on the pod before it is bound
             await wait_for(lambda: node_of(kube, namespace, "share"), timeout=60)
             share = await pod(kube, namespace, "share")
