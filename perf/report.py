@@ -218,7 +218,8 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
             notes.append(f"- {name}: within a gang, first to last bind took a median {_fmt(_med(s['gang_spread_ms']))} ms (median over runs).")
         for lat in s["stream_latency_ms"][:1]:
             parts = "; ".join(f"{k}: p50 {v['p50']:.0f} ms, p99 {v['p99']:.0f} ms" for k, v in lat.items())
-            notes.append(f"- {name}: creation-to-bind latency of streamed pods (first run): {parts}.")
+            notes.append(f"- {name}: creation-to-bind latency of the pods created during the run (streamed, "
+                         f"or once the cluster was full; first run): {parts}.")
         if name == "batchsched" and s["metrics"]:
             notes.append(f"- batchsched's /metrics (median of runs): {_cycle_metrics(s['metrics'])}.")
         for err in s["errors"]:
