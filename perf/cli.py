@@ -201,6 +201,10 @@ def smoke(out: Path) -> dict[str, Path]:
     else:
         log("smoke: coscheduling skipped: scheduler-plugins is not built (python -m perf build)")
     run_suite(workload="gang-8", size="smoke", schedulers=gang_peers, runs=1, out=out, ceiling=False, strict=True)
+    # the same upstream PodGroups for both: preemption of whole gangs, gangs inside one rack
+    for workload in ("gang-preempt", "gang-topology"):
+        run_suite(workload=workload, size="smoke", schedulers=["batchsched", "kube-scheduler-gang"], runs=1,
+                  out=out, ceiling=False, strict=True)
     from perf.idle import IdleSize, run_idle
     from perf.restart import RestartSize, run_restart
 

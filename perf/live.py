@@ -6,12 +6,16 @@ A run, in order:
    workload's peers', so every peer of a workload sees the same control plane);
 2. start a watch on the run's namespace, then create the PodGroups and every pod that
    exists "before" (the creation rate is never what is measured);
-3. start the scheduler process (time zero), and the stream of "stream" pods if any;
+3. start the scheduler process (time zero), and the stream of "stream" pods if any; once
+   every "before" pod is bound, the PodGroups and pods that arrive "after" (they find the
+   cluster full and fit only by preempting);
 4. wait until the watch has seen every pod bound (``spec.nodeName`` set), the scheduler
-   exits, or the workload's timeout passes;
+   exits, or the workload's timeout passes; then watch ``settle_seconds`` more;
 5. read CPU seconds and peak RSS of the scheduler, the apiserver and etcd from ``/proc``;
-   scrape batchsched's ``/metrics``; check that no gang is partly bound and no node holds
-   more GPUs than it has; stop everything.
+   scrape batchsched's ``/metrics``; check that no gang is partly bound (counting the
+   members deleted, by preemption, as the watch saw them go), that each gang with a
+   topology constraint sits inside one domain of it, and that no node holds more GPUs
+   than it has; stop everything.
 
 Throughput is reported two ways: over the bind window (first to last bind, the
 scheduler's steady rate) and end to end (every pod over the time from the scheduler's
@@ -38,6 +42,7 @@ from perf.workload import Expanded, NodeSpec, PodSpec
 
 if TYPE_CHECKING:
     from batchsched.sandbox.cluster import SandboxState
+    from batchsched.sandbox.nodes import NodeShape
 
 NAMESPACE = "perf"
 CREATE_CONCURRENCY = 64
@@ -55,13 +60,16 @@ class StartError(RunError):
 
 
 class BindWatch:
-    """Records when each pod of a namespace is first seen bound, from a list + watch."""
+    """Records when each pod of a namespace is first seen bound, and when it is first seen
+    going (a deletion timestamp, or deleted), from a list + watch of every pod version."""
 
     def __init__(self, client: KubeClient, namespace: str) -> None:
         self.client = client
         self.path = f"/api/v1/namespaces/{namespace}/pods"
         #: pod name -> (monotonic time first seen bound, node)
         self.bound: dict[str, tuple[float, str]] = {}
+        #: pod name -> monotonic time first seen deleted or being deleted
+        self.deleted: dict[str, float] = {}
         self.synced = asyncio.Event()
         self.changed = asyncio.Event()
         self.errors = 0
@@ -89,8 +97,10 @@ class BindWatch:
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
                         rv = new_rv
-                    if etype in ("ADDED", "MODIFIED"):
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
                         self._see(obj, now)
+                    if etype == "DELETED" or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                        self.deleted.setdefault(obj["metadata"]["name"], now)
             except KubeError:
                 self.errors += 1
                 rv = ""  # relist: binds seen again keep their first time
@@ -135,16 +145,22 @@ def ready_timeout(nodes: int) -> float:
     return max(120.0, nodes * 0.1)
 
 
+def node_shape(nodes: int, node: NodeSpec) -> NodeShape:
+    from batchsched.sandbox.nodes import NodeShape
+
+    return NodeShape(count=nodes, gpus=node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods,
+                     nodes_per_rack=node.nodes_per_rack)
+
+
 @contextlib.contextmanager
 def fresh_sandbox(name: str, nodes: int, node: NodeSpec, apiserver_args: Iterable[str]) -> Iterator[SandboxState]:
     """A sandbox of ``nodes`` nodes shaped like ``node``, stopped on exit; StartError if it cannot start."""
     from batchsched.sandbox.cluster import Sandbox, SandboxError
-    from batchsched.sandbox.nodes import NodeShape
 
     box = Sandbox(name)
     try:
         state = box.up(
-            [NodeShape(count=nodes, gpus=node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods)],
+            [node_shape(nodes, node)],
             apiserver_args=tuple(apiserver_args), ready_timeout=ready_timeout(nodes),
         )
     except (SandboxError, KubeError, OSError, TimeoutError) as exc:
@@ -172,7 +188,12 @@ class RunConfig:
 class Measured:
     started: float = 0.0
     bound: dict[str, tuple[float, str]] = field(default_factory=dict)
+    deleted: dict[str, float] = field(default_factory=dict)
     stream_created: dict[str, float] = field(default_factory=dict)
+    #: pods created after the cluster was filled -> when
+    after_created: dict[str, float] = field(default_factory=dict)
+    #: topology key -> node -> the node's value of that label
+    domains: dict[str, dict[str, str]] = field(default_factory=dict)
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     error: str = ""
@@ -183,7 +204,6 @@ class Measured:
 def run_once(cfg: RunConfig) -> dict[str, Any]:
     """One run on a fresh sandbox; the result as JSON-able data (``ok`` False on failure)."""
     from batchsched.sandbox.cluster import Sandbox, SandboxError
-    from batchsched.sandbox.nodes import NodeShape
 
     ex = cfg.workload
     node = ex.workload.node
@@ -191,7 +211,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
     t_up = time.monotonic()
     try:
         state = box.up(
-            [NodeShape(count=ex.size.nodes, gpus=node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods)],
+            [node_shape(ex.size.nodes, node)],
             apiserver_args=cfg.apiserver_args,
             ready_timeout=ready_timeout(ex.size.nodes),
         )
@@ -218,6 +238,7 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
     running: Running | None = None
     watch_task: asyncio.Task[None] | None = None
     stream_task: asyncio.Task[None] | None = None
+    after_task: asyncio.Task[None] | None = None
     ready_task: asyncio.Task[None] | None = None
     try:
         if peer.gang_style == GANG_X_K8S and ex.gangs:
@@ -227,9 +248,9 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         watch_task = asyncio.create_task(watch.run())
         await asyncio.wait_for(watch.synced.wait(), 60)
         t_create = time.monotonic()
-        await create_all(client, peer.group_objects(ex, NAMESPACE))
+        await create_all(client, peer.group_objects(ex, NAMESPACE, after=False))
         pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-        await create_all(client, ((pod_path, peer.pod(p)) for p in ex.pods if not p.stream))
+        await create_all(client, ((pod_path, peer.pod(p)) for p in ex.pods if not p.stream and not p.after))
         m.timings["create_s"] = time.monotonic() - t_create
 
         windows = {
@@ -246,21 +267,26 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
             stream_task = asyncio.create_task(
                 _stream(client, pod_path, peer, stream, ex.workload.stream_rate, m, watch)
             )
-        total = len(ex.pods)
+        if any(p.after for p in ex.pods):
+            after_task = asyncio.create_task(_after(client, pod_path, peer, ex, m, watch))
         expected = ex.expected_bound
         timeout = cfg.timeout or ex.workload.timeout
         deadline = running.started + timeout
         settle = ex.workload.settle_seconds
         settle_until: float | None = None
-        while len(watch.bound) < total:
+        while True:
             watch.changed.clear()
             if not running.alive():
                 m.error = f"{peer.name} exited with code {running.proc.returncode}: {running.log_tail()}"
                 break
+            if after_task is not None and after_task.done() and after_task.exception() is not None:
+                m.error = f"creating the pods that arrive after failed: {after_task.exception()}"
+                break
             now = time.monotonic()
             if len(watch.bound) >= expected:
                 # everything a correct scheduler can bind is bound: watch a little longer
-                # for binds that should not happen (parts of gangs that do not fit)
+                # for binds that should not happen (parts of gangs that do not fit) and
+                # for late evictions
                 if settle_until is None:
                     settle_until = now + settle
                 if now >= settle_until:
@@ -275,10 +301,12 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         for name, w in windows.items():
             m.usage[name] = w.end(now).to_json()
         m.bound = dict(watch.bound)
+        m.deleted = dict(watch.deleted)
+        m.domains = await node_domains(client, {h.topology for h in ex.gang_heads.values() if h.topology})
         if running.metrics_url and running.alive():
             m.metrics = await asyncio.get_running_loop().run_in_executor(None, scrape, running.metrics_url)
     finally:
-        for task in (stream_task, watch_task, ready_task):
+        for task in (stream_task, after_task, watch_task, ready_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -359,6 +387,36 @@ async def _stream(
     await asyncio.gather(*tasks)
 
 
+async def _after(client: KubeClient, path: str, peer: Peer, ex: Expanded, m: Measured, watch: BindWatch) -> None:
+    """Once every "before" pod is bound (the cluster is full), create the PodGroups and
+    pods that arrive after, as fast as the API takes them."""
+    before = {p.name for p in ex.pods if not p.after and not p.stream}
+    while not before <= watch.bound.keys():
+        await asyncio.sleep(0.05)
+    now = time.monotonic()
+    m.timings["after_start_s"] = now - m.started
+    await create_all(client, peer.group_objects(ex, NAMESPACE, after=True))
+    after = [p for p in ex.pods if p.after]
+    for spec in after:
+        m.after_created[spec.name] = now
+    await create_all(client, ((path, peer.pod(p)) for p in after))
+    m.timings["after_created_s"] = time.monotonic() - m.started
+
+
+async def node_domains(client: KubeClient, keys: set[str]) -> dict[str, dict[str, str]]:
+    """key -> node name -> the node's label ``key`` (nodes without it left out)."""
+    if not keys:
+        return {}
+    nodes, _ = await client.list("/api/v1/nodes")
+    out: dict[str, dict[str, str]] = {k: {} for k in keys}
+    for node in nodes:
+        labels = node["metadata"].get("labels") or {}
+        for key in keys:
+            if key in labels:
+                out[key][node["metadata"]["name"]] = labels[key]
+    return out
+
+
 def scrape(url: str) -> dict[str, float]:
     """batchsched's ``/metrics``: every ``batchsched_*`` sample, keyed by name and labels."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -403,6 +461,62 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def _dist(values: list[float]) -> dict[str, float] | None:
+    return {"median": round(statistics.median(values), 3), "max": round(max(values), 3)} if values else None
+
+
+def gang_figures(ex: Expanded, m: Measured, bound: dict[str, tuple[float, str]]) -> dict[str, Any]:
+    """What the watch saw of each gang, per class: partly bound at the end (members seen
+    deleted count as gone), preempted (a bound member deleted) and of those partly (some
+    members still bound), spanning more than one domain of its topology key, and when its
+    first and last member were bound (from the scheduler's start, or for gangs arriving
+    after the cluster was filled, from their creation)."""
+    by_name = {p.name: p for p in ex.pods}
+    members: dict[str, list[str]] = {}
+    for p in ex.pods:
+        if p.gang:
+            members.setdefault(p.gang, []).append(p.name)
+    live = {n for n in bound if n not in m.deleted}
+    lists: dict[str, dict[str, list[Any]]] = {}
+    for gang, names in members.items():
+        head = by_name[names[0]]
+        c = lists.setdefault(head.klass, {k: [] for k in ("gangs", "partial", "preempted", "partly", "spanning",
+                                                          "topology", "first", "last")})
+        c["gangs"].append(gang)
+        alive = [n for n in names if n in live]
+        if 0 < len(alive) < head.min_count:
+            c["partial"].append(gang)
+        if any(n in m.deleted for n in names if n in bound):
+            c["preempted"].append(gang)
+            if alive:
+                c["partly"].append(gang)
+        if head.topology:
+            c["topology"].append(gang)
+            where = m.domains.get(head.topology, {})
+            if len({where.get(bound[n][1], "") for n in names if n in bound}) > 1:
+                c["spanning"].append(gang)
+        times = [bound[n][0] for n in names if n in bound]
+        if len(times) >= head.min_count:
+            t0 = m.after_created.get(names[0], m.started)
+            c["first"].append(min(times) - t0)
+            c["last"].append(max(times) - t0)
+    classes = {
+        k: {
+            "gangs": len(c["gangs"]), "bound_whole": len(c["first"]), "partial": len(c["partial"]),
+            "preempted": len(c["preempted"]), "partly_preempted": len(c["partly"]),
+            "topology_gangs": len(c["topology"]), "spanning": len(c["spanning"]),
+            "first_bind_s": _dist(c["first"]), "last_bind_s": _dist(c["last"]),
+        }
+        for k, c in sorted(lists.items())
+    }
+
+    def every(key: str) -> list[str]:
+        return sorted(g for c in lists.values() for g in c[key])
+
+    return {"classes": classes, "partial": every("partial"), "preempted": every("preempted"),
+            "partly_preempted": every("partly"), "spanning": every("spanning"), "topology_gangs": len(every("topology"))}
+
+
 def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
     ex = cfg.workload
     by_name = {p.name: p for p in ex.pods}
@@ -413,32 +527,32 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
     last = times[-1] if times else None
     window = (last - first) if n > 1 and first is not None and last is not None else 0.0
 
-    # gangs: all or nothing at the end of the run; how far apart members were bound
+    gangs = gang_figures(ex, m, bound)
+    partial = gangs["partial"]
     members: dict[str, list[float]] = {}
     for name, (t, _) in bound.items():
-        gang = by_name[name].gang
-        if gang:
-            members.setdefault(gang, []).append(t)
-    partial = [
-        g for g, (size, quorum) in ex.gangs.items() if 0 < len(members.get(g, ())) < quorum
-    ]
+        if by_name[name].gang:
+            members.setdefault(by_name[name].gang, []).append(t)
     spreads = [(max(ts) - min(ts)) * 1e3 for ts in members.values() if len(ts) > 1]
 
-    # no node holds more GPUs than it has
+    # no node holds more GPUs than it has (pods the watch saw deleted hold none)
     gpus_on: dict[str, int] = {}
     for name, (_, node) in bound.items():
-        gpus_on[node] = gpus_on.get(node, 0) + by_name[name].gpus
+        if name not in m.deleted:
+            gpus_on[node] = gpus_on.get(node, 0) + by_name[name].gpus
     overcommitted = sorted(nd for nd, g in gpus_on.items() if g > ex.workload.node.gpus)
 
     latency: dict[str, list[float]] = {}
-    for name, created in m.stream_created.items():
+    for name, created in {**m.stream_created, **m.after_created}.items():
         if name in bound:
             latency.setdefault(by_name[name].klass, []).append((bound[name][0] - created) * 1e3)
 
-    ok = not m.error and n == ex.expected_bound and not partial and not overcommitted
+    ok = not m.error and n == ex.expected_bound and not partial and not overcommitted and not gangs["spanning"]
     error = m.error
     if not error and partial:
-        error = f"{len(partial)} partly bound gangs: {', '.join(sorted(partial)[:5])}"
+        error = f"{len(partial)} partly bound gangs: {', '.join(partial[:5])}"
+    if not error and gangs["spanning"]:
+        error = f"{len(gangs['spanning'])} gangs span domains of their topology key: {', '.join(gangs['spanning'][:5])}"
     if not error and overcommitted:
         error = f"{len(overcommitted)} nodes hold more GPUs than they have"
     return {
@@ -459,6 +573,12 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
         "gang_bind_spread_ms": (
             {"median": round(statistics.median(spreads), 1), "max": round(max(spreads), 1)} if spreads else None
         ),
+        "gang_classes": gangs["classes"],
+        "pods_deleted": len([x for x in m.deleted if x in bound]),
+        "gangs_preempted": len(gangs["preempted"]),
+        "gangs_partly_preempted": len(gangs["partly_preempted"]),
+        "topology_gangs": gangs["topology_gangs"],
+        "gangs_spanning_domains": len(gangs["spanning"]),
         "overcommitted_nodes": len(overcommitted),
         "stream_latency_ms": {k: _percentiles(v) for k, v in sorted(latency.items())},
         "usage": m.usage,

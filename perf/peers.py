@@ -13,7 +13,8 @@ peer runs against the same apiserver). Settings, as issue 6 asks:
   gates the sandbox's control plane runs with (:mod:`batchsched.sandbox.features`).
 * **kube-scheduler-gang**: the same binary and configuration with its gang scheduling (on
   with ``GenericWorkload``, one of those gates), at its best settings from PEERS.md:
-  ``WatchListClient=false``, ``NominatedNodeNameForExpectation=false``. Gangs are
+  ``WatchListClient=false``, ``NominatedNodeNameForExpectation=false``, and
+  ``SchedulerAsyncAPICalls=true`` (measured on 1.37). Gangs are
   ``scheduling.k8s.io/v1beta1`` PodGroups, which the sandbox's apiserver serves
   (``spec.schedulingPolicy.gang.minCount``); pods name theirs in
   ``spec.schedulingGroup.podGroupName``.
@@ -23,9 +24,11 @@ peer runs against the same apiserver). Settings, as issue 6 asks:
   ``scheduling.x-k8s.io/v1alpha1`` PodGroups (``spec.minMember``) and the
   ``scheduling.x-k8s.io/pod-group`` pod label.
 
-batchsched declares gangs the scheduler-plugins way too (the PodGroup CRD of
-``manifests/base/crd-podgroups-x-k8s.yaml``, KubeRay's format); :data:`BATCHSCHED_GANG_STYLE`
-is the one line to change if it reads another.
+batchsched declares gangs the upstream way, as kube-scheduler-gang does: a workload's gangs
+are the same ``scheduling.k8s.io/v1beta1`` PodGroup objects for both (priority class,
+disruption mode and topology constraint included), so the two are compared on exactly what
+a user of Kubernetes 1.37 writes. batchsched reads the scheduler-plugins format too;
+:data:`BATCHSCHED_GANG_STYLE` is the one line to change to measure it on that one.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from perf.workload import Expanded, PodSpec
 
 GANG_X_K8S = "x-k8s"
 GANG_K8S = "k8s"
-BATCHSCHED_GANG_STYLE = GANG_X_K8S
+BATCHSCHED_GANG_STYLE = GANG_K8S
 
 X_K8S_LABEL = "scheduling.x-k8s.io/pod-group"
 CLASS_LABEL = "perf.batchsched.io/class"
@@ -56,7 +59,11 @@ GANG_LABEL = "perf.batchsched.io/gang"
 
 #: the Workload API's group version the gangs of kube-scheduler-gang are declared in
 K8S_GANG_API = "scheduling.k8s.io/v1beta1"
-K8S_GANG_GATES = (*FEATURE_GATES, "WatchListClient=false", "NominatedNodeNameForExpectation=false")
+#: its best for gangs: the first two from PEERS.md (v1.36; on v1.37.2 without them gang-64
+#: waited 73 s for its first bind and bound 76 pods/s), SchedulerAsyncAPICalls (beta, off by
+#: default: the scheduler's API calls made asynchronous; 124 against 102 pods/s on gang-64)
+K8S_GANG_GATES = (*FEATURE_GATES, "WatchListClient=false", "NominatedNodeNameForExpectation=false",
+                  "SchedulerAsyncAPICalls=true")
 
 RTCR_GPU = {
     "name": "NodeResourcesFit",
@@ -191,31 +198,34 @@ class Peer:
 
     # -- rendering a workload for this peer -----------------------------------------------
 
-    def supports(self, ex: Expanded) -> bool:
-        return self.gang_style is not None or not ex.gangs
+    def unsupported(self, ex: Expanded) -> str:
+        """Why this peer cannot run ``ex`` ("" when it can)."""
+        if self.gang_style is None and ex.gangs:
+            return f"{self.name} cannot schedule gangs"
+        heads = ex.gang_heads.values()
+        if self.gang_style != GANG_K8S and any(h.topology or h.disruption for h in heads):
+            return f"{self.name}'s PodGroups have no topology constraint or disruption mode"
+        return ""
 
-    def group_objects(self, ex: Expanded, namespace: str) -> list[tuple[str, dict[str, Any]]]:
-        """(collection path, body) of every PodGroup the workload needs, for this peer."""
+    def group_objects(self, ex: Expanded, namespace: str, *, after: bool | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """(collection path, body) of every PodGroup the workload needs, for this peer; with
+        ``after`` True or False, only the gangs of the pods created after (or before) the
+        cluster was filled."""
         out: list[tuple[str, dict[str, Any]]] = []
-        for gang, (_size, quorum) in sorted(ex.gangs.items()):
+        for gang, head in sorted(ex.gang_heads.items()):
+            if after is not None and head.after != after:
+                continue
             if self.gang_style == GANG_X_K8S:
                 out.append((
                     f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups",
                     {
                         "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
                         "metadata": {"name": gang},
-                        "spec": {"minMember": quorum},
+                        "spec": {"minMember": head.min_count},
                     },
                 ))
             elif self.gang_style == GANG_K8S:
-                out.append((
-                    f"/apis/{K8S_GANG_API}/namespaces/{namespace}/podgroups",
-                    {
-                        "apiVersion": K8S_GANG_API, "kind": "PodGroup",
-                        "metadata": {"name": gang},
-                        "spec": {"schedulingPolicy": {"gang": {"minCount": quorum}}},
-                    },
-                ))
+                out.append((f"/apis/{K8S_GANG_API}/namespaces/{namespace}/podgroups", k8s_podgroup(gang, head)))
         return out
 
     def pod(self, spec: PodSpec) -> dict[str, Any]:
@@ -248,6 +258,24 @@ class Peer:
         }
 
 
+def k8s_podgroup(name: str, head: PodSpec) -> dict[str, Any]:
+    """A ``scheduling.k8s.io/v1beta1`` PodGroup for the gang ``head`` belongs to.
+
+    ``priorityClassName`` only: the apiserver's priority admission fills ``priority`` (and,
+    with PodGroupPreemptionPolicy, ``preemptionPolicy``) in from the class and refuses a
+    PodGroup that sets them otherwise; the members carry the same class, since
+    kube-scheduler refuses a group whose pods' preemption policy differs from the group's.
+    """
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": head.min_count}}}
+    if head.priority_class:
+        spec["priorityClassName"] = head.priority_class
+    if head.disruption:
+        spec["disruptionMode"] = {head.disruption: {}}
+    if head.topology:
+        spec["schedulingConstraints"] = {"topology": [{"key": head.topology}]}
+    return {"apiVersion": K8S_GANG_API, "kind": "PodGroup", "metadata": {"name": name}, "spec": spec}
+
+
 def _kube_scheduler() -> Path:
     from batchsched.sandbox import build
 
@@ -266,6 +294,14 @@ PEERS: dict[str, Peer] = {
         scheduler_name="batchsched",
         gang_style=BATCHSCHED_GANG_STYLE,
         settings="default config, leader election off",
+    ),
+    # the same scheduler on the scheduler-plugins PodGroups: not in any workload's list; run
+    # it by name (--schedulers) to tell the cost of reading upstream PodGroups from the rest
+    "batchsched-x-k8s": Peer(
+        name="batchsched-x-k8s",
+        scheduler_name="batchsched",
+        gang_style=GANG_X_K8S,
+        settings="batchsched as above, gangs as scheduling.x-k8s.io/v1alpha1 PodGroups",
     ),
     "kube-scheduler": Peer(
         name="kube-scheduler",

@@ -218,7 +218,8 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
             notes.append(f"- {name}: within a gang, first to last bind took a median {_fmt(_med(s['gang_spread_ms']))} ms (median over runs).")
         for lat in s["stream_latency_ms"][:1]:
             parts = "; ".join(f"{k}: p50 {v['p50']:.0f} ms, p99 {v['p99']:.0f} ms" for k, v in lat.items())
-            notes.append(f"- {name}: creation-to-bind latency of streamed pods (first run): {parts}.")
+            notes.append(f"- {name}: creation-to-bind latency of the pods created during the run (streamed, "
+                         f"or once the cluster was full; first run): {parts}.")
         if name == "batchsched" and s["metrics"]:
             notes.append(f"- batchsched's /metrics (median of runs): {_cycle_metrics(s['metrics'])}.")
         for err in s["errors"]:
@@ -231,11 +232,61 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
         notes.append(f"- apiserver flags for every run of this workload: `{' '.join(data['apiserver_args'])}`.")
     notes.append(_machine_line(data))
     lines += [*notes, ""]
+    lines += gang_markdown(data)
     if plot:
         lines += [f"![pods bound over time]({plot})", ""]
     for run in data.get("profile_runs") or []:
         lines += profile_markdown(run)
     return lines
+
+
+def gang_markdown(data: dict[str, Any]) -> list[str]:
+    """Per scheduler and gang class: when gangs were bound, and what the watch of every pod
+    version saw of them (partly bound, preempted whole or in part, spanning racks)."""
+    runs = [r for r in data.get("runs", []) if r.get("gang_classes")]
+    if not runs:
+        return []
+    preempting = any(r.get("gangs_preempted") for r in runs)
+    topology = any(r.get("topology_gangs") for r in runs)
+    lines = [
+        "Gangs, per class: seconds from the scheduler's start (for gangs created once the cluster was "
+        "full: from their creation) to the first and to the last bind of each gang, as the median over "
+        "the gangs (the median of the runs') and the largest (over the runs); then, per run, what the "
+        "watch of every pod version saw at the end: gangs bound whole, gangs partly bound (members seen "
+        "deleted count as gone)"
+        + ("; gangs preempted (a bound member deleted) and of those, partly (members left bound)" if preempting else "")
+        + ("; gangs whose members sit in more than one domain of their topology key" if topology else "")
+        + ". Several values in a cell: one per run, in order.",
+        "",
+        "| scheduler | class | gangs | bound whole | first bind s: median (max) | last bind s: median (max) | partial |"
+        + (" preempted | partly preempted |" if preempting else "")
+        + (" spanning racks |" if topology else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if preempting else "") + ("---|" if topology else ""),
+    ]
+    by_sched: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_sched.setdefault(r["scheduler"], []).append(r)
+    for name, rs in by_sched.items():
+        for klass in sorted({k for r in rs for k in r["gang_classes"]}):
+            cs = [r["gang_classes"][klass] for r in rs if klass in r["gang_classes"]]
+
+            def each(key: str, cs: list[dict[str, Any]] = cs) -> str:
+                return "; ".join(str(c.get(key, 0)) for c in cs)
+
+            def dist(key: str, cs: list[dict[str, Any]] = cs) -> str:
+                vals = [c[key] for c in cs if c.get(key)]
+                if not vals:
+                    return "\u2013"
+                return f"{_fmt(_med([v['median'] for v in vals]), 2)} ({_fmt(max(v['max'] for v in vals), 2)})"
+
+            row = (f"| {name} | {klass} | {cs[0]['gangs']} | {each('bound_whole')} | {dist('first_bind_s')} | "
+                   f"{dist('last_bind_s')} | {each('partial')} |")
+            if preempting:
+                row += f" {each('preempted')} | {each('partly_preempted')} |"
+            if topology:
+                row += f" {each('spanning')} |"
+            lines.append(row)
+    return [*lines, ""]
 
 
 def profile_markdown(run: dict[str, Any], top: int = 15) -> list[str]:

@@ -129,8 +129,9 @@ def run_suite(
     unavailable: dict[str, str] = {}
     for name in names:
         peer = get_peer(name)
-        if not peer.supports(ex):
-            unavailable[name] = f"{name} cannot schedule gangs"
+        why = peer.unsupported(ex)
+        if why:
+            unavailable[name] = why
             continue
         try:
             peer.check()

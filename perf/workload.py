@@ -1,9 +1,10 @@
 """Workloads as data: ``perf/workloads/*.yaml`` read, checked and expanded into pods.
 
 A workload file names the schedulers that run it, the node shape, one or more pod
-*classes* (what each pod asks for, whether pods come in gangs, their priority class, and
-whether they exist before the scheduler starts or arrive as a stream) and named *sizes*
-(nodes and total pods). :func:`expand` turns a workload at one size into concrete
+*classes* (what each pod asks for, whether pods come in gangs and how those gangs are
+declared: quorum, topology constraint, disruption mode; their priority class; and when
+they are created: before the scheduler starts, as a stream, or ``after`` every earlier pod
+is bound, so that they find the cluster full) and named *sizes* (nodes and total pods). :func:`expand` turns a workload at one size into concrete
 :class:`PodSpec` values; :mod:`perf.peers` renders them for one scheduler (its
 ``schedulerName`` and its way of declaring a gang).
 
@@ -31,6 +32,8 @@ class NodeSpec:
     cpu: str = "96"
     memory: str = "1024Gi"
     max_pods: int = 110
+    #: nodes per rack: the sandbox labels node i ``batchsched.io/rack: <prefix>-rack-<i // this>``
+    nodes_per_rack: int = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,8 +48,15 @@ class PodClass:
     #: gang quorum; 0 = the whole gang
     min_count: int = 0
     priority_class: str = ""
-    #: "before" (created before the scheduler starts) or "stream" (created at stream_rate)
+    #: "before" (created before the scheduler starts), "stream" (created at stream_rate) or
+    #: "after" (created, PodGroups included, once every "before" pod is bound)
     arrival: str = "before"
+    #: a node label key each gang must fit inside one domain of (the PodGroup's
+    #: ``schedulingConstraints.topology``); "" for none
+    topology: str = ""
+    #: the PodGroup's ``disruptionMode``: "all" (members are preempted together), "single",
+    #: or "" (not written: the API's default, single)
+    disruption: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,6 +102,11 @@ class PodSpec:
     gang: str = ""
     gang_size: int = 0
     min_count: int = 0
+    #: created once every "before" pod is bound
+    after: bool = False
+    #: the gang's topology key and disruption mode (see :class:`PodClass`)
+    topology: str = ""
+    disruption: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,6 +120,15 @@ class Expanded:
     def gangs(self) -> dict[str, tuple[int, int]]:
         """gang name -> (members, quorum)."""
         return {p.gang: (p.gang_size, p.min_count) for p in self.pods if p.gang}
+
+    @property
+    def gang_heads(self) -> dict[str, PodSpec]:
+        """gang name -> its first member (which carries what the gang's PodGroup says)."""
+        heads: dict[str, PodSpec] = {}
+        for p in self.pods:
+            if p.gang and p.gang not in heads:
+                heads[p.gang] = p
+        return heads
 
     @property
     def gpu_demand(self) -> int:
@@ -184,14 +208,22 @@ def parse_workload(data: Any, *, path: str = "") -> Workload:
     if wl.default_size not in wl.sizes:
         raise WorkloadError(f"{where}: default_size {wl.default_size!r} is not one of sizes")
     for c in wl.classes:
-        if c.arrival not in ("before", "stream"):
-            raise WorkloadError(f"{where}: class {c.name}: arrival must be before or stream, got {c.arrival!r}")
+        if c.arrival not in ("before", "stream", "after"):
+            raise WorkloadError(f"{where}: class {c.name}: arrival must be before, stream or after, got {c.arrival!r}")
+        if c.disruption not in ("", "all", "single"):
+            raise WorkloadError(f"{where}: class {c.name}: disruption must be all or single, got {c.disruption!r}")
+        if (c.topology or c.disruption) and not c.gang:
+            raise WorkloadError(f"{where}: class {c.name}: topology and disruption are a gang's (set gang)")
         if c.gang < 0 or c.min_count < 0 or (c.gang and c.min_count > c.gang):
             raise WorkloadError(f"{where}: class {c.name}: need 0 <= min_count <= gang")
         if c.share <= 0:
             raise WorkloadError(f"{where}: class {c.name}: share must be positive")
     if wl.oversubscribed and (len(wl.classes) != 1 or not wl.classes[0].gang):
         raise WorkloadError(f"{where}: oversubscribed workloads need exactly one class, of gangs")
+    if wl.node.nodes_per_rack < 1:
+        raise WorkloadError(f"{where}: node: nodes_per_rack must be at least 1")
+    if any(c.arrival == "after" for c in wl.classes) and not any(c.arrival == "before" for c in wl.classes):
+        raise WorkloadError(f"{where}: classes arriving after need a class created before")
     if any(c.arrival == "stream" for c in wl.classes) and wl.stream_rate <= 0:
         raise WorkloadError(f"{where}: stream classes need a positive stream_rate")
     return wl
@@ -235,7 +267,7 @@ def expand(wl: Workload, size_name: str | None = None) -> Expanded:
             count -= count % c.gang
         common = dict(
             klass=c.name, gpus=c.gpus, cpu=c.cpu, memory=c.memory,
-            priority_class=c.priority_class, stream=c.arrival == "stream",
+            priority_class=c.priority_class, stream=c.arrival == "stream", after=c.arrival == "after",
         )
         if c.gang:
             quorum = c.min_count or c.gang
@@ -244,7 +276,7 @@ def expand(wl: Workload, size_name: str | None = None) -> Expanded:
                 for m in range(c.gang):
                     pods.append(PodSpec(
                         name=f"{gang}-{m:03d}", gang=gang, gang_size=c.gang, min_count=quorum,
-                        **common,  # type: ignore[arg-type]
+                        topology=c.topology, disruption=c.disruption, **common,  # type: ignore[arg-type]
                     ))
         else:
             for i in range(count):
@@ -252,9 +284,14 @@ def expand(wl: Workload, size_name: str | None = None) -> Expanded:
     if not pods:
         raise WorkloadError(f"{wl.name}@{sname}: no pods (a size too small for its gangs?)")
     ex = Expanded(workload=wl, size_name=sname, size=size, pods=tuple(pods))
-    if ex.gpu_demand > ex.gpu_capacity and not wl.oversubscribed:
-        raise WorkloadError(
-            f"{wl.name}@{sname}: {ex.gpu_demand} GPUs asked for, only {ex.gpu_capacity} exist: "
-            "not every pod could be bound"
-        )
+    # pods created "after" find the cluster full: they fit only by preempting, so each
+    # phase on its own must fit
+    phases = [[p for p in pods if not p.after], [p for p in pods if p.after]]
+    for phase in phases:
+        demand = sum(p.gpus for p in phase)
+        if demand > ex.gpu_capacity and not wl.oversubscribed:
+            raise WorkloadError(
+                f"{wl.name}@{sname}: {demand} GPUs asked for, only {ex.gpu_capacity} exist: "
+                "not every pod could be bound"
+            )
     return ex

@@ -3,8 +3,10 @@
 Asserts only that the runs complete, every pod is bound, no gang is partly bound and the
 report files exist, never a speed. It starts and stops its own small sandboxes (a fresh
 control plane per run, as the suite does), so it does not use the session's sandbox.
-batchsched and kube-scheduler always run; coscheduling runs when scheduler-plugins is
-already built (``python -m perf build``), since building it takes minutes.
+batchsched and kube-scheduler always run (kube-scheduler-gang on the same upstream PodGroups
+as batchsched, among them the workloads where preemption must act and gangs must keep to one
+rack); coscheduling runs when scheduler-plugins is already built (``python -m perf build``),
+since building it takes minutes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ def test_perf_smoke(tmp_path: Path) -> None:
             assert run["bound"] == run["pods"] == data["pods"]
             assert run["partial_gangs"] == 0
             assert run["overcommitted_nodes"] == 0
+    # both schedulers ran the workloads where preemption must act and gangs must keep to a rack
+    for name in ("gang-preempt", "gang-topology"):
+        data = orjson.loads((tmp_path / "sched" / f"{name}@smoke.json").read_bytes())
+        assert {r["scheduler"] for r in data["runs"]} == {"batchsched", "kube-scheduler-gang"}
+        for run in data["runs"]:
+            assert run["ok"], run["error"]
+            assert run["partial_gangs"] == 0 and run["gangs_spanning_domains"] == 0
+            if name == "gang-preempt":
+                assert run["gangs_preempted"] >= 1 and run["gangs_partly_preempted"] == 0
+                assert run["gang_classes"]["high"]["bound_whole"] == run["gang_classes"]["high"]["gangs"]
+            else:
+                assert run["topology_gangs"] == run["gangs"]
     assert plain["ceiling"]["best"] > 0
     # the ceiling is measured in the round, and every run is read against its round's
     assert [c["round"] for c in plain["ceilings"]] == [0]
