@@ -63,8 +63,6 @@ _INT32_MAX = 2**31 - 1
 class UpstreamPolicy:
     """What a ``scheduling.k8s.io`` PodGroup's spec asks beyond its quorum."""
 
-    #: ``schedulingPolicy.basic``: no quorum; members placed one by one as room allows
-    basic: bool = False
     #: ``spec.priority`` (None: not set; the class or the members decide)
     priority: int | None = None
     #: ``spec.preemptionPolicy`` is ``Never``
@@ -73,15 +71,14 @@ class UpstreamPolicy:
     disruption_all: bool = False
     #: ``schedulingConstraints.topology[0].key``: the node label whose domain holds the gang
     topology_key: str = ""
-    #: ``workloadRef.workloadName`` (read for messages only)
-    workload: str = ""
 
 
 def read_spec(spec: Mapping[str, Any]) -> tuple[int, UpstreamPolicy, list[str]]:
     """``(quorum, policy, problems)`` of a ``scheduling.k8s.io`` PodGroup's spec; never
-    raises. A problem makes the group invalid (its pods wait and are told why)."""
+    raises. A problem makes the group invalid (its pods wait and are told why). The basic
+    policy is a quorum of one: members are placed as room allows, as one unit."""
     problems: list[str] = []
-    quorum, basic = 1, False
+    quorum = 1
     policy = spec.get("schedulingPolicy")
     policy = policy if isinstance(policy, Mapping) else {}
     gang, plain = policy.get("gang"), policy.get("basic")
@@ -91,9 +88,7 @@ def read_spec(spec: Mapping[str, Any]) -> tuple[int, UpstreamPolicy, list[str]]:
             problems.append(f"spec.schedulingPolicy.gang.minCount must be a positive integer, got {count!r}")
         else:
             quorum = count
-    elif isinstance(plain, Mapping) and gang is None:
-        basic = True
-    else:
+    elif not (isinstance(plain, Mapping) and gang is None):
         problems.append("spec.schedulingPolicy must set exactly one of basic and gang")
     if spec.get("parentCompositePodGroupName"):
         problems.append(
@@ -120,15 +115,11 @@ def read_spec(spec: Mapping[str, Any]) -> tuple[int, UpstreamPolicy, list[str]]:
             problems.append(f"spec.schedulingConstraints.topology must name one node label key, got {terms!r}")
         else:
             topology = keys[0]
-    ref = spec.get("workloadRef")
-    workload = str(ref.get("workloadName") or "") if isinstance(ref, Mapping) else ""
     return quorum, UpstreamPolicy(
-        basic=basic,
         priority=priority,
         never_preempts=spec.get("preemptionPolicy") == "Never",
         disruption_all=mode.get("all") is not None,
         topology_key=topology,
-        workload=workload,
     ), problems
 
 
