@@ -20,7 +20,7 @@ from collections.abc import Callable
 from batchsched.core import explain
 from batchsched.core.decisions import Decisions, EventNote, group_ref
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup, Room, desired_status
-from batchsched.core.gangs.units import mixed_schedulers
+from batchsched.core.gangs.units import refusal
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import format_time
 from batchsched.core.placement.topology import CLUSTER, TopologyLevels
@@ -174,7 +174,7 @@ class GroupReports:
             if group is None:
                 continue
             tally = self.groups.tally(group, state)
-            refused = group.invalid or mixed_schedulers(group, tally)
+            refused = refusal(group, tally)
             if refused and self._reported_invalid.get(key) != refused:
                 self._reported_invalid[key] = refused
                 out.events.append(EventNote(

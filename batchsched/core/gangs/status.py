@@ -166,11 +166,10 @@ def desired_status(
         message, why = f"{group.described} is invalid: {refused}", "InvalidPodGroup"
         placed = False
     elif placed:
-        why = "Scheduled"
-        message = f"{t.placed} of {n} required members placed"
+        why, message = "Scheduled", _placed_message(t, n)
     else:
         why = reason or "WaitingForMembers"
-        message = waiting or f"waiting for pods: {t.placed + len(t.schedulable)} of {n} required members exist"
+        message = waiting or _waiting_message(t, n)
     return GroupStatus(
         phase=phase,
         running=running,
@@ -195,12 +194,19 @@ def _upstream_status(
     if scheduled_before:
         observed = group.observed
         scheduled, why = True, "Scheduled"
-        message = observed.message if observed.scheduled else f"{t.placed} of {n} required members placed"
+        message = observed.message if observed.scheduled else _placed_message(t, n)
     elif refused:
         scheduled, why, message = False, "SchedulerError", explain.invalid_group(group.described, refused)
     elif t.placed >= n:
-        scheduled, why, message = True, "Scheduled", f"{t.placed} of {n} required members placed"
+        scheduled, why, message = True, "Scheduled", _placed_message(t, n)
     else:
-        scheduled, why = False, "Unschedulable"
-        message = waiting or f"waiting for pods: {t.placed + len(t.schedulable)} of {n} required members exist"
+        scheduled, why, message = False, "Unschedulable", waiting or _waiting_message(t, n)
     return GroupStatus(scheduled=scheduled, reason=why, message=message, disruption=disruption)
+
+
+def _placed_message(t: Tally, n: int) -> str:
+    return f"{t.placed} of {n} required members placed"
+
+
+def _waiting_message(t: Tally, n: int) -> str:
+    return f"waiting for pods: {t.placed + len(t.schedulable)} of {n} required members exist"

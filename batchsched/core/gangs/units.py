@@ -102,11 +102,9 @@ def gang_unit(
 
 def blocked_reason(group: PodGroup, t: Tally, now: float, timers: GangTimers) -> tuple[str, str]:
     """``(condition reason, message)`` of why the group may not be placed now, or ("", "")."""
-    if group.invalid:
-        return "InvalidPodGroup", f"{group.described} is invalid: {group.invalid}"
-    mixed = mixed_schedulers(group, t)
-    if mixed:
-        return "InvalidPodGroup", f"{group.described} is invalid: {mixed}"
+    refused = refusal(group, t)
+    if refused:
+        return "InvalidPodGroup", f"{group.described} is invalid: {refused}"
     if group.suspended:
         return "Suspended", explain.suspended(group.display)
     if timers.backing_off(group.key, now):
@@ -134,6 +132,12 @@ def blocked_reason(group: PodGroup, t: Tally, now: float, timers: GangTimers) ->
                 f"waiting for pods: task {task} has {have} of {need} required members"
             )
     return "", ""
+
+
+def refusal(group: PodGroup, t: Tally) -> str:
+    """Why batchsched will not place the group at all, or "": its spec is invalid, or its
+    members name different schedulers."""
+    return group.invalid or mixed_schedulers(group, t)
 
 
 def mixed_schedulers(group: PodGroup, t: Tally) -> str:
