@@ -107,7 +107,11 @@ class SandboxState:
 
 
 def port_free(port: int) -> bool:
+    """Whether a server could listen on loopback ``port`` now. The probe binds as Go's
+    servers (etcd, kube-apiserver) do, with ``SO_REUSEADDR``: connections a killed server
+    leaves in TIME_WAIT do not keep it from listening again, a listener still there does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -79,8 +79,8 @@ async def _kill_mid_gang(world: World, component: str) -> Injected:
     job = await world.submit(members=size, gpu=1, queue=queue)
     seen = await _first_binding(world, job, since)
     at = time.time()
+    world.recorder.outage(at, None)  # before the kill: the recorder samples in a thread of its own
     box.stop_component(component)  # SIGKILL, at once: no await between the bind and the kill
-    world.recorder.outage(at, None)
     members = set(job.pods)
 
     def bindings(rows: list[Any]) -> set[str]:
@@ -193,8 +193,8 @@ async def watch_expired(world: World, *, partition_for: float = 3.0) -> Injected
     if api is not None and WATCH_CACHE_OFF not in api.args:
         # the apiserver must serve pod watches from etcd: start it so once (not the fault)
         down = time.time()
-        box.stop_component("kube-apiserver")
         world.recorder.outage(down, None)
+        box.stop_component("kube-apiserver")
         await _run_blocking(lambda: box.start_component("kube-apiserver", extra_args=[WATCH_CACHE_OFF]))
         world.recorder.outage(down, time.time())
         prepared = "apiserver restarted with the pod watch cache off first; "

@@ -194,7 +194,9 @@ async def test_group_larger_than_the_cluster_stays_pending_and_says_why(
               for i in range(3)]
     bodies.append(pod_body("broken-0", gpu=1, metadata={"labels": {"scheduling.x-k8s.io/pod-group": "broken"}}))
     bodies.append(pod_body("lost-0", gpu=1, metadata={"labels": {"scheduling.x-k8s.io/pod-group": "nowhere"}}))
-    await create_pods(kube, namespace, bodies)
+    # one after the other, as an operator creates a job's members: members are ordered by
+    # age before their index, and the message names the first that does not fit
+    await create_pods(kube, namespace, bodies, concurrency=1)
     async with running_scheduler(sandbox, namespace):
         async def explained() -> dict[str, Any] | None:
             g = await get_group(kube, XK8S, namespace, "huge")
