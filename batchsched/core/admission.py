@@ -19,8 +19,10 @@ from batchsched.core.placement.cards import assigned, held_cards
 from batchsched.core.placement.layout import Layout, narrow
 from batchsched.core.placement.topology import CLUSTER
 from batchsched.core.placer import IntArray, Placer
+from batchsched.core.dra.book import DeviceCycle
 from batchsched.core.plan import (
     Binding,
+    ClaimWrite,
     Nomination,
     Unit,
     UnitResult,
@@ -36,11 +38,16 @@ __all__ = ["Admission"]
 class Admission:
     """Places units with ``placer`` and records those placed on ``st`` at ``now``."""
 
-    def __init__(self, snap: Snapshot, now: float, st: Statement, placer: Placer) -> None:
+    def __init__(self, snap: Snapshot, now: float, st: Statement, placer: Placer,
+                 devices: DeviceCycle | None = None) -> None:
         self.snap = snap
         self.now = now
         self.st = st
         self.placer = placer
+        #: the cycle's use of DRA devices (None: no pod of the cycle has ResourceClaims)
+        self.devices = devices
+        #: why the last unit :meth:`admitted` refused was refused (its devices)
+        self.refused = ""
 
     def place_on_free_room(self, q: QueueName | None, unit: Unit) -> bool:
         """Place ``unit`` (bound now) where no victim still terminates; nothing on failure.
@@ -63,25 +70,30 @@ class Admission:
         placed, where = self.placer.place(unit, lay, k, mc, out)
         if placed == 0:
             return False
-        self.admitted(q, unit, lay, out, k, where)
-        return True
+        return self.admitted(q, unit, lay, out, k, where)
 
     def admitted(
         self, q: QueueName | None, unit: Unit, lay: Layout, out: IntArray, k: int, where: str = ""
-    ) -> None:
+    ) -> bool:
         """Record the placed members of ``unit`` (``out``: node per member of the first
         ``k``; ``where``: the topology domain they are in, if any); extras that did not
         fit, or that quota refused, are told why.
 
         Members placed on capacity that preempted pods still hold (they are terminating)
-        are not bound yet: the unit gets a nomination on those nodes instead."""
+        are not bound yet: the unit gets a nomination on those nodes instead. False (and
+        nothing recorded, the kernel's usage taken back) when the members' ResourceClaims
+        cannot all be allocated on their nodes: :attr:`refused` says why."""
         assert lay.reqs is not None
         st, placer = self.st, self.placer
-        st.spare(unit.key)
         members = [m for m in range(k) if out[m] >= 0]
+        rows = [int(out[m]) for m in members]
+        claims = self._claims(unit, members, rows)
+        if claims is None:
+            st.unplace(rows, lay.reqs[members])
+            return False
+        st.spare(unit.key)
         if q is not None:
             st.admit(q, lay.reqs[members].sum(axis=0))
-        rows = [int(out[m]) for m in members]
         waiting = st.gone.blocked_by(rows)
         if waiting:
             names = tuple(self.snap.nodes[r].name for r in rows)
@@ -94,7 +106,7 @@ class Admission:
             st.record(unit.key, UnitResult(
                 UnitStatus.WAITING, "WaitingForPreemption", explain.waiting_for_victims(len(waiting), names),
             ))
-            return
+            return True
         st.record(unit.key, UnitResult(UnitStatus.SCHEDULED, "Scheduled", placed=len(members), where=where))
         domain = "" if where == CLUSTER else where
         level = unit.topology_level
@@ -107,7 +119,7 @@ class Admission:
                  for m in members if unit.pods[m].card_asks}
         for m, pod in enumerate(unit.pods):
             if m < k and out[m] >= 0:
-                self._bind(unit, pod, int(out[m]), domain, cards.get(m))
+                self._bind(unit, pod, int(out[m]), domain, cards.get(m), claims.get(m, ()))
                 continue
             if pod.invalid:
                 message = explain.invalid_pod(pod.key, pod.invalid)
@@ -116,9 +128,34 @@ class Admission:
             else:
                 message = placer.explain_member(pod, told, m)
             st.tell(Unschedulable(pod, explain.elastic_member(message), unit.key))
+        return True
+
+    def _claims(self, unit: Unit, members: list[int], rows: list[int]) -> dict[int, tuple[ClaimWrite, ...]] | None:
+        """The ResourceClaims of the placed members, allocated on their nodes in the cycle's
+        device use (a discard of the statement gives them back); None, with
+        :attr:`refused` set and nothing allocated, when one member's cannot be."""
+        devices = self.devices
+        if devices is None or not any(unit.pods[m].resource_claims for m in members):
+            return {}
+        got: dict[int, tuple[ClaimWrite, ...]] = {}
+        for m, row in zip(members, rows, strict=True):
+            pod = unit.pods[m]
+            if not pod.resource_claims:
+                continue
+            node = self.snap.nodes[row].name
+            writes = devices.allocate(pod, node)
+            if isinstance(writes, str):
+                for done in got.values():
+                    devices.release(done)
+                self.refused = explain.devices_refused(pod.key, node, writes)
+                return None
+            got[m] = writes
+        for done in got.values():
+            self.st.undoable(lambda done=done: devices.release(done))
+        return got
 
     def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "",
-              cards: tuple[tuple[int, ...], ...] | None = None) -> None:
+              cards: tuple[tuple[int, ...], ...] | None = None, claims: tuple[ClaimWrite, ...] = ()) -> None:
         self.placer.topo.add(pod, row)
         notes: tuple[tuple[str, str], ...] = ()
         labels: tuple[tuple[str, str], ...] = ()
@@ -127,7 +164,7 @@ class Admission:
             notes, labels = tuple(sorted(a.items())), tuple(sorted(lb.items()))
         self.st.bind(Binding(
             pod.uid, pod.namespace, pod.name, self.snap.nodes[row].name, unit.key, where,
-            cards=cards, annotations=notes, labels=labels,
+            cards=cards, annotations=notes, labels=labels, claims=claims,
         ))
 
     def place_quorum(self, q: QueueName | None, unit: Unit, lay: Layout) -> bool:
@@ -138,5 +175,4 @@ class Admission:
         placed, where = self.placer.place(unit, lay, mc, mc, out)
         if not placed:
             return False
-        self.admitted(q, unit, lay, out, mc, where)
-        return True
+        return self.admitted(q, unit, lay, out, mc, where)

@@ -67,6 +67,7 @@ import numpy as np
 from batchsched.core import explain
 from batchsched.core.accounting import RunningWork
 from batchsched.core.admission import Admission
+from batchsched.core.dra.book import DeviceCycle
 from batchsched.core.equivalence import unit_class
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.placement.cards import CardPolicy
@@ -113,10 +114,13 @@ class Cycle(CycleKernels):
     def run(
         self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None,
         state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class,
+        devices: DeviceCycle | None = None,
     ) -> Plan:
         """``classes``: each unit's equivalence class (:func:`~batchsched.core.equivalence.unit_class`,
-        or a cached one): once a unit fails, the later units of its class and queue fail alike."""
-        return _Walk(self, snap, units, queues, state, classes).run()
+        or a cached one): once a unit fails, the later units of its class and queue fail alike.
+        ``devices``: the cycle's use of DRA devices, where the units' ResourceClaims are
+        allocated (None when no unit has any)."""
+        return _Walk(self, snap, units, queues, state, classes, devices).run()
 
     def account(self, snap: Snapshot, queues: QueueInput) -> QueueTree:
         """Charge running work and the nominations to ``queues.tree`` and record the usage
@@ -148,7 +152,8 @@ class _Walk:
     preemption and reservations acting on that statement."""
 
     def __init__(self, cycle: Cycle, snap: Snapshot, units: Sequence[Unit], queues: QueueInput | None,
-                 state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class) -> None:
+                 state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class,
+                 devices: DeviceCycle | None = None) -> None:
         self.t0 = time.perf_counter()
         self.class_of = classes
         #: (queue, class) -> how its first unit failed: (reason, message, status, that unit)
@@ -168,7 +173,7 @@ class _Walk:
         #: unit key -> its nomination, charged in this cycle
         self.held: dict[str, Held] = {}
         self.preemption = CyclePreemption(self.qi, snap, self.st, self.placer, self.running)
-        self.admission = Admission(snap, self.qi.now, self.st, self.placer)
+        self.admission = Admission(snap, self.qi.now, self.st, self.placer, devices)
         self.reserve = cycle.reservations.begin(self.placer, self.st, self.qi.now, state)
 
     # -- the phases -------------------------------------------------------------------------
@@ -364,8 +369,12 @@ class _Walk:
             if out[m] >= 0:
                 assert lay.reqs is not None
                 one = Layout(lay.reqs[m : m + 1], lay.sig[m : m + 1], lay.masks, lay.static)
-                self.admission.admitted(None, u, one, out[m : m + 1], 1)
-                order.admitted(u)
+                if self.admission.admitted(None, u, one, out[m : m + 1], 1):
+                    order.admitted(u)
+                    continue
+                # its devices could not be allocated where the kernel put it: it waits
+                self.reserve.fail(None, u, lay.member(m), 1, self.admission.refused)
+                order.skipped(u)
                 continue
             all_reqs = lay.reqs
             reqs = None if all_reqs is None else all_reqs[m]
@@ -437,10 +446,12 @@ class _Walk:
         if reqs is not None and k > 0:
             with self.reserve.lifted(unit):
                 placed, where = self.placer.place(unit, lay, k, mc, out)
-        if placed:
-            self.admission.admitted(q, unit, lay, out, k, where)
+        if placed and self.admission.admitted(q, unit, lay, out, k, where):
             t.admitted = True
             return True
+        if placed:  # its devices could not be allocated where the kernel put it
+            t.reason = self.admission.refused
+            return False
         if mc == 0:
             self._extras_left(t)
             return True

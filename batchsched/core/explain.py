@@ -398,3 +398,24 @@ KUEUE_DECIDES = "managed by Kueue, which decides when it stops"
 
 def health_eviction(node: str, label: str, value: str) -> str:
     return f"node {node}'s GPUs are marked {label}={value}: the job restarts elsewhere"
+
+
+# -- dynamic resource allocation (batchsched.core.dra) -----------------------------------
+
+
+def claim_not_made(entry: str, template: str) -> str:
+    return (f"waiting for its ResourceClaim {entry!r} to be made from ResourceClaimTemplate "
+            f"{template} (kube-controller-manager makes it)")
+
+
+def claim_missing(key: str) -> str:
+    return f"ResourceClaim {key} does not exist yet"
+
+
+def no_devices_anywhere(total_nodes: int, why: str) -> str:
+    """No node has devices its claims could get, even on an empty cluster."""
+    return f"its ResourceClaims cannot be allocated on any of {total_nodes} nodes: {why or 'no node has devices'}"
+
+
+def devices_refused(pod_key: str, node: str, why: str) -> str:
+    return f"the ResourceClaims of {pod_key} cannot be allocated on node {node} now: {why}"

@@ -127,6 +127,21 @@ class PodAffinityTerm:
 
 
 @dataclass(slots=True, frozen=True)
+class PodClaim:
+    """One entry of a pod's ``spec.resourceClaims``: the ResourceClaim it uses, named in the
+    pod (``resourceClaimName``) or made for it from a template by kube-controller-manager
+    (``resourceClaimTemplateName``; the pod's ``status.resourceClaimStatuses`` names the
+    claim made)."""
+
+    #: the entry's name (what containers' ``resources.claims`` refer to)
+    name: str
+    #: the ResourceClaim's name; "" while the claim of a template is not made yet
+    claim: str
+    #: the ResourceClaimTemplate it is made from ("" for a claim named in the pod)
+    template: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class Pod:
     uid: PodUID
     namespace: str
@@ -172,8 +187,8 @@ class Pod:
     #: PersistentVolumeClaims its volumes use (generic ephemeral volumes included, by the
     #: claim name Kubernetes gives them: ``<pod>-<volume>``)
     claims: tuple[str, ...] = ()
-    #: ``spec.resourceClaims`` (dynamic resource allocation), by name
-    resource_claims: tuple[str, ...] = ()
+    #: ``spec.resourceClaims`` (dynamic resource allocation): the ResourceClaim each names
+    resource_claims: tuple[PodClaim, ...] = ()
     #: what its containers ask of GPU cards (see :mod:`batchsched.core.devices`)
     card_asks: tuple[CardAsk, ...] = ()
     #: the cards each ask holds, as its annotations record them (None: not recorded)
@@ -397,6 +412,17 @@ def _claims(name: str, volumes: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def and_terms(a: tuple[Term, ...] | None, b: tuple[Term, ...] | None) -> tuple[Term, ...] | None:
+    """Two required node affinities (each an OR of terms, None: any node) that must both hold."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return tuple(
+        Term(expressions=x.expressions + y.expressions, fields=x.fields + y.fields) for x in a for y in b
+    )
+
+
 def parse_node_terms(items: Any) -> tuple[Term, ...]:
     """``nodeSelectorTerms`` (of a pod's required node affinity, or a volume's)."""
     return tuple(_term(t) for t in (items or []))
@@ -482,9 +508,26 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
             (affinity.get("podAntiAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
         ),
         claims=_claims(str(meta.get("name", "")), spec.get("volumes")),
-        resource_claims=tuple(str(c.get("name", "")) for c in (spec.get("resourceClaims") or [])),
+        resource_claims=_resource_claims(spec, status),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
     )
+
+
+def _resource_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[PodClaim, ...]:
+    """``spec.resourceClaims``, each with the ResourceClaim it uses (a template's, from
+    ``status.resourceClaimStatuses`` once made)."""
+    made = {
+        str(s.get("name") or ""): str(s.get("resourceClaimName") or "")
+        for s in (status.get("resourceClaimStatuses") or ()) if isinstance(s, Mapping)
+    }
+    out = []
+    for c in spec.get("resourceClaims") or ():
+        if not isinstance(c, Mapping):
+            continue
+        name, template = str(c.get("name") or ""), str(c.get("resourceClaimTemplateName") or "")
+        claim = made.get(name, "") if template else str(c.get("resourceClaimName") or "")
+        out.append(PodClaim(name=name, claim=claim, template=template))
+    return tuple(out)
 
 
 def _scheduling_group(spec: Mapping[str, Any]) -> str:

@@ -167,6 +167,23 @@ def single_unit(pod: Pod) -> Unit:
 
 
 @dataclass(slots=True, frozen=True)
+class ClaimWrite:
+    """A ResourceClaim's status as it must read before a pod's Binding: the allocation this
+    scheduler chose (None for a claim allocated already, which the pod shares) and
+    ``reservedFor`` with the pod added. Written with the claim's UID and resourceVersion as
+    read, so a claim changed meanwhile is not overwritten."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    allocation: Mapping[str, Any] | None
+    reserved_for: tuple[Mapping[str, str], ...]
+    #: ``reservedFor`` as read (what a failed Binding restores)
+    reserved_before: tuple[Mapping[str, str], ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
 class Binding:
     uid: str
     namespace: str
@@ -181,6 +198,9 @@ class Binding:
     #: a node agent reads); if that write fails, the pod is not bound
     annotations: tuple[tuple[str, str], ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    #: the pod's ResourceClaims to allocate and reserve before the Binding; if a write
+    #: fails, the pod is not bound and the claims written are put back
+    claims: tuple[ClaimWrite, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

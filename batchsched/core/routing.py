@@ -24,6 +24,8 @@ from batchsched.core.books.ledger import BindLedger
 from batchsched.core.books.statuses import GroupReports, QueueStatuses
 from batchsched.core.books.told import ToldBook
 from batchsched.core.disruption import DisruptionBudget
+from batchsched.core.dra.book import DeviceChange
+from batchsched.core.dra.objects import DeviceClass, ResourceClaim, ResourceSlice
 from batchsched.core.gangs import GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Node, Pod, PodUID, Term
@@ -64,13 +66,18 @@ class EventRouting:
     wants_step: bool
 
     def on_nodes_listed(self, nodes: Iterable[Node]) -> None:
-        nodes = [with_health(n, self.settings.node_health) for n in nodes]
+        nodes = self.intake.devices.replace_nodes([with_health(n, self.settings.node_health) for n in nodes])
         self.holds.nodes_listed(nodes)
         self.state.replace_nodes(nodes)
         self.wants_step = True
 
     def on_node(self, kind: str, node: Node) -> None:
-        node = with_health(node, self.settings.node_health)
+        self._node(kind, with_health(node, self.settings.node_health))
+
+    def _node(self, kind: str, node: Node) -> None:
+        """A node event, its health read: with the DRA devices it may offer counted in, to
+        the holds and the mirror."""
+        node = self.intake.devices.node_event(kind, node)
         self.holds.node_event(kind, node)
         before = self.state.capacity_generation
         self.state.node_event(kind, node)
@@ -155,6 +162,39 @@ class EventRouting:
 
     def on_storage_class(self, kind: str, storage_class: tuple[str, str]) -> None:
         self._read_again(self.intake.claiming(self.intake.volumes.class_event(kind, *storage_class)))
+
+    # -- dynamic resource allocation (:mod:`batchsched.core.dra`)
+
+    def on_resource_slices_listed(self, slices: list[ResourceSlice]) -> None:
+        self._devices_changed(self.intake.devices.replace_slices(slices))
+
+    def on_resource_slice(self, kind: str, rs: ResourceSlice) -> None:
+        self._devices_changed(self.intake.devices.slice_event(kind, rs))
+
+    def on_device_classes_listed(self, classes: list[DeviceClass]) -> None:
+        self._devices_changed(self.intake.devices.replace_classes(classes))
+
+    def on_device_class(self, kind: str, dc: DeviceClass) -> None:
+        self._devices_changed(self.intake.devices.class_event(kind, dc))
+
+    def on_resource_claims_listed(self, claims: list[ResourceClaim]) -> None:
+        self._devices_changed(self.intake.devices.replace_claims(claims))
+
+    def on_resource_claim(self, kind: str, claim: ResourceClaim) -> None:
+        self._devices_changed(self.intake.devices.claim_event(kind, claim))
+
+    def _devices_changed(self, change: DeviceChange) -> None:
+        """Devices, their classes or the claims on them changed: the nodes whose free devices
+        changed go to the mirror again, and the pending pods using a changed claim (every
+        pod with claims, when what devices match changed) are read again."""
+        nodes = list(self.state.nodes) if change.nodes is None else sorted(change.nodes)
+        for name in nodes:
+            node = self.state.nodes.get(name)
+            if node is not None:
+                self._node("MODIFIED", node)
+        self._read_again(self.intake.using_devices(change.claims))
+        if not change.empty:
+            self.wants_step = True
 
     def on_groups_listed(self, api: str, groups: list[PodGroup]) -> set[GroupKey]:
         """A full list of one API's PodGroups; returns the keys of those that are gone."""

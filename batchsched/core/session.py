@@ -175,6 +175,7 @@ class Session(EventRouting):
         (the rest of it as its remainder, at once); ``back_off``: refused (a namespace being
         deleted...) or unanswered, its class backs off."""
         self.state.forget(uid)
+        self.intake.devices.forget(uid)
         self.groups.touch(uid)
         self._sync(uid)
         group = self.groups.group_of(uid)
@@ -250,7 +251,8 @@ class Session(EventRouting):
         queues = self.queues.prepare(state=state, groups=self.groups, snap=snap, units=units, now=now,
                                      nominations=due.live)
         queues.turns = self.backlog.turned
-        plan = self.cycle.run(snap, units, queues=queues, state=state, classes=self.backlog.classes(self.groups))
+        plan = self.cycle.run(snap, units, queues=queues, state=state, classes=self.backlog.classes(self.groups),
+                              devices=self.intake.devices.begin(units))
         self.queues.settle(plan, queues.queue_of)
         self.nominations.settle(plan)
         self.cycles += 1
@@ -265,6 +267,7 @@ class Session(EventRouting):
             uid = PodUID(b.uid)
             self.backlog.forget_class_of(uid)  # it fits again: no back-off carried over
             self.state.assume(uid, b.node, b.cards)
+            self.intake.devices.assume(b)
             self.groups.touch(uid)
             self._sync(uid)
             self.ledger.assumed(uid, now)

@@ -170,6 +170,19 @@ class Statement:
             kept = [int(r) for r in rows], reqs.copy()
             self._log(lambda: self._add(kept[0], kept[1], -1))
 
+    def unplace(self, rows: Sequence[int], reqs: IntArray) -> None:
+        """Take back what a kernel added (``reqs[m]`` on ``rows[m]``) for members that are not
+        placed after all (their devices could not be allocated); a discard puts it back, so
+        that the kernel's own record of it is undone exactly."""
+        self._add(rows, reqs, -1)
+        kept = list(rows), reqs.copy()
+        self._log(lambda: self._add(kept[0], kept[1], 1))
+
+    def undoable(self, undo: Callable[[], None]) -> None:
+        """A write made outside the statement (a device allocated in the cycle's
+        :class:`~batchsched.core.dra.DeviceCycle`): ``undo`` takes it back on a discard."""
+        self._log(undo)
+
     def _add(self, rows: Sequence[int], reqs: IntArray, sign: int) -> None:
         for m, row in enumerate(rows):
             self.used[row] += sign * reqs[m]

@@ -1,4 +1,4 @@
-"""Volumes and resource claims: what a pod's storage and devices say about where it may go.
+"""Volumes: what a pod's storage says about where it may go.
 
 The book mirrors PersistentVolumeClaims, PersistentVolumes and StorageClasses, and turns
 each pending pod's claims into either a constraint or a visible refusal:
@@ -12,8 +12,8 @@ each pending pod's claims into either a constraint or a visible refusal:
   not provision volumes (the volume would have to be chosen with the node): the pod is
   refused, naming the claim, until that is supported; with ``Immediate`` binding it waits
   for the claim to be bound;
-- ``spec.resourceClaims`` (dynamic resource allocation): not allocated by batchsched yet:
-  refused, naming the claim.
+
+(``spec.resourceClaims``, dynamic resource allocation, are :mod:`batchsched.core.dra`'s.)
 
 A refused or waiting pod is :attr:`~batchsched.core.model.Pod.invalid` with the reason, so
 it is reported (Event and ``PodScheduled=False``) and never placed; when a claim, volume
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from batchsched.core.model import Pod, Term, parse_node_terms
+from batchsched.core.model import Pod, Term, and_terms, parse_node_terms
 
 __all__ = ["VolumeBook", "VolumeClaim", "parse_claim", "parse_storage_class", "parse_volume"]
 
@@ -64,17 +64,6 @@ def parse_volume(obj: Mapping[str, Any]) -> tuple[str, tuple[Term, ...] | None]:
 def parse_storage_class(obj: Mapping[str, Any]) -> tuple[str, str]:
     """A StorageClass's name and volume binding mode."""
     return str(obj["metadata"]["name"]), str(obj.get("volumeBindingMode") or "Immediate")
-
-
-def _and(a: tuple[Term, ...] | None, b: tuple[Term, ...] | None) -> tuple[Term, ...] | None:
-    """Two required node affinities (each an OR of terms) that must both hold."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return tuple(
-        Term(expressions=x.expressions + y.expressions, fields=x.fields + y.fields) for x in a for y in b
-    )
 
 
 class VolumeBook:
@@ -127,13 +116,8 @@ class VolumeBook:
     def apply(self, pod: Pod) -> Pod:
         """``pod`` as scheduling must see it: its volumes' node affinity added, or invalid
         with the reason its claims keep it from being placed."""
-        if (not pod.claims and not pod.resource_claims) or pod.invalid:
+        if not pod.claims or pod.invalid:
             return pod
-        if pod.resource_claims:
-            return replace(pod, invalid=(
-                f"resource claim {pod.resource_claims[0]}: batchsched does not allocate "
-                "dynamic resource claims (DRA) yet"
-            ))
         terms = pod.required_terms
         for name in pod.claims:
             claim = self.claims.get((pod.namespace, name))
@@ -149,5 +133,5 @@ class VolumeBook:
                 return replace(pod, invalid=f"{where} is not bound to a volume yet")
             if claim.volume not in self.volumes:
                 return replace(pod, invalid=f"{where} is bound to PersistentVolume {claim.volume}, not seen yet")
-            terms = _and(terms, self.volumes[claim.volume])
+            terms = and_terms(terms, self.volumes[claim.volume])
         return pod if terms == pod.required_terms else replace(pod, required_terms=terms)

@@ -27,16 +27,22 @@ under the same name, which the apiserver refuses with a 422 on ``metadata.uid``,
 pod is left unbound with a stale assignment, which the core sees and has cleaned up
 (:class:`~batchsched.kube.cleanup.CleanupWriter`, waited for here before the pod's next
 patch). A Binding without annotations or labels costs one request, as ever.
+
+A Binding with ResourceClaims first writes each claim's allocation and reservation
+(:mod:`batchsched.kube.claims`), under the same policy and budget; a claim that cannot be
+written fails the Binding the same way, and the claims written before it, or before a
+Binding that was refused, are put back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from batchsched.core.plan import Binding
-from batchsched.kube.api import KubeAPI
+from batchsched.core.plan import Binding, ClaimWrite
+from batchsched.kube.api import JSON, KubeAPI
+from batchsched.kube.claims import claim_status_path, release_patch, reserve_patch
 from batchsched.kube.cleanup import CleanupWriter, metadata_patch, pod_path, uid_refused
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.leader import Fence, Fenced
@@ -129,7 +135,12 @@ class Binder:
                     lambda: self.client.request("POST", path, body=body, timeout=30), what=what
                 )
 
+        written: list[ClaimWrite] = []
         try:
+            for w in b.claims:
+                what = f"allocating ResourceClaim {w.namespace}/{w.name} for {b.namespace}/{b.name} on {b.node}"
+                await self.retry.call(self._claim_write(w, what), what=what)
+                written.append(w)
             if b.annotations or b.labels:
                 what = f"annotating {b.namespace}/{b.name} before binding it to {b.node}"
                 if self.cleanups is not None:
@@ -142,13 +153,16 @@ class Binder:
             self.fenced += 1
             self.on_result(b, "fenced", None)
         except ConflictError as exc:
+            await self._release(b, written)
             self.on_result(b, "conflict", exc)
         except NotFoundError as exc:
+            await self._release(b, written)
             self.on_result(b, "gone", exc)
         except TemporaryError as exc:
             log.warning("%s failed, outcome unknown: %s", what, exc)
             self.on_result(b, "unknown", exc)
         except KubeError as exc:
+            await self._release(b, written)
             if uid_refused(exc):
                 self.on_result(b, "conflict", exc)
                 return
@@ -156,3 +170,29 @@ class Binder:
             self.on_result(b, "failed", exc)
         else:
             self.on_result(b, "bound", None)
+
+    def _claim_write(self, w: ClaimWrite, what: str) -> Callable[[], Awaitable[object]]:
+        path, patch = claim_status_path(w.namespace, w.name), reserve_patch(w)
+
+        async def write() -> object:
+            async with self._sem:
+                return await self.fence.send(lambda: self.client.patch(path, patch, kind="merge"), what=what)
+
+        return write
+
+    async def _release(self, b: Binding, written: list[ClaimWrite]) -> None:
+        """The claims written for ``b`` put back as they were read (its Binding did not
+        happen); a claim that cannot be put back is logged (kube-controller-manager drops
+        a reservation for a pod that is gone)."""
+        for w in written:
+            what = f"releasing ResourceClaim {w.namespace}/{w.name} of {b.namespace}/{b.name}"
+            path, patch = claim_status_path(w.namespace, w.name), release_patch(w)
+
+            async def put_back(path: str = path, patch: JSON = patch, what: str = what) -> object:
+                async with self._sem:
+                    return await self.fence.send(lambda: self.client.patch(path, patch, kind="merge"), what=what)
+
+            try:
+                await self.retry.call(put_back, what=what)
+            except (KubeError, Fenced) as exc:
+                log.warning("%s failed: %s", what, exc)

@@ -23,6 +23,7 @@ from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.disruption import parse_pdb
+from batchsched.core.dra.objects import parse_device_class, parse_resource_claim, parse_resource_slice
 from batchsched.core.gangs import K8S, VOLCANO, XK8S, PodGroup, parse_podgroup
 from batchsched.core.model import Pod, parse_node, parse_pod, parse_priority_class
 from batchsched.core.plan import ObjectRef
@@ -44,6 +45,9 @@ PODGROUP_PATHS = {
     VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
     K8S: "/apis/scheduling.k8s.io/v1beta1/podgroups",  # Kubernetes 1.36+ (beta API, off by default)
 }
+
+#: dynamic resource allocation (GA in Kubernetes 1.34)
+DRA_API = "/apis/resource.k8s.io/v1"
 
 
 def _named(obj: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +98,13 @@ class Intake:
                        parse_volume, s.on_volumes_listed, s.on_volume),
             self._feed("/apis/storage.k8s.io/v1/storageclasses", "storageclasses", "StorageClass",
                        parse_storage_class, s.on_storage_classes_listed, s.on_storage_class),
+            # dynamic resource allocation: the devices drivers publish, their classes, the claims
+            self._feed(f"{DRA_API}/resourceslices", "resourceslices", "ResourceSlice",
+                       parse_resource_slice, s.on_resource_slices_listed, s.on_resource_slice),
+            self._feed(f"{DRA_API}/deviceclasses", "deviceclasses", "DeviceClass",
+                       parse_device_class, s.on_device_classes_listed, s.on_device_class),
+            self._feed(f"{DRA_API}/resourceclaims", "resourceclaims", "ResourceClaim",
+                       parse_resource_claim, s.on_resource_claims_listed, s.on_resource_claim),
         ]
         for api, path in PODGROUP_PATHS.items():
             self.reflectors.append(self._feed(

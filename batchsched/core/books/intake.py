@@ -3,7 +3,8 @@
 A pod event is *admitted* before it reaches the mirror: it is given its place in line
 among the pods created in the same second (:class:`~batchsched.core.model.Arrivals`), the
 tolerations of the nodes' GPU health taints it implies, and, pending with volume or
-resource claims, the node terms its claims allow (:mod:`batchsched.core.volumes`). The
+resource claims, the node terms its claims allow (:mod:`batchsched.core.volumes`) and
+the devices they ask for (:mod:`batchsched.core.dra`). The
 pods with claims are kept as parsed: when a claim, volume or storage class changes, they
 are returned to be admitted and routed again. The pods seen to succeed are kept until the
 next step, which records how long they ran.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 
+from batchsched.core.dra.book import DeviceBook
 from batchsched.core.model import Arrivals, Pod, PodUID
 from batchsched.core.nodehealth import NodeHealthSettings, tolerating_health
 from batchsched.core.runtimes import RunTimes, like_key
@@ -27,6 +29,7 @@ class PodIntake:
     def __init__(self, health: NodeHealthSettings) -> None:
         self.health = health
         self.volumes = VolumeBook()
+        self.devices = DeviceBook()
         #: pending pods with claims, as parsed (their claims are applied again on a change)
         self._claiming: dict[PodUID, Pod] = {}
         #: each pod's place in line among those created in the same second
@@ -50,11 +53,20 @@ class PodIntake:
             self._claiming.pop(pod.uid, None)
             return pod
         self._claiming[pod.uid] = pod
-        return self.volumes.apply(pod)
+        return self.devices.apply(self.volumes.apply(pod))
 
     def claiming(self, keys: Set[tuple[str, str]]) -> list[Pod]:
         """The pending pods, as parsed, using one of the claims ``keys`` (namespace, name)."""
         return [pod for pod in self._claiming.values() if any((pod.namespace, name) in keys for name in pod.claims)]
+
+    def using_devices(self, keys: Set[tuple[str, str]] | None) -> list[Pod]:
+        """The pending pods, as parsed, using one of the ResourceClaims ``keys`` (namespace,
+        name); every pending pod with ResourceClaims when ``keys`` is None."""
+        return [
+            pod for pod in self._claiming.values() if pod.resource_claims and (
+                keys is None or any((pod.namespace, c.claim) in keys for c in pod.resource_claims)
+            )
+        ]
 
     def parsed(self, pod: Pod) -> Pod:
         """The pod as parsed (before its claims were applied)."""

@@ -1,0 +1,425 @@
+"""The device book: DRA devices, their classes and claims, as scheduling reads them.
+
+It mirrors ResourceSlices (grouped into pools, :class:`~batchsched.core.dra.objects.Pools`),
+DeviceClasses and ResourceClaims, and keeps what is in use: every claim's
+``status.allocation`` (so a restarted scheduler rebuilds each device's use from the claims
+alone) plus the allocations this scheduler made and has not yet seen written back
+(*assumed*, like a pod's binding in flight).
+
+Placement sees devices the way it sees any resource, and the allocator has the last word:
+
+- **nodes** get one extra allocatable column per DeviceClass
+  (``deviceclass.resource.k8s.io/<class>``): how many devices of the class the node could
+  hand out now (matching the class, not held by an allocated claim, not tainted
+  ``NoSchedule``/``NoExecute``, their pool's shared counters still covering them alone);
+- a **pending pod** asks, in those columns, for the devices of its unallocated claims'
+  ``exactly`` requests of ``ExactCount`` (the others: ``All``, ``firstAvailable``, ask for
+  nothing there), and may only go to the nodes where its claims could be allocated on an
+  empty cluster (a ``metadata.name`` node term, found once per claim shape); a pod whose
+  claim is allocated already (a claim it shares) may only go where that allocation is;
+- the **cycle** then allocates the claims of each pod it places, on the node chosen, with
+  the structured allocator (:mod:`batchsched.core.dra.allocator`) over everything in use
+  (:class:`DeviceCycle`); if one member's claims cannot be allocated there, its unit is not
+  placed this cycle and says why. So the columns never allow what the allocator refuses,
+  and what they miss (counters shared between classes, attribute constraints) costs at
+  most a cycle.
+
+A pod whose claim does not exist yet (its template's claim not made yet), or cannot be
+allocated on any node, waits and is told why; it is read again when a claim, a slice or a
+class changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from batchsched.core import explain
+from batchsched.core.dra.allocator import Allocated, InUse, allocate, in_use_from_claims
+from batchsched.core.dra.cel import CelError, compile_selector
+from batchsched.core.dra.objects import (
+    CounterId,
+    Device,
+    DeviceClass,
+    DeviceId,
+    NodeDevices,
+    Pools,
+    ResourceClaim,
+    ResourceSlice,
+)
+from batchsched.core.model import Node, Pod, PodUID, Requirement, Term, and_terms
+from batchsched.core.plan import Binding, ClaimWrite
+
+__all__ = ["CLASS_COLUMN", "DeviceBook", "DeviceChange", "DeviceCycle", "class_column"]
+
+#: the prefix of the per-DeviceClass columns (``deviceclass.resource.k8s.io/gpu.nvidia.com``)
+CLASS_COLUMN = "deviceclass.resource.k8s.io/"
+_BLOCKING = ("NoSchedule", "NoExecute")
+ClaimKey = tuple[str, str]
+
+
+def class_column(name: str) -> str:
+    """The resource column counting the devices of DeviceClass ``name``."""
+    return CLASS_COLUMN + name
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceChange:
+    """What a change of devices, classes or claims concerns: the nodes whose free devices
+    changed and the claims whose pods must be read again (None: every one)."""
+
+    nodes: frozenset[str] | None = frozenset()
+    claims: frozenset[ClaimKey] | None = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return self.nodes == frozenset() and self.claims == frozenset()
+
+
+_EVERYTHING = DeviceChange(nodes=None, claims=None)
+
+
+def _reservation(pod: Pod) -> Mapping[str, str]:
+    """A ``reservedFor`` entry naming ``pod``."""
+    return {"resource": "pods", "name": pod.name, "uid": pod.uid}
+
+
+class DeviceBook:
+    """Slices, classes and claims, the nodes they are offered on, and the allocations in
+    flight. One writer: the event intake (and the step, for the assumed allocations)."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, ResourceSlice] = {}
+        self.classes: dict[str, DeviceClass] = {}
+        self.claims: dict[ClaimKey, ResourceClaim] = {}
+        #: the nodes as last seen (their labels decide which devices they may use)
+        self.nodes: dict[str, Node] = {}
+        #: claim -> (the pod it was allocated for, what it holds), until its status shows it
+        self.assumed: dict[ClaimKey, tuple[PodUID, InUse]] = {}
+        self._pools: Pools | None = None
+        self._confirmed: InUse | None = None
+        #: claim shape -> the nodes where it could be allocated, or why nowhere
+        self._feasible: dict[str, frozenset[str] | str] = {}
+        #: (class, device) -> whether the device matches the class
+        self._matches: dict[tuple[str, DeviceId], bool] = {}
+        #: the last cycle's allocations, read when its bindings are assumed
+        self._cycle: DeviceCycle | None = None
+
+    # -- what is known -------------------------------------------------------------------------
+
+    @property
+    def pools(self) -> Pools:
+        if self._pools is None:
+            self._pools = Pools(self.slices.values())
+        return self._pools
+
+    def confirmed(self) -> InUse:
+        """What the claims' status says is in use."""
+        if self._confirmed is None:
+            self._confirmed = in_use_from_claims(self.claims.values(), self.pools)
+        return self._confirmed
+
+    def in_use(self) -> InUse:
+        """What is in use, with the allocations in flight."""
+        use = self.confirmed()
+        for _, delta in self.assumed.values():
+            use = use.plus(delta)
+        return use
+
+    def node_devices(self, name: str) -> NodeDevices:
+        node = self.nodes.get(name)
+        return self.pools.for_node(name, node.labels if node is not None else {})
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def node_event(self, kind: str, node: Node) -> Node:
+        """``node`` with its free devices per class counted in its allocatable."""
+        if kind == "DELETED":
+            self.nodes.pop(node.name, None)
+            self._feasible.clear()
+            return node
+        old = self.nodes.get(node.name)
+        if old is None or old.labels != node.labels:
+            self._feasible.clear()
+        self.nodes[node.name] = node
+        return self.with_devices(node)
+
+    def replace_nodes(self, nodes: Sequence[Node]) -> list[Node]:
+        self.nodes = {n.name: n for n in nodes}
+        self._feasible.clear()
+        return [self.with_devices(n) for n in nodes]
+
+    def with_devices(self, node: Node) -> Node:
+        base = {k: v for k, v in node.allocatable.items() if not k.startswith(CLASS_COLUMN)}
+        free = self.free_counts(node.name) if self.slices and self.classes else {}
+        if not free and len(base) == len(node.allocatable):
+            return node
+        return replace(node, allocatable={**base, **free})
+
+    def free_counts(self, name: str) -> dict[str, int]:
+        """How many devices of each class the node could hand out now, one at a time."""
+        here = self.node_devices(name)
+        use = self.confirmed()
+        left = _counters_left(here, use)
+        out = {class_column(c): 0 for c in self.classes}
+        for device in here.devices:
+            if not _free(device, use, left):
+                continue
+            for c in self.classes.values():
+                if self._matches_class(c, device):
+                    out[class_column(c.name)] += 1
+        return out
+
+    def _matches_class(self, c: DeviceClass, device: Device) -> bool:
+        key = (c.name, device.id)
+        hit = self._matches.get(key)
+        if hit is None:
+            try:
+                hit = all(compile_selector(e).matches(device.env) for e in c.selectors)
+            except CelError:
+                hit = False  # the allocator says why, for a request that asks for this class
+            self._matches[key] = hit
+        return hit
+
+    # -- slices, classes, claims ---------------------------------------------------------------
+
+    def _devices_changed(self) -> DeviceChange:
+        self._pools = None
+        self._confirmed = None
+        self._feasible.clear()
+        self._matches.clear()
+        return _EVERYTHING
+
+    def replace_slices(self, slices: Iterable[ResourceSlice]) -> DeviceChange:
+        self.slices = {s.name: s for s in slices}
+        return self._devices_changed()
+
+    def slice_event(self, kind: str, rs: ResourceSlice) -> DeviceChange:
+        if kind == "DELETED":
+            self.slices.pop(rs.name, None)
+        else:
+            self.slices[rs.name] = rs
+        return self._devices_changed()
+
+    def replace_classes(self, classes: Iterable[DeviceClass]) -> DeviceChange:
+        self.classes = {c.name: c for c in classes}
+        return self._devices_changed()
+
+    def class_event(self, kind: str, dc: DeviceClass) -> DeviceChange:
+        if kind == "DELETED":
+            self.classes.pop(dc.name, None)
+        else:
+            self.classes[dc.name] = dc
+        return self._devices_changed()
+
+    def replace_claims(self, claims: Iterable[ResourceClaim]) -> DeviceChange:
+        self.claims = {(c.namespace, c.name): c for c in claims}
+        self.assumed = {k: v for k, v in self.assumed.items() if self._in_flight(k)}
+        self._confirmed = None
+        return DeviceChange(nodes=None, claims=None)
+
+    def claim_event(self, kind: str, claim: ResourceClaim) -> DeviceChange:
+        key = (claim.namespace, claim.name)
+        old = self.claims.pop(key, None)
+        if kind != "DELETED":
+            self.claims[key] = claim
+        if not self._in_flight(key):
+            self.assumed.pop(key, None)
+        held = (old.allocation if old is not None else None, claim.allocation if kind != "DELETED" else None)
+        if held[0] is None and held[1] is None:
+            return DeviceChange(claims=frozenset({key}))
+        self._confirmed = None
+        return DeviceChange(nodes=self._nodes_of(claim, old), claims=frozenset({key}))
+
+    def _in_flight(self, key: ClaimKey) -> bool:
+        """Whether an assumed allocation of ``key`` is still to be seen in its status."""
+        claim = self.claims.get(key)
+        return claim is not None and claim.allocation is None
+
+    def _nodes_of(self, *claims: ResourceClaim | None) -> frozenset[str] | None:
+        """The nodes whose free devices the claims' allocations change (None: any node,
+        for a device not local to one)."""
+        out: set[str] = set()
+        for claim in claims:
+            if claim is None or claim.allocation is None:
+                continue
+            for r in claim.allocation.results:
+                node = self.pools.node_of(r.id)
+                if node is None:
+                    return None
+                out.add(node)
+        return frozenset(out)
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def apply(self, pod: Pod) -> Pod:
+        """``pod`` as placement must see it: the devices its claims ask for in the class
+        columns and the nodes it may go to; or invalid, with why it waits."""
+        if not pod.resource_claims or pod.invalid:
+            return pod
+        terms = pod.required_terms
+        asks: dict[str, int] = {}
+        pending: list[ResourceClaim] = []
+        for entry in pod.resource_claims:
+            if not entry.claim:
+                return replace(pod, invalid=explain.claim_not_made(entry.name, entry.template))
+            claim = self.claims.get((pod.namespace, entry.claim))
+            if claim is None:
+                return replace(pod, invalid=explain.claim_missing(f"{pod.namespace}/{entry.claim}"))
+            if claim.allocation is None:
+                pending.append(claim)
+                for column, n in _asks(claim).items():
+                    asks[column] = asks.get(column, 0) + n
+            elif claim.allocation.node_selector is not None:
+                terms = and_terms(terms, claim.allocation.node_selector.terms)
+        if pending:
+            where = self.feasible(pending)
+            if isinstance(where, str):
+                return replace(pod, invalid=where)
+            terms = and_terms(terms, (Term(fields=(Requirement("metadata.name", "In", tuple(sorted(where))),)),))
+        return replace(pod, required_terms=terms, requests={**pod.requests, **asks})
+
+    def feasible(self, claims: Sequence[ResourceClaim]) -> frozenset[str] | str:
+        """The nodes where ``claims`` could be allocated if nothing were in use, or why
+        none (the reason given on the first node that has devices of their classes)."""
+        shape = repr([(c.requests, c.constraints, c.config) for c in claims])
+        known = self._feasible.get(shape)
+        if known is not None:
+            return known
+        nodes: set[str] = set()
+        why = ""
+        for name in sorted(self.nodes):
+            got = allocate(claims, node=name, devices=self.node_devices(name), classes=self.classes,
+                           in_use=InUse())
+            if isinstance(got, Allocated):
+                nodes.add(name)
+            elif not why or "no device" not in got.reason:
+                why = got.reason
+        result: frozenset[str] | str = (
+            frozenset(nodes) if nodes else explain.no_devices_anywhere(len(self.nodes), why)
+        )
+        self._feasible[shape] = result
+        return result
+
+    # -- the cycle ---------------------------------------------------------------------------
+
+    def begin(self, units: Iterable[Any]) -> DeviceCycle | None:
+        """The device use of a cycle over ``units`` (None when none of their pods has claims)."""
+        if not any(p.resource_claims for u in units for p in u.pods):
+            self._cycle = None
+            return None
+        self._cycle = DeviceCycle(self)
+        return self._cycle
+
+    def assume(self, b: Binding) -> None:
+        """A binding handed to the binder: the allocations it writes are in use meanwhile."""
+        if not b.claims or self._cycle is None:
+            return
+        for w in b.claims:
+            delta = self._cycle.made.get((w.namespace, w.name))
+            if delta is not None and w.allocation is not None:
+                self.assumed[(w.namespace, w.name)] = (PodUID(b.uid), delta)
+
+    def forget(self, uid: PodUID) -> None:
+        """The pod ``uid`` was not bound: its allocations in flight are not in use."""
+        for key in [k for k, (u, _) in self.assumed.items() if u == uid]:
+            del self.assumed[key]
+
+
+class DeviceCycle:
+    """One cycle's use of the devices: what is in use when it starts, plus what it
+    allocated so far (given back when an attempt is discarded)."""
+
+    def __init__(self, book: DeviceBook) -> None:
+        self.book = book
+        self.base = book.in_use()
+        self.use = self.base
+        #: claim -> what the allocation made in this cycle holds
+        self.made: dict[ClaimKey, InUse] = {}
+
+    def allocate(self, pod: Pod, node: str) -> tuple[ClaimWrite, ...] | str:
+        """``pod``'s claims allocated on ``node`` (and reserved for it), or why not."""
+        book, claims = self.book, []
+        for entry in pod.resource_claims:
+            claim = book.claims.get((pod.namespace, entry.claim))
+            if claim is None:
+                return explain.claim_missing(f"{pod.namespace}/{entry.claim}")
+            claims.append(claim)
+        got = allocate(claims, node=node, devices=book.node_devices(node), classes=book.classes, in_use=self.use)
+        if not isinstance(got, Allocated):
+            return got.reason
+        self.use = self.use.plus(got.delta)
+        writes = []
+        for claim, result in zip(claims, got.claims, strict=True):
+            key = (claim.namespace, claim.name)
+            if result.new:
+                self.made[key] = _delta_of(got.delta, result, book, node)
+            mine = any(r.get("uid") == pod.uid for r in claim.reserved_for)
+            writes.append(ClaimWrite(
+                namespace=claim.namespace, name=claim.name, uid=claim.uid,
+                resource_version=claim.resource_version,
+                allocation=result.allocation if result.new else None,
+                reserved_for=claim.reserved_for if mine else (*claim.reserved_for, _reservation(pod)),
+                reserved_before=claim.reserved_for,
+            ))
+        return tuple(writes)
+
+    def release(self, writes: Sequence[ClaimWrite]) -> None:
+        """Give back what :meth:`allocate` took for ``writes``."""
+        for w in writes:
+            self.made.pop((w.namespace, w.name), None)
+        use = self.base
+        for delta in self.made.values():
+            use = use.plus(delta)
+        self.use = use
+
+
+def _delta_of(delta: InUse, result: Any, book: DeviceBook, node: str) -> InUse:
+    """What one claim's new allocation holds (the allocator's delta is the pod's, over all
+    its claims): rebuilt from the allocation written, as a restart would."""
+    from batchsched.core.dra.objects import parse_allocation
+
+    allocation = parse_allocation(result.allocation, f"claim {result.claim}")
+    fake = ResourceClaim(namespace="", name=result.claim, uid="", requests=(), allocation=allocation)
+    return in_use_from_claims([fake], book.pools)
+
+
+def _asks(claim: ResourceClaim) -> dict[str, int]:
+    """The devices an unallocated claim asks for, per class column: its ``exactly``
+    requests of ``ExactCount``."""
+    out: dict[str, int] = {}
+    for r in claim.requests:
+        if r.first_available or len(r.choices) != 1:
+            continue
+        c = r.choices[0]
+        if c.all_devices or c.admin_access:
+            continue
+        out[class_column(c.class_name)] = out.get(class_column(c.class_name), 0) + c.count
+    return out
+
+
+def _counters_left(here: NodeDevices, use: InUse) -> dict[CounterId, Decimal]:
+    left: dict[CounterId, Decimal] = {}
+    for (driver, pool), sets in here.counter_sets.items():
+        for set_name, counters in sets.items():
+            for name, total in counters.items():
+                key = CounterId(driver, pool, set_name, name)
+                left[key] = total - use.counters.get(key, Decimal(0))
+    return left
+
+
+def _free(device: Device, use: InUse, left: Mapping[CounterId, Decimal]) -> bool:
+    """Whether ``device`` could be handed out now, alone."""
+    if device.id in use.devices or device.binding_conditions:
+        return False
+    if any(t.effect in _BLOCKING for t in device.taints):
+        return False
+    if device.id in use.shared:
+        return device.allow_multiple
+    for u in device.consumes:
+        for name, need in u.counters.items():
+            if left.get(CounterId(device.driver, device.pool, u.counter_set, name), Decimal(0)) < need:
+                return False
+    return True

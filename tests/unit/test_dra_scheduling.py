@@ -1,0 +1,266 @@
+"""Pods with DRA ResourceClaims, scheduled by the Session: claims allocated on the node the
+pod is placed on (written before its Binding, as the apiserver then shows them), whole
+gangs, MIG partitions sharing their GPU's counters, a restart that rebuilds every device's
+use from the claims alone, a Binding that fails, and claims that are not there yet.
+
+The world applies the scheduler's writes as the apiserver would: a claim's status gets the
+allocation and reservation a Binding carries, then the pod is bound."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from batchsched.core.dra.book import class_column
+from batchsched.core.gangs import XK8S, parse_podgroup
+from batchsched.core.dra.objects import parse_device_class, parse_resource_claim, parse_resource_slice
+from batchsched.core.model import parse_node, parse_pod
+from batchsched.core.session import Session, SessionSettings
+from tests.builders import make_group, make_node, make_pod
+
+DRIVER = "gpu.nvidia.com"
+GPU_CLASS = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+    "spec": {"selectors": [{"cel": {"expression":
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]},
+}
+MIG_CLASS = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
+    "spec": {"selectors": [{"cel": {"expression":
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]},
+}
+
+
+def gpu_slice(node: str, gpus: int = 8, *, mig: bool = False) -> dict[str, Any]:
+    """A node's GPUs as one slice; with ``mig``, each GPU also offers two 3g partitions that
+    consume its counters (so the GPU whole and its partitions are never both handed out)."""
+    devices: list[dict[str, Any]] = []
+    counters = []
+    for i in range(gpus):
+        gpu: dict[str, Any] = {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "index": {"int": i}},
+                               "capacity": {"memory": {"value": "40Gi"}}}
+        if mig:
+            counters.append({"name": f"gpu-{i}-counters", "counters": {"memory": {"value": "40Gi"}}})
+            gpu["consumesCounters"] = [{"counterSet": f"gpu-{i}-counters", "counters": {"memory": {"value": "40Gi"}}}]
+            for p in range(2):
+                devices.append({
+                    "name": f"gpu-{i}-mig-3g-{p}",
+                    "attributes": {"type": {"string": "mig"}, "profile": {"string": "3g.20gb"}, "index": {"int": i}},
+                    "capacity": {"memory": {"value": "20Gi"}},
+                    "consumesCounters": [{"counterSet": f"gpu-{i}-counters", "counters": {"memory": {"value": "20Gi"}}}],
+                })
+        devices.append(gpu)
+    spec: dict[str, Any] = {"driver": DRIVER, "nodeName": node,
+                            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+    if counters:
+        spec["sharedCounters"] = counters
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-gpu.nvidia.com", "uid": f"slice-{node}"}, "spec": spec}
+
+
+class DraWorld:
+    """A session, nodes publishing GPUs by DRA, and the apiserver's side of its writes."""
+
+    def __init__(self) -> None:
+        self.session = Session(SessionSettings(), use_jit=False)
+        self.now = 1_800_000_000.0
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.claims: dict[str, dict[str, Any]] = {}
+        self.version = 100
+        self.session.on_device_classes_listed([parse_device_class(GPU_CLASS), parse_device_class(MIG_CLASS)])
+
+    def _rv(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    def node(self, name: str, gpus: int = 8, *, mig: bool = False) -> None:
+        self.session.on_node("ADDED", parse_node(make_node(name).cap(cpu="64", memory="512Gi").obj()))
+        self.session.on_resource_slice("ADDED", parse_resource_slice(gpu_slice(name, gpus, mig=mig)))
+
+    def claim(self, name: str, count: int = 1, *, device_class: str = "gpu.nvidia.com",
+              **extra: Any) -> None:
+        request: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": count, **extra}}
+        obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"name": name, "namespace": "default", "uid": f"claim-{name}", "resourceVersion": self._rv()},
+               "spec": {"devices": {"requests": [request]}}, "status": {}}
+        self.claims[name] = obj
+        self.session.on_resource_claim("ADDED", parse_resource_claim(obj))
+
+    def pod(self, name: str, *claims: str, template: str = "", group: str = "", priority: int = 0) -> str:
+        b = make_pod(name).req(cpu="1").created(self.now).priority(priority)
+        if group:
+            b = b.group(group)
+        obj = b.obj()
+        if template:
+            obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+        else:
+            obj["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
+        self.pods[obj["metadata"]["uid"]] = obj
+        self.session.on_pod("ADDED", parse_pod(obj))
+        return str(obj["metadata"]["uid"])
+
+    def step(self, after: float = 1.0, *, refuse: set[str] = frozenset()) -> Any:  # type: ignore[assignment]
+        """A step; its claim writes and Bindings applied (those of pods in ``refuse``: the
+        Binding refused, after its claims were written and put back, as the binder does)."""
+        self.now += after
+        d = self.session.step(self.now)
+        for b in d.binds:
+            obj = self.pods[b.uid]
+            if b.uid in refuse:
+                self.session.on_bind_result(b, "failed", now=self.now, error="refused")
+                continue
+            for w in b.claims:
+                claim = self.claims[w.name]
+                assert claim["metadata"]["resourceVersion"] == w.resource_version  # the precondition
+                if w.allocation is not None:
+                    claim["status"]["allocation"] = copy.deepcopy(dict(w.allocation))
+                claim["status"]["reservedFor"] = [dict(r) for r in w.reserved_for]
+                claim["metadata"]["resourceVersion"] = self._rv()
+                self.session.on_resource_claim("MODIFIED", parse_resource_claim(claim))
+            obj["spec"]["nodeName"] = b.node
+            obj["status"]["phase"] = "Running"
+            self.session.on_bind_result(b, "bound", now=self.now)
+            self.session.on_pod("MODIFIED", parse_pod(obj))
+        return d
+
+    def node_of(self, uid: str) -> str:
+        return str(self.pods[uid]["spec"].get("nodeName") or "")
+
+    def devices_of(self, claim: str) -> list[str]:
+        alloc = self.claims[claim]["status"].get("allocation") or {}
+        return [r["device"] for r in alloc.get("devices", {}).get("results", [])]
+
+    def told(self, d: Any, uid: str) -> str:
+        return next((c.message for c in d.unschedulable if c.ref.uid == uid), "")
+
+    def restart(self) -> None:
+        """A new scheduler: everything listed again from the apiserver's objects."""
+        old = self.session
+        self.session = Session(SessionSettings(), use_jit=False)
+        self.session.on_device_classes_listed([parse_device_class(GPU_CLASS), parse_device_class(MIG_CLASS)])
+        self.session.on_nodes_listed(list(old.state.nodes.values()))
+        self.session.on_resource_slices_listed(list(old.intake.devices.slices.values()))
+        self.session.on_resource_claims_listed([parse_resource_claim(c) for c in self.claims.values()])
+        self.session.on_pods_listed([parse_pod(p) for p in self.pods.values()])
+
+
+def test_a_pod_gets_the_devices_of_its_claim_on_the_node_it_is_bound_to() -> None:
+    w = DraWorld()
+    w.node("n0")
+    w.claim("train", 2)
+    uid = w.pod("p", "train")
+    d = w.step()
+    assert w.node_of(uid) == "n0"
+    [b] = d.binds
+    [write] = b.claims
+    assert write.name == "train" and write.uid == "claim-train"
+    assert write.reserved_for == ({"resource": "pods", "name": "p", "uid": uid},)
+    assert sorted(w.devices_of("train")) == ["gpu-0", "gpu-1"]
+    alloc = w.claims["train"]["status"]["allocation"]
+    assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n0"]
+
+
+def test_two_pods_never_get_the_same_device_and_a_third_waits_told_why() -> None:
+    w = DraWorld()
+    w.node("n0", 4)
+    for name in ("a", "b", "c"):
+        w.claim(name, 2)
+    a, b = w.pod("a", "a"), w.pod("b", "b")
+    w.step()
+    assert w.node_of(a) == w.node_of(b) == "n0"
+    assert not set(w.devices_of("a")) & set(w.devices_of("b"))
+    c = w.pod("c", "c")
+    d = w.step()
+    assert not w.node_of(c)
+    assert class_column("gpu.nvidia.com") in w.told(d, c) or "gpu" in w.told(d, c)
+
+
+def test_a_gang_with_claims_is_placed_whole_or_not_at_all() -> None:
+    w = DraWorld()
+    w.node("n0", 8)
+    w.session.on_podgroup("ADDED", parse_podgroup(XK8S, make_group("big").min_member(3).obj()))
+    for i in range(3):
+        w.claim(f"big-{i}", 4)
+    members = [w.pod(f"big-{i}", f"big-{i}", group="big") for i in range(3)]
+    w.step()
+    assert not any(w.node_of(u) for u in members), "a gang of 3 x 4 GPUs must not be bound partly on 8 GPUs"
+    assert all(not w.claims[f"big-{i}"]["status"].get("allocation") for i in range(3))
+    w.session.on_podgroup("ADDED", parse_podgroup(XK8S, make_group("pair").min_member(2).obj()))
+    for i in range(2):
+        w.claim(f"pair-{i}", 4)
+    pair = [w.pod(f"pair-{i}", f"pair-{i}", group="pair") for i in range(2)]
+    w.step(after=5)
+    assert all(w.node_of(u) == "n0" for u in pair)
+    assert not set(w.devices_of("pair-0")) & set(w.devices_of("pair-1"))
+
+
+def test_a_whole_gpu_and_its_mig_partitions_are_never_both_handed_out() -> None:
+    w = DraWorld()
+    w.node("n0", 1, mig=True)
+    w.claim("whole", 1)
+    w.claim("part", 1, device_class="mig.nvidia.com")
+    whole = w.pod("whole", "whole")
+    w.step()
+    assert w.node_of(whole) == "n0"
+    part = w.pod("part", "part")
+    w.step()
+    assert not w.node_of(part), "the GPU is held whole: none of its partitions is free"
+    w.node("n1", 1, mig=True)
+    w.step(after=5)
+    assert w.node_of(part) == "n1"
+    assert w.devices_of("part")[0].startswith("gpu-0-mig-3g-")
+
+
+def test_a_restarted_scheduler_rebuilds_device_use_from_the_claims() -> None:
+    w = DraWorld()
+    w.node("n0", 2)
+    w.claim("first", 2)
+    first = w.pod("first", "first")
+    w.step()
+    assert w.node_of(first) == "n0"
+    w.restart()
+    w.claim("second", 1)
+    second = w.pod("second", "second")
+    w.step()
+    assert not w.node_of(second), "both GPUs are held by the first claim, as its status says"
+    assert w.session.state.nodes["n0"].allocatable[class_column("gpu.nvidia.com")] == 0
+
+
+def test_a_refused_binding_gives_its_devices_back() -> None:
+    w = DraWorld()
+    w.node("n0", 2)
+    w.claim("a", 2)
+    w.claim("b", 2)
+    a = w.pod("a", "a")
+    w.step(refuse={a})
+    assert not w.node_of(a)
+    assert not w.session.intake.devices.assumed
+    b = w.pod("b", "b", priority=10)
+    w.step(after=30)
+    assert w.node_of(b) == "n0" or w.node_of(a) == "n0"
+
+
+def test_a_pod_waits_for_the_claim_its_template_makes_then_is_placed() -> None:
+    w = DraWorld()
+    w.node("n0")
+    uid = w.pod("p", template="one-gpu")
+    d = w.step()
+    assert not w.node_of(uid)
+    assert "to be made from ResourceClaimTemplate one-gpu" in w.told(d, uid)
+    # kube-controller-manager makes the claim and names it in the pod's status
+    w.claim("p-gpu-x7k2q", 1)
+    w.pods[uid]["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "p-gpu-x7k2q"}]
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[uid]))
+    w.step(after=30)
+    assert w.node_of(uid) == "n0"
+    assert len(w.devices_of("p-gpu-x7k2q")) == 1
+
+
+def test_a_claim_no_node_can_serve_is_told_at_once() -> None:
+    w = DraWorld()
+    w.node("n0", 2)
+    w.claim("huge", 4)
+    uid = w.pod("p", "huge")
+    d = w.step()
+    assert not w.node_of(uid)
+    assert "cannot be allocated on any of 1 nodes" in w.told(d, uid)
