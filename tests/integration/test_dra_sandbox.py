@@ -1,0 +1,168 @@
+"""NVIDIA's GPUs through Dynamic Resource Allocation on the real control plane.
+
+What the fixtures of :mod:`batchsched.sandbox.gpudra` are worth rests on three things the
+sandbox's Kubernetes v1.37.2 does itself: its apiserver validates the ResourceSlices and
+DeviceClasses (and refuses a malformed one), kube-controller-manager's resourceclaim
+controller makes a pod's claim from its template, and kube-scheduler allocates a claim
+from these slices. The last one prints the claim's status as kube-scheduler wrote it: the
+shape batchsched's own claim writes are to match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import InvalidError, NotFoundError
+from batchsched.sandbox import gpudra
+from tests.integration.helpers import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+SLICES = f"{RESOURCE}/resourceslices"
+CLASSES = f"{RESOURCE}/deviceclasses"
+
+
+@contextlib.asynccontextmanager
+async def created(kube: KubeClient, objects: list[tuple[str, dict[str, Any]]]) -> AsyncIterator[list[dict[str, Any]]]:
+    """Cluster-scoped objects (collection, body) created for the block, as the apiserver
+    stored them, deleted after it."""
+    stored: list[tuple[str, dict[str, Any]]] = []
+    try:
+        for path, body in objects:
+            stored.append((path, await kube.create(path, body)))
+        yield [obj for _, obj in stored]
+    finally:
+        for path, obj in reversed(stored):
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"{path}/{obj['metadata']['name']}")
+
+
+async def node_uid(kube: KubeClient, name: str) -> str:
+    return str((await kube.get(f"/api/v1/nodes/{name}"))["metadata"]["uid"])
+
+
+async def test_apiserver_stores_the_drivers_slices_and_classes(kube: KubeClient, make_nodes: Any) -> None:
+    """Every form the driver publishes is stored as written (quantities already in their
+    canonical form, no field dropped); the DeviceClasses as the chart writes them."""
+    nodes = await make_nodes(4)
+    forms = {"none": nodes[0], "static": nodes[1], "partitionable": nodes[2]}
+    bodies = [s for mig, node in forms.items()
+              for s in gpudra.gpu_node_slices(node, mig=mig, node_uid=await node_uid(kube, node))]
+    bodies += gpudra.shared_gpu_slices(nodes[3], gpus=2, node_uid=await node_uid(kube, nodes[3]))
+    async with created(kube, [(SLICES, b) for b in bodies]) as slices, \
+            created(kube, [(CLASSES, c) for c in gpudra.device_classes()]) as classes:
+        assert [s["spec"] for s in slices] == [b["spec"] for b in bodies]
+        assert [s["metadata"]["ownerReferences"] for s in slices] == [b["metadata"]["ownerReferences"] for b in bodies]
+        assert [c["spec"] for c in classes] == [c["spec"] for c in gpudra.device_classes()]
+        listed, _ = await kube.list(SLICES, fieldSelector=f"spec.nodeName={forms['partitionable']}")
+        assert len(listed) == 9  # the counter sets, then one slice per GPU
+        print(f"\nstored {len(slices)} ResourceSlices ({sum(len(s['spec'].get('devices', [])) for s in slices)} "
+              f"devices) and {len(classes)} DeviceClasses")
+
+
+@pytest.mark.parametrize(("what", "change", "field"), [
+    # the driver removes the dots of a MIG profile from device names: a name is a DNS label
+    ("a device name with a dot", lambda s: s["spec"]["devices"][0].update(name="gpu-0-mig-1g.5gb-19-0"),
+     "spec.devices[0].name"),
+    # the driver's combined form, for Kubernetes 1.34: counter sets beside devices in one slice
+    ("counter sets beside devices", lambda s: s["spec"].update(
+        sharedCounters=[{"name": "gpu-0-counter-set", "counters": {"memory": {"value": "40Gi"}}}]),
+     "spec"),
+    ("a capacity's request policy on a device not shared",
+     lambda s: s["spec"]["devices"][0]["capacity"]["memory"].update(requestPolicy={"default": "1Gi"}),
+     "requestPolicy"),
+])
+async def test_apiserver_refuses_a_malformed_slice(kube: KubeClient, what: str, change: Any, field: str) -> None:
+    """Validation is the apiserver's: a slice the driver would never publish is refused,
+    with the field named."""
+    [body] = gpudra.gpu_node_slices("dra-refused", gpus=1, mig="static")
+    change(body)
+    with pytest.raises(InvalidError) as refused:
+        await kube.create(SLICES, body)
+    print(f"\n{what}: {refused.value.message}")
+    assert field in refused.value.message
+
+
+async def test_claim_made_from_the_pods_template(kube: KubeClient, namespace: str) -> None:
+    """kube-controller-manager's resourceclaim controller makes the pod's claim from its
+    template, owned by the pod, and names it in the pod's status."""
+    ns = f"/api/v1/namespaces/{namespace}"
+    template = gpudra.claim_template("one-gpu", "gpu.nvidia.com")
+    await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", template)
+    pod = await kube.create(f"{ns}/pods", gpudra.pod_with_claims("trainer", templates={"gpu": "one-gpu"},
+                                                                 scheduler="nobody"))
+
+    async def statuses() -> list[dict[str, Any]]:
+        got = await kube.get(f"{ns}/pods/trainer")
+        return list((got.get("status") or {}).get("resourceClaimStatuses") or [])
+
+    [status] = await wait_for(statuses, timeout=30)
+    assert status["name"] == "gpu"
+    claim = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{status['resourceClaimName']}")
+    assert claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
+    [owner] = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "trainer", pod["metadata"]["uid"])
+    assert claim["spec"] == template["spec"]["spec"]
+    assert "allocation" not in (claim.get("status") or {})
+    print(f"\nclaim {status['resourceClaimName']} made for pod trainer")
+
+
+@pytest.fixture
+async def kube_scheduler(sandbox: Any, tmp_path: Path) -> AsyncIterator[str]:
+    """The sandbox's kube-scheduler, as perf runs it, under a scheduler name of its own;
+    yields that name."""
+    from perf.live import wait_ready
+    from perf.peers import PEERS
+
+    peer = dataclasses.replace(PEERS["kube-scheduler"], name="kube-scheduler-dra", scheduler_name="dra-scheduler")
+    running = peer.start(sandbox.kubeconfig, tmp_path)
+    try:
+        if await wait_ready(running) is None:
+            raise AssertionError(f"kube-scheduler exited before it was ready:\n{running.log_tail()}")
+        yield peer.scheduler_name
+    finally:
+        running.stop()
+
+
+async def test_kube_scheduler_allocates_a_gpu_of_the_node(kube: KubeClient, namespace: str, make_nodes: Any,
+                                                          kube_scheduler: str) -> None:
+    """kube-scheduler allocates one ``gpu.nvidia.com`` device of the one node whose slices
+    publish GPUs, reserves the claim for the pod and binds the pod there."""
+    [node] = await make_nodes(1)
+    slices = gpudra.gpu_node_slices(node, gpus=2, node_uid=await node_uid(kube, node))
+    ns = f"/api/v1/namespaces/{namespace}"
+    async with created(kube, [(SLICES, s) for s in slices]), \
+            created(kube, [(CLASSES, c) for c in gpudra.device_classes(extended_resource=False)]):
+        await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates",
+                          gpudra.claim_template("one-a100", "gpu.nvidia.com", selectors=[
+                              "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-40GB'"]))
+        pod = await kube.create(f"{ns}/pods", gpudra.pod_with_claims(
+            "trainer", templates={"gpu": "one-a100"}, scheduler=kube_scheduler))
+
+        async def bound() -> dict[str, Any] | None:
+            got = await kube.get(f"{ns}/pods/trainer")
+            return got if got["spec"].get("nodeName") else None
+
+        placed = await wait_for(bound, timeout=60)
+        [status] = placed["status"]["resourceClaimStatuses"]
+        claim = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{status['resourceClaimName']}")
+        print("\nclaim status written by kube-scheduler:\n" + json.dumps(claim["status"], indent=2))
+
+    assert placed["spec"]["nodeName"] == node
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    published = {d["name"] for s in slices for d in s["spec"]["devices"]}
+    assert (result["driver"], result["pool"], result["request"]) == (gpudra.DRIVER, node, "gpu")
+    assert result["device"] in published
+    [reserved] = claim["status"]["reservedFor"]
+    assert (reserved["resource"], reserved["name"], reserved["uid"]) == ("pods", "trainer", pod["metadata"]["uid"])
+    terms = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+    assert [f["values"] for t in terms for f in t.get("matchFields", [])] == [[node]]
