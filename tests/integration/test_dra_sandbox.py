@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
+import ssl
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -116,21 +118,34 @@ async def test_claim_made_from_the_pods_template(kube: KubeClient, namespace: st
     print(f"\nclaim {status['resourceClaimName']} made for pod trainer")
 
 
-@pytest.fixture
-async def kube_scheduler(sandbox: Any, tmp_path: Path) -> AsyncIterator[str]:
+@pytest.fixture(scope="module")
+def kube_scheduler(sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The sandbox's kube-scheduler, as perf runs it, under a scheduler name of its own;
     yields that name."""
-    from perf.live import wait_ready
     from perf.peers import PEERS
 
     peer = dataclasses.replace(PEERS["kube-scheduler"], name="kube-scheduler-dra", scheduler_name="dra-scheduler")
-    running = peer.start(sandbox.kubeconfig, tmp_path)
+    running = peer.start(sandbox.kubeconfig, tmp_path_factory.mktemp("kube-scheduler"))
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
     try:
-        if await wait_ready(running) is None:
-            raise AssertionError(f"kube-scheduler exited before it was ready:\n{running.log_tail()}")
+        deadline = time.monotonic() + 60
+        while not _answers(running.ready_url, context):
+            if not running.alive() or time.monotonic() > deadline:
+                raise AssertionError(f"kube-scheduler was not ready:\n{running.log_tail()}")
+            time.sleep(0.2)
         yield peer.scheduler_name
     finally:
         running.stop()
+
+
+def _answers(url: str, context: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1, context=context) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 async def test_kube_scheduler_allocates_a_gpu_of_the_node(kube: KubeClient, namespace: str, make_nodes: Any,
@@ -166,3 +181,84 @@ async def test_kube_scheduler_allocates_a_gpu_of_the_node(kube: KubeClient, name
     assert (reserved["resource"], reserved["name"], reserved["uid"]) == ("pods", "trainer", pod["metadata"]["uid"])
     terms = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
     assert [f["values"] for t in terms for f in t.get("matchFields", [])] == [[node]]
+
+
+async def claims_of(kube: KubeClient, namespace: str, pods: list[str]) -> dict[str, dict[str, Any]]:
+    """Each pod's one claim, by pod name."""
+    out = {}
+    for name in pods:
+        pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        [status] = pod["status"]["resourceClaimStatuses"]
+        out[name] = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{status['resourceClaimName']}")
+    return out
+
+
+async def schedule(kube: KubeClient, namespace: str, scheduler: str, template: dict[str, Any],
+                   count: int) -> tuple[list[str], list[str]]:
+    """``count`` pods of one claim template each, created one after the other, each waited
+    for until kube-scheduler bound it or said it cannot; returns (bound, not bound)."""
+    ns = f"/api/v1/namespaces/{namespace}"
+    await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", template)
+    bound: list[str] = []
+    unschedulable: list[str] = []
+    for i in range(count):
+        name = f"p{i}"
+        await kube.create(f"{ns}/pods", gpudra.pod_with_claims(
+            name, templates={"gpu": template["metadata"]["name"]}, scheduler=scheduler))
+
+        async def decided(name: str = name) -> str:
+            pod = await kube.get(f"{ns}/pods/{name}")
+            if pod["spec"].get("nodeName"):
+                return "bound"
+            for c in pod["status"].get("conditions") or []:
+                if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
+                    print(f"{name}: {c.get('message')}")
+                    return "unschedulable"
+            return ""
+
+        (bound if await wait_for(decided, timeout=60) == "bound" else unschedulable).append(name)
+    return bound, unschedulable
+
+
+async def test_kube_scheduler_keeps_partitions_within_the_counters(
+        kube: KubeClient, namespace: str, make_nodes: Any, kube_scheduler: str) -> None:
+    """One A100 published as partitionable devices: kube-scheduler places two 3g.20gb
+    devices on it, on their two placements, and refuses a third, which the memory-slice
+    counters leave no room for."""
+    [node] = await make_nodes(1)
+    slices = gpudra.gpu_node_slices(node, gpus=1, mig="partitionable", node_uid=await node_uid(kube, node))
+    template = gpudra.claim_template("half-a100", "mig.nvidia.com", selectors=[
+        "device.attributes['gpu.nvidia.com'].profile == '3g.20gb'"])
+    async with created(kube, [(SLICES, s) for s in slices]), \
+            created(kube, [(CLASSES, c) for c in gpudra.device_classes(extended_resource=False)]):
+        print()
+        bound, unschedulable = await schedule(kube, namespace, kube_scheduler, template, 3)
+        claims = await claims_of(kube, namespace, bound)
+    print("claim status written by kube-scheduler (partitionable MIG):\n"
+          + json.dumps(claims[bound[0]]["status"], indent=2))
+    assert (len(bound), len(unschedulable)) == (2, 1)
+    devices = sorted(r["device"] for c in claims.values() for r in c["status"]["allocation"]["devices"]["results"])
+    assert devices == ["gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4"]
+
+
+async def test_kube_scheduler_shares_a_gpu_by_capacity(
+        kube: KubeClient, namespace: str, make_nodes: Any, kube_scheduler: str) -> None:
+    """One 40 GiB GPU that allows several allocations: two claims of 16 GiB share it, each
+    with the capacity it consumed (and a share ID) written in its result; a third does
+    not fit."""
+    [node] = await make_nodes(1)
+    slices = gpudra.shared_gpu_slices(node, gpus=1, node_uid=await node_uid(kube, node))
+    template = gpudra.claim_template("16g", "gpu.nvidia.com", capacity={"memory": "16Gi"})
+    async with created(kube, [(SLICES, s) for s in slices]), \
+            created(kube, [(CLASSES, c) for c in gpudra.device_classes(extended_resource=False)]):
+        print()
+        bound, unschedulable = await schedule(kube, namespace, kube_scheduler, template, 3)
+        claims = await claims_of(kube, namespace, bound)
+    print("claim status written by kube-scheduler (consumable capacity):\n"
+          + json.dumps(claims[bound[0]]["status"], indent=2))
+    assert (len(bound), len(unschedulable)) == (2, 1)
+    results = [r for c in claims.values() for r in c["status"]["allocation"]["devices"]["results"]]
+    assert [r["device"] for r in results] == ["gpu-0", "gpu-0"]
+    # a capacity the claim did not ask for is consumed at its policy's default
+    assert [r["consumedCapacity"] for r in results] == [{"memory": "16Gi", "multiprocessors": "1"}] * 2
+    assert len({r["shareID"] for r in results}) == 2
