@@ -48,6 +48,7 @@ capacity) describes it: the device allows several allocations and each capacity 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import uuid
@@ -158,6 +159,7 @@ DGX_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
 # -- values as the API writes them --------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def quantity(n: int) -> str:
     """``n`` as the canonical binary-SI quantity the driver's ``resource.NewQuantity(n,
     BinarySI)`` serialises to: ``40Gi``, ``4864Mi``, ``14``."""
@@ -169,6 +171,7 @@ def quantity(n: int) -> str:
     return str(n)
 
 
+@functools.lru_cache(maxsize=64)
 def semver(version: str) -> str:
     """A version as ``semver.MustParse(v).String()`` (Masterminds) writes it: three
     numbers, leading zeros gone (``570.124.06`` -> ``570.124.6``, ``8.0`` -> ``8.0.0``)."""
@@ -178,6 +181,7 @@ def semver(version: str) -> str:
     return ".".join(str(p) for p in [*parts, 0, 0][:3])
 
 
+@functools.lru_cache(maxsize=256)
 def dns_name(name: str) -> str:
     """The driver's ``camelToDNSName``: ``copyEngines`` -> ``copy-engines``."""
     name = re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", name)
@@ -185,6 +189,7 @@ def dns_name(name: str) -> str:
     return rfc1123(name)
 
 
+@functools.lru_cache(maxsize=4096)
 def rfc1123(name: str) -> str:
     """The driver's ``toRFC1123Compliant``: lower case, anything else than ``[a-z0-9-.]``
     becomes ``-``, no leading or trailing ``-``, no trailing dot."""
