@@ -118,7 +118,8 @@ def test_semver_functions() -> None:
     assert selects('isSemver("1.2.3-alpha.1") && !isSemver("1.2") && isSemver("1.2", true)', gpu)
     assert selects('semver("1.0.0-alpha").isLessThan(semver("1.0.0-alpha.1")) && '
                    'semver("1.0.0-alpha.2").isLessThan(semver("1.0.0-alpha.beta")) && '
-                   'semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))', gpu)
+                   'semver("1.0.0-rc.1").isLessThan(semver("1.0.0")) && '
+                   'semver("1.0.0-rc.2").isLessThan(semver("1.0.0-rc.10"))', gpu)
 
 
 def test_guards_on_attributes_a_device_may_lack() -> None:
@@ -221,3 +222,5 @@ def test_brackets_and_quotes_inside_keys_and_strings() -> None:
     assert selects('device.attributes["x.example.com"]["name"] == \'a]["b\'', env)
     assert selects('device.attributes["x.example." + "com"].name.endsWith(\'["b\') '
                    "// device.attributes[\n&& true", env)
+    assert selects('device.attributes[["x.example.com"][0]].name.startsWith("a")', env)
+    assert not selects('has(device.attributes[["y.example.com"][0]].name)', env)
