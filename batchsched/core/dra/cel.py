@@ -16,10 +16,11 @@ module provides the ones selectors use: ``quantity``, ``isQuantity``, ``sign``, 
 ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``, ``isInteger``,
 ``add``, ``sub`` for quantities and ``semver`` (with its optional normalize flag),
 ``isSemver``, ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``major``, ``minor``,
-``patch`` for versions, next to CEL's standard functions and macros. An expression that calls
-a function outside that set (``cel.bind``, the string, list, set, IP, URL and format
+``patch`` for versions, and ``cel.bind``, next to CEL's standard functions and macros. An
+expression that calls a function outside that set (the string, list, set, IP, URL and format
 extensions of the Kubernetes environment) is refused when it is compiled, naming the
-function, never evaluated as something else.
+function, never evaluated as something else; so is the optional syntax (``x.?name``), which
+the library does not parse.
 
 Semantics kept from upstream:
 
@@ -35,9 +36,9 @@ Semantics kept from upstream:
   limit (``CELSelectorExpressionMaxCost``) is not counted here: the library has no cost
   tracker; the apiserver refuses an expression whose estimated cost exceeds it when the
   object is written, so what we read is bounded already.
-- Without a type checker, a result type is known only on evaluation: an expression such as
-  ``device.driver`` compiles and then fails on the first device, where upstream refuses it
-  at compile time. Either way no device is allocated with it.
+- Without a type checker, types are known only on evaluation: ``device.driver`` compiles
+  and then fails on the first device, and ``device.driver == 1`` is false, where upstream
+  refuses both at compile time. Either way no device is allocated with them.
 
 Library: ``common-expression-language`` (Python bindings of the Rust ``cel`` crate), chosen
 over the pure-Python ``cel-python`` by measurement on the selectors NVIDIA's DRA driver
@@ -51,9 +52,8 @@ every node for every pod, so evaluation time is what counts. Both gave the same 
 What the Rust binding lacks, worked around here: values must be plain CEL values, so a
 quantity or a version is a one-key map (``{"$quantity": "4.294967296E+10"}``,
 ``{"$semver": "550.54.15"}``) in a canonical form (``==`` compares values, as upstream),
-and the extension functions check that marker; its maps have no default, so lookups of
-``device.attributes[...]`` / ``device.capacity[...]`` are rewritten to fall back on an
-empty map when the domain is absent.
+and the extension functions check that marker; its maps have no default and it has no
+``cel.bind``, so both are rewritten in the source (see :func:`_rewritten`).
 """
 
 from __future__ import annotations
@@ -404,27 +404,64 @@ def _compiled(expression: str) -> Selector | CelError:
             f"CEL expression {expression[:80]!r}... is {size} bytes, more than {MAX_EXPRESSION_LENGTH}"
         )
     try:
-        program = cel.compile(expression)
+        cel.compile(expression)
+        program = cel.compile(_rewritten(expression))
     except ValueError as exc:
         return CelError(f"CEL expression {expression!r} does not compile: {exc}")
-    unknown = sorted(
-        f for f in program.functions() if f[0] not in "_@!" and f not in _PROVIDED
-    )
+    unknown = sorted(f for f in program.functions() if f[0] not in "_@!" and f not in _PROVIDED)
     if unknown:
         return CelError(
             f"CEL expression {expression!r} calls {', '.join(unknown)}, "
             "which batchsched's CEL environment does not provide"
         )
-    rewritten = _default_domains(expression)
-    if rewritten != expression:
-        program = cel.compile(rewritten)
     return Selector(expression, program)
 
 
-# --- the domain lookups with a default ------------------------------------------------------
+# --- what the library lacks, written in what it has -----------------------------------------
+#
+# Two rewrites of the source, applied after it parsed as written (so a syntax error points at
+# the user's text): ``cel.bind(v, init, body)`` as ``[init].map(v, body)[0]`` (upstream's
+# DRA environment has cel.bind; the library has no such macro), and ``device.attributes[K]``
+# / ``device.capacity[K]`` as ``(K in device.attributes ? device.attributes[K] : {})``
+# (upstream's outer maps give an empty map for an absent domain; the library's fail).
 
+_BIND = re.compile(r"cel\s*\.\s*bind\s*\(")
 _LOOKUP = re.compile(r"device\s*\.\s*(attributes|capacity)\s*\[")
 _PREFIXED_STRING = re.compile(r"(?:[rR][bB]?|[bB][rR]?)(?=['\"])")
+_IDENTIFIER = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*")
+
+
+def _rewritten(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        end = _skip(text, i)
+        if end is not None:
+            out.append(text[i:end])
+            i = end
+            continue
+        starts_name = i == 0 or not (text[i - 1].isalnum() or text[i - 1] in "_.")
+        bind = _BIND.match(text, i) if starts_name else None
+        lookup = _LOOKUP.match(text, i) if starts_name else None
+        if bind is not None:
+            close = _closing(text, bind.end())
+            args = _arguments(text, bind.end(), close)
+            name = _IDENTIFIER.fullmatch(args[0]) if len(args) == 3 else None
+            if name is not None:
+                init, body = _rewritten(args[1]), _rewritten(args[2])
+                out.append(f"[{init}].map({name.group(1)}, {body})[0]")
+                i = close + 1
+                continue
+        elif lookup is not None:
+            close = _closing(text, lookup.end())
+            key = _rewritten(text[lookup.end() : close])
+            field = f"device.{lookup.group(1)}"
+            out.append(f"(({key}) in {field} ? {field}[{key}] : {{}})")
+            i = close + 1
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
 
 
 def _skip(text: str, i: int) -> int | None:
@@ -451,41 +488,34 @@ def _skip(text: str, i: int) -> int | None:
     return len(text)
 
 
-def _closing_bracket(text: str, i: int) -> int:
-    """The index of the ``]`` closing the ``[`` just before ``i``."""
+def _closing(text: str, i: int) -> int:
+    """The index of the bracket closing the one just before ``i`` (the text parsed, so its
+    brackets balance)."""
     depth = 1
     while i < len(text):
         end = _skip(text, i)
         if end is not None:
             i = end
             continue
-        depth += {"[": 1, "]": -1}.get(text[i], 0)
+        depth += 1 if text[i] in "([{" else -1 if text[i] in ")]}" else 0
         if depth == 0:
             return i
         i += 1
     return len(text)
 
 
-def _default_domains(text: str) -> str:
-    """``device.attributes[K]`` as ``(K in device.attributes ? device.attributes[K] : {})``
-    (and the same for capacity): upstream's maps give an empty map for an absent domain."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
+def _arguments(text: str, start: int, close: int) -> list[str]:
+    """The comma-separated arguments between ``start`` and ``close``."""
+    args, depth, i, first = [], 0, start, start
+    while i < close:
         end = _skip(text, i)
         if end is not None:
-            out.append(text[i:end])
             i = end
             continue
-        m = _LOOKUP.match(text, i)
-        if m is None or (i > 0 and (text[i - 1].isalnum() or text[i - 1] in "_.")):
-            out.append(text[i])
-            i += 1
-            continue
-        close = _closing_bracket(text, m.end())
-        key = _default_domains(text[m.end() : close])
-        field = f"device.{m.group(1)}"
-        out.append(f"(({key}) in {field} ? {field}[{key}] : {{}})")
-        i = close + 1
-    return "".join(out)
-
+        depth += 1 if text[i] in "([{" else -1 if text[i] in ")]}" else 0
+        if depth == 0 and text[i] == ",":
+            args.append(text[first:i])
+            first = i + 1
+        i += 1
+    args.append(text[first:close])
+    return args
