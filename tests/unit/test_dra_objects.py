@@ -175,7 +175,7 @@ def test_only_the_newest_generation_of_a_pool_counts() -> None:
 
 
 def test_an_incomplete_pool_offers_no_device_and_says_why() -> None:
-    counters, devices = gpu_node_slices("n1", gpus=1, migs=0)
+    _counters, devices = gpu_node_slices("n1", gpus=1, migs=0)
     nd = pools(devices).for_node("n1", {})  # the counters slice has not arrived
     assert nd.devices == ()
     assert [pool.problem for pool in nd.unusable] == [f"pool {DRIVER}/n1 is incomplete (1 of 2 slices of generation 1)"]
