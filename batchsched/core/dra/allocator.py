@@ -21,7 +21,9 @@ none, with the semantics of upstream's allocator (k8s.io/dynamic-resource-alloca
   each share gets a ``shareID`` and records ``consumedCapacity`` (every capacity of the
   device, rounded up by its ``requestPolicy``);
 - admin access (``exactly.adminAccess``): the device need not be free, is never handed
-  twice to the same claim, and its allocation marks nothing in use. Upstream's
+  twice to the same claim, and its allocation marks nothing in use. As upstream, it
+  still charges the shared counters it consumes while the search runs, so a partition
+  whose counters are used up is not given for admin access either. Upstream's
   condition for it, the namespace label ``resource.kubernetes.io/admin-access=true``,
   is enforced by the apiserver when the claim is created, so it is not checked here.
 - devices with ``bindingConditions`` are never allocated (batchsched does not wait
@@ -44,7 +46,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any, Protocol
 
 from batchsched.core.dra.objects import (
@@ -196,7 +198,7 @@ def _rounded(asked: Qty | None, cap: Capacity) -> Qty:
             return p.min
         if p.step is None:
             return asked
-        steps = -((p.min.value - asked.value) // p.step.value)  # ceil
+        steps = ((asked.value - p.min.value) / p.step.value).to_integral_value(rounding=ROUND_CEILING)
         value = p.min.value + steps * p.step.value
         return asked if value == asked.value else Qty(value, _format(value, p.step.text))
     for v in p.valid_values:
@@ -630,8 +632,8 @@ def _explain(search: _Search) -> Unallocatable:
         f"{'distinctAttribute' if c.distinct else 'matchAttribute'} {c.attribute}"
         + (f" over {', '.join(c.requests)}" if c.requests else "") for c in claim.constraints)
     return Unallocatable(
-        f"claim {claim.key}: request {request.name}: no devices left on node {search.devices.node} "
-        f"that fit together with those of the other requests"
+        f"claim {claim.key}: request {request.name}: the devices on node {search.devices.node} "
+        f"cannot satisfy it together with the other requests"
         + (f" (constraints: {constraints})" if constraints else ""), claim.key, request.name)
 
 
