@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from batchsched.core.dra.allocator import InUse, consumed_capacity, in_use_from_claims
+from batchsched.core.dra.allocator import Allocated, InUse, consumed_capacity, in_use_from_claims
 from batchsched.core.dra.objects import DeviceId, parse_resource_slice
 from tests.unit.dra_world import (
     DRIVER,
@@ -410,3 +415,158 @@ def test_more_than_32_devices_in_one_claim_do_not_fit() -> None:
     p = world(gpus=8, migs=7)
     failed(run([claim("c", exactly("m", MIG_CLASS, count=20), exactly("n", MIG_CLASS, count=13))], node_devices(p)))
     ok(run([claim("c", exactly("m", MIG_CLASS, count=20), exactly("n", MIG_CLASS, count=12))], node_devices(p)))
+
+
+# ---------------------------------------------------------------- brute-force twin
+
+TWIN = "d.example.com"
+
+
+@st.composite
+def twin_worlds(draw: st.DrawFn) -> dict[str, Any]:
+    """A node with up to 4 devices (some partitions of one counter set, some shared with
+    a consumable capacity, some tainted), what other claims hold, and 1-2 claims."""
+    devices = []
+    for i in range(draw(st.integers(1, 4))):
+        d: dict[str, Any] = {"name": f"d{i}", "attributes": {
+            "a": {"int": draw(st.integers(0, 1))}, "kind": {"string": draw(st.sampled_from(["x", "y"]))}}}
+        if draw(st.booleans()):
+            d["consumesCounters"] = [{"counterSet": "s", "counters": {"c": {"value": str(draw(st.integers(1, 2)))}}}]
+        if draw(st.integers(0, 2)) == 0:
+            d["allowMultipleAllocations"] = True
+            d["capacity"] = {"bw": {"value": "4"}}
+        if draw(st.integers(0, 5)) == 0:
+            d["taints"] = [{"key": "broken", "effect": "NoSchedule"}]
+        devices.append(d)
+    counters = {"metadata": {"name": "counters"}, "spec": {
+        "driver": TWIN, "nodeName": "n1", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 2},
+        "sharedCounters": [{"name": "s", "counters": {"c": {"value": "3"}}}]}}
+    slice_ = {"metadata": {"name": "devices"}, "spec": {
+        "driver": TWIN, "nodeName": "n1", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 2},
+        "devices": devices}}
+    prior = [{"request": "r", "driver": TWIN, "pool": "p", "device": d["name"]}
+             for d in devices if "allowMultipleAllocations" not in d and draw(st.integers(0, 3)) == 0]
+    prior += [{"request": "r", "driver": TWIN, "pool": "p", "device": d["name"], "shareID": f"old-{d['name']}",
+               "consumedCapacity": {"bw": str(draw(st.integers(1, 3)))}}
+              for d in devices if "allowMultipleAllocations" in d and draw(st.booleans())]
+    n_requests = draw(st.integers(1, 3))
+    claims: list[dict[str, Any]] = [{"requests": [], "constraints": []} for _ in range(draw(st.integers(1, 2)))]
+    for r in range(n_requests):
+        claims[draw(st.integers(0, len(claims) - 1))]["requests"].append(draw(_twin_request(f"r{r}")))
+    for c in claims:
+        if len(c["requests"]) > 1 and draw(st.booleans()):
+            kind = draw(st.sampled_from(["matchAttribute", "distinctAttribute"]))
+            c["constraints"].append({kind: f"{TWIN}/a"})
+    return {"slices": [counters, slice_], "prior": prior, "claims": claims}
+
+
+@st.composite
+def _twin_request(draw: st.DrawFn, name: str) -> dict[str, Any]:
+    def one() -> dict[str, Any]:
+        e: dict[str, Any] = {"deviceClassName": "twin", "count": draw(st.integers(1, 2))}
+        if draw(st.integers(0, 4)) == 0:
+            e = {"deviceClassName": "twin", "allocationMode": "All"}
+        if draw(st.booleans()):
+            e["selectors"] = [{"cel": {"expression": f"{TWIN}/kind == {draw(st.sampled_from(['x', 'y']))}"}}]
+        if draw(st.integers(0, 3)) == 0:
+            e["capacity"] = {"requests": {"bw": str(draw(st.integers(1, 3)))}}
+        return e
+
+    if draw(st.integers(0, 3)) == 0:
+        return {"name": name, "firstAvailable": [{"name": f"s{i}", **one()} for i in range(2)]}
+    return {"name": name, "exactly": one()}
+
+
+def _twin_claims(world_: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    prior = claim("prior", exactly("r", "twin"), status={"allocation": {"devices": {"results": world_["prior"]}}})
+    claims = [claim(f"c{i}", *c["requests"], constraints=c["constraints"] or None) for i, c in enumerate(world_["claims"])]
+    return [prior], claims
+
+
+def _twin_matches(device: Any, choice: Any) -> bool:
+    from tests.unit.dra_world import fake_compile
+
+    return all(fake_compile(e).matches(device) for e in choice.selectors)
+
+
+def _twin_options(choice: Any, devices: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Every set of devices the choice could take, matching alone (selectors, capacity)."""
+    matching = [d for d in devices if _twin_matches(d, choice) and consumed_capacity(d, choice.capacity) is not None]
+    if choice.all_devices:
+        return [tuple(matching)] if matching else []
+    return list(itertools.combinations(matching, choice.count))
+
+
+def _twin_valid(claims: Sequence[Any], picks: Sequence[tuple[int, Any, tuple[Any, ...]]], nd: Any, in_use: InUse) -> str:
+    """Why an assignment (claim index, choice, devices) breaks a rule, or ""."""
+    exclusive: list[DeviceId] = []
+    capacity: dict[DeviceId, Decimal] = {}
+    newly_held: dict[DeviceId, Any] = {}
+    for _ci, choice, devs in picks:
+        for d in devs:
+            if any(t.effect == "NoSchedule" for t in d.taints):
+                return f"{d.name} tainted"
+            if d.allow_multiple:
+                used = consumed_capacity(d, choice.capacity)
+                assert used is not None
+                capacity[d.id] = capacity.get(d.id, Decimal(0)) + used["bw"].value
+            else:
+                exclusive.append(d.id)
+            if d.id not in in_use.devices and d.id not in in_use.shared:
+                newly_held[d.id] = d
+    if len(set(exclusive)) != len(exclusive) or set(exclusive) & (in_use.devices | in_use.shared):
+        return "a device held twice"
+    for did, amount in capacity.items():
+        if amount + in_use.capacity.get(did, {}).get("bw", Decimal(0)) > 4:
+            return f"capacity of {did} exceeded"
+    charged = sum((v for d in newly_held.values() for u in d.consumes for v in u.counters.values()), Decimal(0))
+    if charged + sum(in_use.counters.values(), Decimal(0)) > 3:
+        return "counters exceeded"
+    for ci, c in enumerate(claims):
+        for con in c.constraints:
+            values = [d.attributes[con.attribute]["int"] for i, ch, devs in picks if i == ci for d in devs]
+            if not con.distinct and len(set(values)) > 1:
+                return "matchAttribute broken"
+            if con.distinct and len(set(values)) != len(values):
+                return "distinctAttribute broken"
+    return ""
+
+
+def _twin_exists(claims: Sequence[Any], nd: Any, in_use: InUse) -> bool:
+    slots = [(ci, r) for ci, c in enumerate(claims) for r in c.requests]
+    per_slot = [[(ci, ch, devs) for ch in r.choices for devs in _twin_options(ch, nd.devices)] for ci, r in slots]
+    return any(not _twin_valid(claims, picks, nd, in_use) for picks in itertools.product(*per_slot))
+
+
+def _twin_picks(claims: Sequence[Any], out: Any, nd: Any) -> list[tuple[int, Any, tuple[Any, ...]]]:
+    by_name = {d.name: d for d in nd.devices}
+    picks = []
+    for ci, c in enumerate(claims):
+        choices = {ch.name: ch for r in c.requests for ch in r.choices}
+        results = out.claims[ci].allocation["devices"]["results"]
+        for name in dict.fromkeys(r["request"] for r in results):
+            choice = choices[name]
+            devs = tuple(by_name[r["device"]] for r in results if r["request"] == name)
+            assert all(_twin_matches(d, choice) for d in devs), "a selector is broken"
+            assert choice.all_devices or len(devs) == choice.count
+            picks.append((ci, choice, devs))
+        assert {n.split("/")[0] for n, *_ in [(p[1].name,) for p in picks if p[0] == ci]} == {r.name for r in c.requests}
+    return picks
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(twin_worlds())
+def test_the_allocator_finds_an_allocation_iff_one_exists_and_breaks_no_rule(world_: dict[str, Any]) -> None:
+    p = pools(*world_["slices"])
+    nd = node_devices(p)
+    prior, claims = _twin_claims(world_)
+    in_use = held(p, *prior)
+    cls = classes({"metadata": {"name": "twin"}, "spec": {"selectors": [{"cel": {"expression": f"driver == {TWIN}"}}]}})
+    out = run(claims, nd, in_use, device_classes=cls)
+    exists = _twin_exists(claims, nd, in_use)
+    assert isinstance(out, Allocated) == exists, out
+    if isinstance(out, Allocated):
+        picks = _twin_picks(claims, out, nd)
+        assert _twin_valid(claims, picks, nd, in_use) == ""
+        now = [written(c, out, i) for i, c in enumerate(claims)]
+        assert held(p, *prior, *now) == in_use.plus(out.delta)
