@@ -1,0 +1,676 @@
+"""The structured allocator: devices for all of one pod's ResourceClaims on one node.
+
+:func:`allocate` finds devices for every claim the pod still needs allocated, or for
+none, with the semantics of upstream's allocator (k8s.io/dynamic-resource-allocation
+/structured, the v1.37 "incubating" one):
+
+- claims in pod order, requests in claim order; a request is ``exactly`` one choice or
+  ``firstAvailable`` subrequests tried in order (the first that leads to a complete
+  allocation wins; its result request name is ``req/sub``);
+- ``ExactCount``: ``count`` devices, tried as combinations in device order (depth
+  first, backtracking into earlier requests and claims); ``All``: every device that
+  matches the selectors and capacity requests, at least one, each must be allocatable;
+- a device matches when every selector of the class and then of the request accepts
+  it (a CEL error stops the allocation with that error, as upstream);
+- a device is allocatable when it is free (not allocated to another claim, not taken
+  earlier in this search), its untolerated ``NoSchedule``/``NoExecute`` taints are
+  none, its pool's shared counters still cover what it consumes, and the claim's
+  constraints (``matchAttribute``, ``distinctAttribute``) still hold;
+- a device with ``allowMultipleAllocations`` is never "taken": it serves several
+  requests while its capacity lasts; its counters are charged once, by its first share;
+  each share gets a ``shareID`` and records ``consumedCapacity`` (every capacity of the
+  device, rounded up by its ``requestPolicy``);
+- admin access (``exactly.adminAccess``): the device need not be free, is never handed
+  twice to the same claim, and its allocation marks nothing in use. As upstream, it
+  still charges the shared counters it consumes while the search runs, so a partition
+  whose counters are used up is not given for admin access either. Upstream's
+  condition for it, the namespace label ``resource.kubernetes.io/admin-access=true``,
+  is enforced by the apiserver when the claim is created, so it is not checked here.
+- devices with ``bindingConditions`` are never allocated (batchsched does not wait
+  for binding conditions), and the failure reason says when one would have matched.
+
+A claim that is already allocated (a shared claim) allocates nothing: its allocation
+must be usable on the node (its ``nodeSelector``), else the pod does not fit there.
+
+The work is bounded (``max_steps`` device tries); past it the allocation fails with a
+reason saying so. The result is deterministic: devices are tried in the order of
+:class:`~batchsched.core.dra.objects.NodeDevices`; share ids come from ``new_share_id``.
+
+In-use state (:class:`InUse`) is rebuilt from claims alone by
+:func:`in_use_from_claims`; an :class:`Allocated` carries the ``delta`` its new
+allocations add, which is exactly what the rebuild adds once they are written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
+from typing import Any, Protocol
+
+from batchsched.core.dra.objects import (
+    MAX_RESULTS_PER_CLAIM,
+    AllocatedDevice,
+    Capacity,
+    Choice,
+    CounterId,
+    Device,
+    DeviceClass,
+    DeviceId,
+    NodeDevices,
+    Pools,
+    Qty,
+    ResourceClaim,
+)
+
+#: device tries before the search gives up (upstream bounds it by a timeout instead)
+DEFAULT_MAX_STEPS = 200_000
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+class Selector(Protocol):
+    def matches(self, env: Any) -> bool: ...
+
+
+SelectorCompiler = Callable[[str], Selector]
+
+
+# ---------------------------------------------------------------- in-use state
+
+
+@dataclass(frozen=True)
+class InUse:
+    """What allocated claims hold: devices held whole, devices holding shares, the
+    shared counters consumed, and the capacity consumed of shared devices."""
+
+    devices: frozenset[DeviceId] = frozenset()
+    shared: frozenset[DeviceId] = frozenset()
+    counters: Mapping[CounterId, Decimal] = field(default_factory=dict)
+    capacity: Mapping[DeviceId, Mapping[str, Decimal]] = field(default_factory=dict)
+
+    def plus(self, other: InUse) -> InUse:
+        """This state with ``other`` (a delta) added."""
+        counters = dict(self.counters)
+        for k, v in other.counters.items():
+            counters[k] = counters.get(k, Decimal(0)) + v
+        capacity = {d: dict(c) for d, c in self.capacity.items()}
+        for d, c in other.capacity.items():
+            mine = capacity.setdefault(d, {})
+            for name, v in c.items():
+                mine[name] = mine.get(name, Decimal(0)) + v
+        return InUse(self.devices | other.devices, self.shared | other.shared, counters, capacity)
+
+
+def in_use_from_claims(claims: Iterable[ResourceClaim], pools: Pools) -> InUse:
+    """Every device's use, rebuilt from the claims' ``status.allocation`` alone."""
+    results = [r for c in claims if c.allocation is not None for r in c.allocation.results]
+    return _charge(results, pools.device, InUse())
+
+
+def _charge(results: Sequence[AllocatedDevice], lookup: Callable[[DeviceId], Device | None], base: InUse) -> InUse:
+    """What ``results`` add to ``base``: admin-access results hold nothing (upstream);
+    a result with a share id holds a share and its consumed capacity; others hold the
+    device. A device newly held (whole or by a first share) charges its counters once."""
+    devices: set[DeviceId] = set()
+    shared: set[DeviceId] = set()
+    capacity: dict[DeviceId, dict[str, Decimal]] = {}
+    for r in results:
+        if r.admin_access:
+            continue
+        if r.share_id is None:
+            devices.add(r.id)
+            continue
+        shared.add(r.id)
+        mine = capacity.setdefault(r.id, {})
+        for name, q in r.consumed.items():
+            mine[name] = mine.get(name, Decimal(0)) + q.value
+    counters: dict[CounterId, Decimal] = {}
+    for d in sorted(devices | shared, key=str):
+        device = lookup(d)
+        if device is None or d in base.devices or d in base.shared:
+            continue
+        for use in device.consumes:
+            for name, v in use.counters.items():
+                key = CounterId(d.driver, d.pool, use.counter_set, name)
+                counters[key] = counters.get(key, Decimal(0)) + v
+    return InUse(frozenset(devices), frozenset(shared), counters, capacity)
+
+
+# ---------------------------------------------------------------- outcome
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claim: str  # namespace/name
+    allocation: Mapping[str, Any]  # status.allocation: new, or the claim's own
+    new: bool
+
+
+@dataclass(frozen=True)
+class Allocated:
+    claims: tuple[ClaimResult, ...]  # in the order the claims were given
+    delta: InUse  # what the new allocations hold
+
+
+@dataclass(frozen=True)
+class Unallocatable:
+    reason: str  # for a user: which claim and request failed, and why
+    claim: str = ""
+    request: str = ""
+
+
+class _Stop(Exception):
+    def __init__(self, failure: Unallocatable) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+# ---------------------------------------------------------------- capacity
+
+
+def consumed_capacity(device: Device, requests: Mapping[str, Qty] | None) -> dict[str, Qty] | None:
+    """What one allocation of ``device`` consumes of each capacity, or None when the
+    request names a capacity the device lacks or its ``requestPolicy`` refuses the
+    amount. Unrequested: the policy's default, else the whole capacity; requested:
+    rounded up to the policy's ``validRange`` (min, then min + n*step) or the next of
+    its ``validValues``."""
+    if requests and any(name not in device.capacity for name in requests):
+        return None
+    out: dict[str, Qty] = {}
+    for name, cap in device.capacity.items():
+        asked = requests.get(name) if requests else None
+        q = _rounded(asked, cap)
+        if q.value < 0 or _violates(q, cap) or q.value > cap.value.value:
+            return None
+        out[name] = q
+    return out
+
+
+def _rounded(asked: Qty | None, cap: Capacity) -> Qty:
+    p = cap.policy
+    if asked is None:
+        return p.default if p is not None and p.default is not None else cap.value
+    if p is None:
+        return asked
+    if p.has_range and p.min is not None:
+        if asked.value < p.min.value:
+            return p.min
+        if p.step is None:
+            return asked
+        steps = ((asked.value - p.min.value) / p.step.value).to_integral_value(rounding=ROUND_CEILING)
+        value = p.min.value + steps * p.step.value
+        return asked if value == asked.value else Qty(value, _format(value, p.step.text))
+    for v in p.valid_values:
+        if asked.value <= v.value:
+            return v
+    return asked
+
+
+def _violates(q: Qty, cap: Capacity) -> bool:
+    p = cap.policy
+    if p is None or (p.default is not None and q.value == p.default.value):
+        return False
+    if p.has_range:
+        if p.max is not None and q.value > p.max.value:
+            return True
+        low = p.min.value if p.min is not None else Decimal(0)
+        return p.step is not None and (q.value - low) % p.step.value != 0
+    if p.valid_values:
+        return all(q.value != v.value for v in p.valid_values)
+    return False
+
+
+_BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+_DECIMAL = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3))
+
+
+def _format(value: Decimal, like: str) -> str:
+    """A computed quantity, in binary suffixes when ``like`` uses one, else decimal."""
+    if value != value.to_integral_value():
+        return f"{int(value * 1000)}m"
+    n = int(value)
+    for suffix, base in _BINARY if like.endswith("i") else _DECIMAL:
+        if n and n % base == 0:
+            return f"{n // base}{suffix}"
+    return str(n)
+
+
+# ---------------------------------------------------------------- the search
+
+
+@dataclass
+class _Option:
+    """One choice of one request, with the devices that match it on this node."""
+
+    choice: Choice
+    device_class: DeviceClass
+    candidates: list[tuple[Device, dict[str, Qty]]]  # matching, with what each consumes
+    waiting: int = 0  # matching devices skipped for their binding conditions
+
+
+@dataclass
+class _Search:
+    claims: list[ResourceClaim]
+    options: list[list[list[_Option]]]  # claim -> request -> choices
+    devices: NodeDevices
+    in_use: InUse
+    max_steps: int
+    steps: int = 0
+    taken: dict[DeviceId, set[int]] = field(default_factory=dict)
+    counters: dict[CounterId, Decimal] = field(default_factory=dict)
+    capacity: dict[DeviceId, dict[str, Decimal]] = field(default_factory=dict)
+    shares: dict[DeviceId, int] = field(default_factory=dict)
+    values: list[list[list[tuple[str, Any]]]] = field(default_factory=list)  # claim -> constraint -> values
+    picked: list[list[tuple[Choice, Device, dict[str, Qty] | None]]] = field(default_factory=list)
+    chosen: dict[tuple[int, int], _Option] = field(default_factory=dict)  # the choice each request took
+    deepest: tuple[int, int] = (0, 0)
+
+    def claim(self, ci: int, ri: int) -> bool:
+        """Allocate request ``ri`` of claim ``ci`` and everything after it."""
+        self.deepest = max(self.deepest, (ci, ri))
+        if ci == len(self.claims):
+            return True
+        if ri == len(self.options[ci]):
+            return self.claim(ci + 1, 0)
+        for option in self.options[ci][ri]:
+            c = option.choice
+            need = len(option.candidates) if c.all_devices else c.count
+            if c.all_devices and need == 0:
+                continue
+            if len(self.picked[ci]) + need > MAX_RESULTS_PER_CLAIM:
+                continue
+            self.chosen[(ci, ri)] = option
+            if self.pick(ci, ri, option, 0, 0):
+                return True
+        return False
+
+    def pick(self, ci: int, ri: int, option: _Option, done: int, start: int) -> bool:
+        """Pick device number ``done`` of ``option`` from candidates ``start`` on."""
+        c = option.choice
+        need = len(option.candidates) if c.all_devices else c.count
+        if done == need:
+            return self.claim(ci, ri + 1)
+        stop = start + 1 if c.all_devices else len(option.candidates) - (need - done) + 1
+        for i in range(start, stop):
+            device, consumed = option.candidates[i]
+            undo = self.take(ci, c, device, consumed)
+            if undo is None:
+                continue
+            if self.pick(ci, ri, option, done + 1, i + 1):
+                return True
+            undo()
+        return False
+
+    def take(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> Callable[[], None] | None:
+        """Mark ``device`` allocated to claim ``ci`` for ``c`` if it is allocatable now;
+        the function returned undoes it."""
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise _Stop(Unallocatable(
+                f"gave up after trying {self.max_steps} device combinations on node {self.devices.node}"))
+        d = device.id
+        multiple = device.allow_multiple
+        if not multiple and c.admin_access and ci in self.taken.get(d, ()):
+            return None
+        if not c.admin_access and (d in self.in_use.devices or self.taken.get(d)):
+            return None
+        if not multiple and not c.admin_access and d in self.in_use.shared:
+            return None
+        if _blocking_taint(device, c) is not None:
+            return None
+        charge = not (multiple and (d in self.in_use.shared or self.shares.get(d)))
+        if charge and not self.counters_fit(device):
+            return None
+        if multiple and not self.capacity_fits(d, device, consumed):
+            return None
+        pushed = self._constrain(ci, c, device)
+        if pushed is None:
+            return None
+        return self._commit(ci, c, device, consumed, charge, pushed)
+
+    def _commit(
+        self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty], charge: bool, pushed: list[int]
+    ) -> Callable[[], None]:
+        d, multiple = device.id, device.allow_multiple
+        uses = [(CounterId(d.driver, d.pool, u.counter_set, n), v) for u in device.consumes
+                for n, v in u.counters.items()] if charge else []
+        for key, v in uses:
+            self.counters[key] = self.counters.get(key, Decimal(0)) + v
+        if multiple:
+            self.shares[d] = self.shares.get(d, 0) + 1
+            mine = self.capacity.setdefault(d, {})
+            for name, q in consumed.items():
+                mine[name] = mine.get(name, Decimal(0)) + q.value
+        else:
+            self.taken.setdefault(d, set()).add(ci)
+        self.picked[ci].append((c, device, consumed if multiple else None))
+
+        def undo() -> None:
+            self.picked[ci].pop()
+            if multiple:
+                self.shares[d] -= 1
+                for name, q in consumed.items():
+                    self.capacity[d][name] -= q.value
+            else:
+                self.taken[d].discard(ci)
+            for key, v in uses:
+                self.counters[key] -= v
+            for k in reversed(pushed):
+                self.values[ci][k].pop()
+
+        return undo
+
+    def counters_fit(self, device: Device) -> bool:
+        sets = self.devices.counter_sets.get((device.driver, device.pool), {})
+        for use in device.consumes:
+            for name, v in use.counters.items():
+                key = CounterId(device.driver, device.pool, use.counter_set, name)
+                total = sets.get(use.counter_set, {}).get(name, Decimal(0))
+                left = total - self.in_use.counters.get(key, Decimal(0)) - self.counters.get(key, Decimal(0))
+                if v > left:
+                    return False
+        return True
+
+    def capacity_fits(self, d: DeviceId, device: Device, consumed: dict[str, Qty]) -> bool:
+        held, mine = self.in_use.capacity.get(d, {}), self.capacity.get(d, {})
+        for name, q in consumed.items():
+            total = held.get(name, Decimal(0)) + mine.get(name, Decimal(0)) + q.value
+            if total > device.capacity[name].value.value:
+                return False
+        return True
+
+    def _constrain(self, ci: int, c: Choice, device: Device) -> list[int] | None:
+        """Add the device's attributes to the claim's constraints it falls under; the
+        indexes pushed, or None (nothing pushed) when a constraint would break."""
+        request = c.name.split("/", 1)[0]
+        pushed: list[int] = []
+        for k, con in enumerate(self.claims[ci].constraints):
+            if not con.applies(request, c.name):
+                continue
+            value = _attribute_value(device, con.attribute)
+            seen = self.values[ci][k]
+            if value is None or (con.distinct and value in seen) or (not con.distinct and seen and seen[0] != value):
+                for j in reversed(pushed):
+                    self.values[ci][j].pop()
+                return None
+            seen.append(value)
+            pushed.append(k)
+        return pushed
+
+
+def _attribute_value(device: Device, name: str) -> tuple[str, Any] | None:
+    attr = device.attributes.get(name)
+    if attr is None:
+        return None
+    kind, value = next(iter(attr.items()))
+    return (kind, value)
+
+
+def _blocking_taint(device: Device, c: Choice) -> str | None:
+    for t in device.taints:
+        if t.effect in _BLOCKING_EFFECTS and not any(tol.tolerates(t) for tol in c.tolerations):
+            return f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
+    return None
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def allocate(
+    claims: Sequence[ResourceClaim],
+    *,
+    devices: NodeDevices,
+    classes: Mapping[str, DeviceClass],
+    in_use: InUse,
+    compile_selector: SelectorCompiler | None = None,
+    device_env: Callable[[Device], Any] | None = None,
+    new_share_id: Callable[[], str] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> Allocated | Unallocatable:
+    """Devices for all of ``claims`` (one pod's, in pod order) on ``devices.node``, or why not.
+
+    ``devices`` is what the node may use (:meth:`Pools.for_node`), ``in_use`` what
+    other claims hold (:func:`in_use_from_claims`, plus tentative deltas).
+    ``compile_selector`` and ``device_env`` default to :mod:`batchsched.core.dra.cel`
+    (the compiler, and ``Device.env`` as the expressions' input); tests may pass others.
+    """
+    share_id = new_share_id or (lambda: str(uuid.uuid4()))
+    node = devices.node
+    for c in claims:
+        a = c.allocation
+        if a is not None and a.node_selector is not None and not a.node_selector.matches(node, devices.labels):
+            return Unallocatable(f"claim {c.key} is allocated to devices not available on node {node}", c.key)
+    pending = [c for c in claims if c.allocation is None]
+    try:
+        options = _Matcher(devices, classes, compile_selector, device_env).options(pending)
+        search = _Search(pending, options, devices, in_use, max_steps,
+                         values=[[[] for _ in c.constraints] for c in pending], picked=[[] for _ in pending])
+        if not search.claim(0, 0):
+            return _explain(search)
+    except _Stop as stop:
+        return stop.failure
+    new: dict[str, ClaimResult] = {}
+    added: list[AllocatedDevice] = []
+    for ci, claim in enumerate(pending):
+        results = [_result(c, d, consumed, share_id) for c, d, consumed in search.picked[ci]]
+        added.extend(_allocated(c, d, r) for (c, d, _), r in zip(search.picked[ci], results, strict=True))
+        body = {"devices": {"results": results}}
+        config = _config(claim, [search.chosen[(ci, ri)] for ri in range(len(claim.requests))])
+        if config:
+            body["devices"]["config"] = config
+        selector = _node_selector([d for _, d, _ in search.picked[ci]], devices, node)
+        if selector is not None:
+            body["nodeSelector"] = selector
+        new[claim.key] = ClaimResult(claim.key, body, new=True)
+    out = tuple(new.get(c.key) or ClaimResult(c.key, c.allocation.raw if c.allocation else {}, new=False)
+                for c in claims)
+    lookup = {d.id: d for d in devices.devices}
+    return Allocated(out, _charge(added, lookup.get, in_use))
+
+
+class _Matcher:
+    """Which devices match each choice: class selectors, then the request's, then the
+    static capacity check; compiled expressions and outcomes cached for the call."""
+
+    def __init__(self, devices: NodeDevices, classes: Mapping[str, DeviceClass],
+                 compile_selector: SelectorCompiler | None, device_env: Callable[[Device], Any] | None) -> None:
+        if compile_selector is None:
+            from batchsched.core.dra.cel import compile_selector as real  # type: ignore[import-not-found,unused-ignore]
+
+            compile_selector = real
+        self.devices, self.classes, self.compile = devices, classes, compile_selector
+        self.env: Callable[[Device], Any] = device_env or (lambda d: d.env)
+        self.compiled: dict[str, Selector] = {}
+        self.outcomes: dict[tuple[str, DeviceId], bool] = {}
+
+    def options(self, claims: Sequence[ResourceClaim]) -> list[list[list[_Option]]]:
+        return [[[self.option(claim, c) for c in r.choices] for r in claim.requests] for claim in claims]
+
+    def option(self, claim: ResourceClaim, c: Choice) -> _Option:
+        where = f"claim {claim.key}: request {c.name}"
+        device_class = self.classes.get(c.class_name)
+        if device_class is None:
+            raise _Stop(Unallocatable(f"{where}: device class {c.class_name} does not exist", claim.key, c.name))
+        if c.all_devices and self.devices.unusable:
+            raise _Stop(Unallocatable(
+                f"{where}: asks for all devices, but {self.devices.unusable[0].problem}", claim.key, c.name))
+        option = _Option(c, device_class, [])
+        for device in self.devices.devices:
+            if not (self.selected(device_class.selectors, device, f"{where}: class {c.class_name}", claim, c)
+                    and self.selected(c.selectors, device, where, claim, c)):
+                continue
+            if device.binding_conditions:
+                option.waiting += 1
+                continue
+            consumed = consumed_capacity(device, c.capacity)
+            if consumed is not None:
+                option.candidates.append((device, consumed))
+        return option
+
+    def selected(self, exprs: Sequence[str], device: Device, where: str, claim: ResourceClaim, c: Choice) -> bool:
+        for i, expr in enumerate(exprs):
+            key = (expr, device.id)
+            outcome = self.outcomes.get(key)
+            if outcome is None:
+                try:
+                    selector = self.compiled.get(expr) or self.compile(expr)
+                    self.compiled[expr] = selector
+                    outcome = bool(selector.matches(self.env(device)))
+                except ValueError as exc:  # CelError, from compiling or evaluating
+                    raise _Stop(Unallocatable(f"{where}: selector #{i} on device {device.id}: {exc}",
+                                              claim.key, c.name)) from None
+                self.outcomes[key] = outcome
+            if not outcome:
+                return False
+        return True
+
+
+# ---------------------------------------------------------------- writing results
+
+
+def _result(c: Choice, d: Device, consumed: dict[str, Qty] | None, share_id: Callable[[], str]) -> dict[str, Any]:
+    """One entry of ``status.allocation.devices.results``, as upstream writes it."""
+    r: dict[str, Any] = {"request": c.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+    if c.admin_access:
+        r["adminAccess"] = True
+    if c.tolerations:
+        r["tolerations"] = [dict(t.raw) for t in c.tolerations]
+    if consumed is not None:
+        r["shareID"] = share_id()
+        if consumed:
+            r["consumedCapacity"] = {name: q.text for name, q in consumed.items()}
+    return r
+
+
+def _allocated(c: Choice, d: Device, r: Mapping[str, Any]) -> AllocatedDevice:
+    consumed = {name: Qty.of(text, name) for name, text in (r.get("consumedCapacity") or {}).items()}
+    return AllocatedDevice(c.name, d.id, c.admin_access, r.get("shareID"), consumed)
+
+
+def _config(claim: ResourceClaim, chosen: Sequence[_Option]) -> list[dict[str, Any]]:
+    """``devices.config``: each class's config once, naming the requests that use the
+    class, in request order; then the claim's own, when it names no request or one
+    that got allocated; a config that covers every request names none (upstream)."""
+    out: list[dict[str, Any]] = []
+    spans: dict[str, tuple[int, int]] = {}
+    for option in chosen:
+        name, cls = option.choice.name, option.device_class
+        if cls.name in spans:
+            for i in range(*spans[cls.name]):
+                out[i]["requests"].append(name)
+            continue
+        start = len(out)
+        out.extend({"source": "FromClass", "requests": [name], **cfg} for cfg in cls.config)
+        spans[cls.name] = (start, len(out))
+    used = [(r.name, o.choice.name) for r, o in zip(claim.requests, chosen, strict=True)]
+    for cfg in claim.config:
+        if not cfg.requests:
+            out.append({"source": "FromClaim", **cfg.config})
+        elif any(r in cfg.requests or c in cfg.requests for r, c in used):
+            out.append({"source": "FromClaim", "requests": list(cfg.requests), **cfg.config})
+    for entry in out:
+        names = entry.get("requests")
+        if names and all(r in names or c in names for r, c in used):
+            del entry["requests"]
+    return out
+
+
+def _node_selector(picked: Sequence[Device], devices: NodeDevices, node: str) -> dict[str, Any] | None:
+    """Where the allocation may be used: this node alone when any device is local to
+    it (or binds to it), else the union of the slices' one-term selectors, else
+    anywhere (None)."""
+    fields: list[dict[str, Any]] = []
+    exprs: list[dict[str, Any]] = []
+    for d in picked:
+        s = devices.slices[(d.driver, d.pool, d.slice_name)]
+        name, selector = (d.node_name, d.node_selector) if s.per_device_node_selection else (s.node_name, s.node_selector)
+        if name is not None or d.binds_to_node:
+            return {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        if selector is None:
+            continue
+        term = selector.raw["nodeSelectorTerms"][0]
+        for src, dst in ((term.get("matchFields"), fields), (term.get("matchExpressions"), exprs)):
+            for req in src or ():
+                if not any(_same_requirement(req, have) for have in dst):
+                    dst.append(dict(req))
+    if not fields and not exprs:
+        return None
+    out: dict[str, Any] = {}
+    if fields:
+        out["matchFields"] = fields
+    if exprs:
+        out["matchExpressions"] = exprs
+    return {"nodeSelectorTerms": [out]}
+
+
+def _same_requirement(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return (a.get("key") == b.get("key") and a.get("operator") == b.get("operator")
+            and set(a.get("values") or ()) == set(b.get("values") or ()))
+
+
+# ---------------------------------------------------------------- failure reasons
+
+
+def _explain(search: _Search) -> Unallocatable:
+    """Why the search found nothing: the first request that cannot be met even alone
+    (with what keeps its devices), else the request the search could not get past."""
+    for ci, claim in enumerate(search.claims):
+        for ri, request in enumerate(claim.requests):
+            options = search.options[ci][ri]
+            reasons = [_alone(search, o) for o in options]
+            if all(reasons):
+                text = reasons[0] if len(options) == 1 else "; ".join(
+                    f"{o.choice.name}: {r}" for o, r in zip(options, reasons, strict=True))
+                return Unallocatable(f"claim {claim.key}: request {request.name}: {text}", claim.key, request.name)
+    ci, ri = search.deepest
+    ci = min(ci, len(search.claims) - 1)
+    claim = search.claims[ci]
+    request = claim.requests[min(ri, len(claim.requests) - 1)]
+    constraints = "; ".join(
+        f"{'distinctAttribute' if c.distinct else 'matchAttribute'} {c.attribute}"
+        + (f" over {', '.join(c.requests)}" if c.requests else "") for c in claim.constraints)
+    return Unallocatable(
+        f"claim {claim.key}: request {request.name}: the devices on node {search.devices.node} "
+        f"cannot satisfy it together with the other requests"
+        + (f" (constraints: {constraints})" if constraints else ""), claim.key, request.name)
+
+
+def _alone(search: _Search, option: _Option) -> str:
+    """Why ``option`` cannot be met on its own against what other claims hold, or ""."""
+    c, node = option.choice, search.devices.node
+    if not option.candidates:
+        text = f"no device of class {c.class_name} matches on node {node}"
+        if option.waiting:
+            text += f" ({option.waiting} matching devices have binding conditions, which batchsched does not wait for)"
+        for pool in search.devices.unusable:
+            text += f"; {pool.problem}"
+        return text
+    blocked: dict[str, int] = {}
+    for device, consumed in option.candidates:
+        why = _blocked(search, c, device, consumed)
+        if why:
+            blocked[why] = blocked.get(why, 0) + 1
+    free = len(option.candidates) - sum(blocked.values())
+    need = len(option.candidates) if c.all_devices else c.count
+    if free >= need and not (c.all_devices and blocked):
+        return ""
+    details = ", ".join(f"{n} {why}" for why, n in blocked.items())
+    wanted = f"all {need}" if c.all_devices else f"{need}"
+    return (f"needs {wanted} device{'s' if need > 1 else ''} of class {c.class_name}; "
+            f"{len(option.candidates)} matching on node {node}, of which {details}")
+
+
+def _blocked(search: _Search, c: Choice, device: Device, consumed: dict[str, Qty]) -> str:
+    d, held = device.id, search.in_use
+    if not c.admin_access and (d in held.devices or (not device.allow_multiple and d in held.shared)):
+        return "in use"
+    taint = _blocking_taint(device, c)
+    if taint is not None:
+        return f"tainted {taint} (not tolerated)"
+    if not (device.allow_multiple and d in held.shared) and not search.counters_fit(device):
+        return "without the shared counters they consume (other devices of the same counter set are in use)"
+    if device.allow_multiple and not search.capacity_fits(d, device, consumed):
+        return "without enough capacity left"
+    return ""
