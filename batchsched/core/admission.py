@@ -9,17 +9,19 @@ with a nomination instead, and the extras left out are told why.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from batchsched.core import explain
 from batchsched.core.devices import annotations_for
+from batchsched.core.dra.book import DeviceCycle
 from batchsched.core.mirror import Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement.cards import assigned, held_cards
 from batchsched.core.placement.layout import Layout, narrow
 from batchsched.core.placement.topology import CLUSTER
 from batchsched.core.placer import IntArray, Placer
-from batchsched.core.dra.book import DeviceCycle
 from batchsched.core.plan import (
     Binding,
     ClaimWrite,
@@ -151,7 +153,7 @@ class Admission:
                 return None
             got[m] = writes
         for done in got.values():
-            self.st.undoable(lambda done=done: devices.release(done))
+            self.st.undoable(partial(devices.release, done))
         return got
 
     def _bind(self, unit: Unit, pod: Pod, row: int, where: str = "",

@@ -189,6 +189,9 @@ class Pod:
     claims: tuple[str, ...] = ()
     #: ``spec.resourceClaims`` (dynamic resource allocation): the ResourceClaim each names
     resource_claims: tuple[PodClaim, ...] = ()
+    #: the nodes where its ResourceClaims can be allocated (None: it has none to allocate;
+    #: set by :mod:`batchsched.core.dra`)
+    device_nodes: frozenset[str] | None = None
     #: what its containers ask of GPU cards (see :mod:`batchsched.core.devices`)
     card_asks: tuple[CardAsk, ...] = ()
     #: the cards each ask holds, as its annotations record them (None: not recorded)
@@ -225,6 +228,7 @@ class Pod:
             self.preferred_terms,
             self.tolerations,
             self.uid if self.invalid else "",
+            self.device_nodes,
             *topology,
         )
 

@@ -23,7 +23,11 @@ from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.disruption import parse_pdb
-from batchsched.core.dra.objects import parse_device_class, parse_resource_claim, parse_resource_slice
+from batchsched.core.dra.objects import (
+    parse_device_class,
+    parse_resource_claim,
+    parse_resource_slice,
+)
 from batchsched.core.gangs import K8S, VOLCANO, XK8S, PodGroup, parse_podgroup
 from batchsched.core.model import Pod, parse_node, parse_pod, parse_priority_class
 from batchsched.core.plan import ObjectRef

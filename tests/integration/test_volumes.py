@@ -91,8 +91,8 @@ async def test_volumes_are_honoured_or_refused_visibly(
                           "batchsched does not provision volumes yet",
                 "early": f"pod {namespace}/early cannot be scheduled: PersistentVolumeClaim {namespace}/later "
                          "does not exist yet",
-                "dra": f"pod {namespace}/dra cannot be scheduled: resource claim gpu: batchsched does not "
-                       "allocate dynamic resource claims (DRA) yet",
+                "dra": f"pod {namespace}/dra cannot be scheduled: ResourceClaim {namespace}/gpu-{tag} "
+                       "does not exist yet",
             }
             for name, message in expect.items():
                 [ev] = await wait_for(lambda name=name: events_for(kube, namespace, name, "FailedScheduling"),

@@ -15,7 +15,8 @@ Placement sees devices the way it sees any resource, and the allocator has the l
 - a **pending pod** asks, in those columns, for the devices of its unallocated claims'
   ``exactly`` requests of ``ExactCount`` (the others: ``All``, ``firstAvailable``, ask for
   nothing there), and may only go to the nodes where its claims could be allocated on an
-  empty cluster (a ``metadata.name`` node term, found once per claim shape); a pod whose
+  empty cluster (:attr:`~batchsched.core.model.Pod.device_nodes`, found once per claim
+  shape); a pod whose
   claim is allocated already (a claim it shares) may only go where that allocation is;
 - the **cycle** then allocates the claims of each pod it places, on the node chosen, with
   the structured allocator (:mod:`batchsched.core.dra.allocator`) over everything in use
@@ -49,7 +50,7 @@ from batchsched.core.dra.objects import (
     ResourceClaim,
     ResourceSlice,
 )
-from batchsched.core.model import Node, Pod, PodUID, Requirement, Term, and_terms
+from batchsched.core.model import Node, Pod, PodUID, and_terms
 from batchsched.core.plan import Binding, ClaimWrite
 
 __all__ = ["CLASS_COLUMN", "DeviceBook", "DeviceChange", "DeviceCycle", "class_column"]
@@ -274,12 +275,13 @@ class DeviceBook:
                     asks[column] = asks.get(column, 0) + n
             elif claim.allocation.node_selector is not None:
                 terms = and_terms(terms, claim.allocation.node_selector.terms)
+        nodes = None
         if pending:
             where = self.feasible(pending)
             if isinstance(where, str):
                 return replace(pod, invalid=where)
-            terms = and_terms(terms, (Term(fields=(Requirement("metadata.name", "In", tuple(sorted(where))),)),))
-        return replace(pod, required_terms=terms, requests={**pod.requests, **asks})
+            nodes = where
+        return replace(pod, required_terms=terms, requests={**pod.requests, **asks}, device_nodes=nodes)
 
     def feasible(self, claims: Sequence[ResourceClaim]) -> frozenset[str] | str:
         """The nodes where ``claims`` could be allocated if nothing were in use, or why
@@ -291,8 +293,7 @@ class DeviceBook:
         nodes: set[str] = set()
         why = ""
         for name in sorted(self.nodes):
-            got = allocate(claims, node=name, devices=self.node_devices(name), classes=self.classes,
-                           in_use=InUse())
+            got = allocate(claims, devices=self.node_devices(name), classes=self.classes, in_use=InUse())
             if isinstance(got, Allocated):
                 nodes.add(name)
             elif not why or "no device" not in got.reason:
@@ -347,7 +348,7 @@ class DeviceCycle:
             if claim is None:
                 return explain.claim_missing(f"{pod.namespace}/{entry.claim}")
             claims.append(claim)
-        got = allocate(claims, node=node, devices=book.node_devices(node), classes=book.classes, in_use=self.use)
+        got = allocate(claims, devices=book.node_devices(node), classes=book.classes, in_use=self.use)
         if not isinstance(got, Allocated):
             return got.reason
         self.use = self.use.plus(got.delta)

@@ -599,6 +599,8 @@ class ResourceClaim:
     config: tuple[ClaimConfig, ...] = ()
     allocation: Allocation | None = None
     reserved_for: tuple[Mapping[str, Any], ...] = ()
+    #: the version read: the precondition of the status write that allocates it
+    resource_version: str = ""
 
     @property
     def key(self) -> str:
@@ -624,6 +626,7 @@ def parse_resource_claim(obj: Mapping[str, Any]) -> ResourceClaim:
         config=tuple(_claim_config(c, f"{where}: config #{i}") for i, c in enumerate(_list(devices.get("config"), where))),
         allocation=parse_allocation(status.get("allocation"), f"{where}: status.allocation"),
         reserved_for=tuple(dict(_obj(r, f"{where}: reservedFor")) for r in _list(status.get("reservedFor"), where)),
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
 
 
@@ -776,6 +779,18 @@ class Pools:
     def device(self, device: DeviceId) -> Device | None:
         """A device of a usable pool, wherever it is available."""
         return self._devices.get(device)
+
+    def node_of(self, device: DeviceId) -> str | None:
+        """The node a device is local to (its slice's, or its own ``nodeName``); None for
+        a device several nodes may use, or one no usable pool offers."""
+        d = self._devices.get(device)
+        if d is None:
+            return None
+        if d.node_name:
+            return d.node_name
+        pool = self.pools.get((d.driver, d.pool))
+        rs = next((s for s in pool.slices if s.name == d.slice_name), None) if pool is not None else None
+        return rs.node_name if rs is not None and rs.node_name else None
 
     def for_node(self, node: str, labels: Mapping[str, str]) -> NodeDevices:
         devices: list[Device] = []

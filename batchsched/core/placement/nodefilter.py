@@ -29,6 +29,7 @@ from batchsched.core.placement.predicates import (
     _NAME_FIELD,
     PREFER_NO_SCHEDULE,
     REASON_AFFINITY,
+    REASON_DEVICES,
     _add_insufficient,
     _bound,
     _empty,
@@ -95,6 +96,7 @@ class NodeFilter:
 
     __slots__ = (
         "_affinity",
+        "_all",
         "_columns",
         "_expr_masks",
         "_hard_codes",
@@ -134,6 +136,7 @@ class NodeFilter:
         self._names = _Column(node.name for node in self._nodes)
         self._columns: dict[str, _Column] = {}
         self._none = self._frozen(np.zeros(n, dtype=np.bool_))
+        self._all = self._frozen(np.ones(n, dtype=np.bool_))
         self._expr_masks: dict[Requirement, BoolArray] = {}
         self._term_masks: dict[Term, BoolArray] = {}
         self._hard_ok: dict[tuple[Toleration, ...], tuple[list[str | None], BoolArray]] = {}
@@ -310,9 +313,20 @@ class NodeFilter:
         if cached is not None:
             return cached
         _, ok = self._hard(pod.tolerations)
-        mask = self._frozen(ok & self._affinity_mask(pod)) if ok.any() else self._none
+        mask = self._frozen(ok & self._affinity_mask(pod) & self._devices_mask(pod)) if ok.any() else self._none
         self._masks[key] = mask
         return mask
+
+    def _devices_mask(self, pod: Pod) -> BoolArray:
+        """Per node, whether the pod's ResourceClaims can be allocated there (all True when
+        it has none to allocate)."""
+        if pod.device_nodes is None:
+            return self._all
+        names = self._names
+        table = names.table()
+        table[[c for c in (names.index.get(n) for n in pod.device_nodes) if c is not None]] = True
+        result: BoolArray = table[names.codes]
+        return result
 
     def static_score(self, pod: Pod) -> IntArray:
         """Per node, ``3 * TaintToleration + 2 * NodeAffinity`` on feasible nodes, else 0.
@@ -374,9 +388,13 @@ class NodeFilter:
         for reason, count in zip(group_reasons, per_group, strict=True):
             if reason is not None and count:
                 counts[reason] += count
-        off_affinity = int(np.count_nonzero(ok & ~self._affinity_mask(pod)))
+        affinity = self._affinity_mask(pod)
+        off_affinity = int(np.count_nonzero(ok & ~affinity))
         if off_affinity:
             counts[REASON_AFFINITY] += off_affinity
+        off_devices = int(np.count_nonzero(ok & affinity & ~self._devices_mask(pod)))
+        if off_devices:
+            counts[REASON_DEVICES] += off_devices
         return counts
 
     def explain(self, pod: Pod, insufficient: Mapping[str, int] | None = None,

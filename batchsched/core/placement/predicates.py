@@ -41,6 +41,7 @@ __all__ = [
     "PREFER_NO_SCHEDULE",
     "REASON_AFFINITY",
     "REASON_DELETING",
+    "REASON_DEVICES",
     "REASON_NOT_READY",
     "REASON_UNSCHEDULABLE",
     "UNSCHEDULABLE_TAINT",
@@ -65,6 +66,7 @@ REASON_DELETING = "node(s) being deleted"
 REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_NOT_READY = "node(s) were not ready"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+REASON_DEVICES = "node(s) had no devices its ResourceClaims can be allocated"
 
 _NAME_FIELD = "metadata.name"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -238,7 +240,7 @@ def reject_reason(pod: Pod, node: Node) -> str | None:
     """None if ``node`` passes every filter for ``pod``, else a short reason key.
 
     Checked in order: deleting, unschedulable, not ready, untolerated taint, node
-    affinity/selector. A pod with :func:`unsupported_reason` is rejected by every node with
+    affinity/selector, the nodes its ResourceClaims can be allocated on. A pod with :func:`unsupported_reason` is rejected by every node with
     it, before anything else.
     """
     unsupported = unsupported_reason(pod)
@@ -255,6 +257,8 @@ def reject_reason(pod: Pod, node: Node) -> str | None:
         return reason
     if not matches_affinity(node, pod):
         return REASON_AFFINITY
+    if pod.device_nodes is not None and node.name not in pod.device_nodes:
+        return REASON_DEVICES
     return None
 
 

@@ -1,0 +1,176 @@
+"""batchsched allocates DRA ResourceClaims on the real control plane, with GPUs published as
+NVIDIA's DRA driver publishes them (:mod:`batchsched.sandbox.gpudra`).
+
+What a user checks, read from the apiserver: each pod's claim (made from its template by
+kube-controller-manager) is allocated on the node the pod is bound to and reserved for
+it; no device is handed out twice, and a GPU held whole leaves none of its MIG partitions
+free; a gang's pods are bound whole, their claims all allocated or none; a restarted
+batchsched reads device use back from the claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import NotFoundError
+from batchsched.sandbox import gpudra
+from tests.integration.helpers import XK8S, create_group, events_for, running_scheduler, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+@contextlib.asynccontextmanager
+async def published(kube: KubeClient, slices: list[dict[str, Any]]) -> AsyncIterator[None]:
+    """ResourceSlices and the driver's DeviceClasses, there for the block (classes are
+    shared by the tests: created when missing, left in place)."""
+    for c in gpudra.device_classes(extended_resource=False):
+        with contextlib.suppress(Exception):
+            await kube.create(f"{RESOURCE}/deviceclasses", c)
+    made = [await kube.create(f"{RESOURCE}/resourceslices", s) for s in slices]
+    try:
+        yield
+    finally:
+        for s in made:
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
+
+
+async def node_uid(kube: KubeClient, name: str) -> str:
+    return str((await kube.get(f"/api/v1/nodes/{name}"))["metadata"]["uid"])
+
+
+async def template(kube: KubeClient, namespace: str, name: str, class_name: str, count: int = 1) -> None:
+    await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates",
+                      gpudra.claim_template(name, class_name, count))
+
+
+async def pod(kube: KubeClient, namespace: str, name: str, tmpl: str, **labels: str) -> None:
+    body = gpudra.pod_with_claims(name, templates={"gpu": tmpl})
+    if labels:
+        body["metadata"]["labels"] = labels
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+
+async def claim_of(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The claim made for pod ``name`` (None until its status names it)."""
+    p = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    made = {s["name"]: s.get("resourceClaimName") for s in (p.get("status") or {}).get("resourceClaimStatuses") or []}
+    if not made.get("gpu"):
+        return None
+    return await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{made['gpu']}")
+
+
+async def placed(kube: KubeClient, namespace: str, names: list[str]) -> dict[str, tuple[str, list[str]]] | None:
+    """Each pod's node and the devices its claim got, once every one is bound."""
+    out = {}
+    for name in names:
+        p = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        node = p["spec"].get("nodeName")
+        claim = await claim_of(kube, namespace, name)
+        if not node or claim is None:
+            return None
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        reserved = [r["uid"] for r in (claim.get("status") or {}).get("reservedFor") or []]
+        assert reserved == [p["metadata"]["uid"]], claim.get("status")
+        assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
+        out[name] = (node, [f"{r['pool']}/{r['device']}" for r in alloc["devices"]["results"]])
+    return out
+
+
+async def test_pods_get_their_claims_devices_on_their_nodes_and_none_twice(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any,
+) -> None:
+    nodes = await make_nodes(2, gpus=0)
+    slices = [s for n in nodes for s in gpudra.gpu_node_slices(n, gpus=4, node_uid=await node_uid(kube, n))]
+    async with published(kube, slices):
+        await template(kube, namespace, "two-gpus", "gpu.nvidia.com", 2)
+        names = [f"p{i}" for i in range(5)]  # 10 GPUs asked of 8
+        for name in names:
+            await pod(kube, namespace, name, "two-gpus")
+        async with running_scheduler(sandbox, namespace):
+            async def four() -> dict[str, tuple[str, list[str]]] | None:
+                got = {}
+                for name in names:
+                    one = await placed(kube, namespace, [name])
+                    if one:
+                        got.update(one)
+                return got if len(got) == 4 else None
+
+            got = await wait_for(four, timeout=60)
+            devices = [d for _, ds in got.values() for d in ds]
+            assert len(devices) == len(set(devices)) == 8, got
+            for node, ds in got.values():
+                assert all(d.startswith(f"{node}/") for d in ds), got  # the pool is named after its node
+            [waiting] = [n for n in names if n not in got]
+            [event] = await wait_for(lambda: events_for(kube, namespace, waiting, "FailedScheduling"), timeout=30)
+            assert "deviceclass.resource.k8s.io/gpu.nvidia.com" in event["message"], event["message"]
+            assert await claim_of(kube, namespace, waiting) is not None
+            claim = await claim_of(kube, namespace, waiting)
+            assert claim is not None and not (claim.get("status") or {}).get("allocation")
+
+
+async def test_a_gang_with_claims_is_bound_whole_and_a_gpu_held_whole_leaves_no_partition(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any,
+) -> None:
+    [node] = await make_nodes(1, gpus=0)
+    slices = gpudra.gpu_node_slices(node, gpus=2, mig="partitionable", node_uid=await node_uid(kube, node))
+    async with published(kube, slices):
+        await template(kube, namespace, "whole", "gpu.nvidia.com", 1)
+        await template(kube, namespace, "slice", "mig.nvidia.com", 1)
+        await create_group(kube, XK8S, namespace, "pair", {"minMember": 2})
+        await create_group(kube, XK8S, namespace, "trio", {"minMember": 3})
+        for i in range(2):
+            await pod(kube, namespace, f"pair-{i}", "whole", **{"scheduling.x-k8s.io/pod-group": "pair"})
+        async with running_scheduler(sandbox, namespace):
+            got = await wait_for(lambda: placed(kube, namespace, ["pair-0", "pair-1"]), timeout=60)
+            assert len({d for _, ds in got.values() for d in ds}) == 2
+            # both GPUs are held whole: a gang of three whole GPUs and a MIG slice both wait
+            for i in range(3):
+                await pod(kube, namespace, f"trio-{i}", "whole", **{"scheduling.x-k8s.io/pod-group": "trio"})
+            await pod(kube, namespace, "mig-0", "slice")
+            await wait_for(lambda: events_for(kube, namespace, "mig-0", "FailedScheduling"), timeout=30)
+            await wait_for(lambda: events_for(kube, namespace, "trio-0", "FailedScheduling"), timeout=30)
+            for name in ("trio-0", "trio-1", "trio-2", "mig-0"):
+                p = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+                assert not p["spec"].get("nodeName"), name
+                claim = await claim_of(kube, namespace, name)
+                assert claim is None or not (claim.get("status") or {}).get("allocation"), name
+            # one GPU freed: the MIG slice goes on it, the gang of three still waits
+            await kube.delete(f"/api/v1/namespaces/{namespace}/pods/pair-1", {"gracePeriodSeconds": 0})
+            got = await wait_for(lambda: placed(kube, namespace, ["mig-0"]), timeout=60)
+            [(_, [device])] = got.values()
+            held = (await placed(kube, namespace, ["pair-0"]) or {})["pair-0"][1][0].split("/")[1]
+            assert not device.split("/")[1].startswith(f"{held}-"), (device, held)  # not a slice of the held GPU
+
+
+async def test_a_restarted_batchsched_reads_device_use_back_from_the_claims(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any,
+) -> None:
+    [node] = await make_nodes(1, gpus=0)
+    async with published(kube, gpudra.gpu_node_slices(node, gpus=2, node_uid=await node_uid(kube, node))):
+        await template(kube, namespace, "one", "gpu.nvidia.com", 1)
+        await pod(kube, namespace, "first", "one")
+        async with running_scheduler(sandbox, namespace):
+            first = await wait_for(lambda: placed(kube, namespace, ["first"]), timeout=60)
+        await pod(kube, namespace, "second", "one")
+        await pod(kube, namespace, "third", "one")
+        async with running_scheduler(sandbox, namespace):
+            async def one_more() -> dict[str, Any] | None:
+                got = {}
+                for name in ("second", "third"):
+                    got.update(await placed(kube, namespace, [name]) or {})
+                return got or None
+
+            more = await wait_for(one_more, timeout=60)
+            await wait_for(lambda: events_for(kube, namespace, "third" if "second" in more else "second",
+                                              "FailedScheduling"), timeout=30)
+            assert len(more) == 1
+            [(_, [again])] = more.values()
+            assert again != first["first"][1][0]
