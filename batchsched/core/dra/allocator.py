@@ -30,7 +30,8 @@ none, with the semantics of upstream's allocator (k8s.io/dynamic-resource-alloca
   for binding conditions), and the failure reason says when one would have matched.
 
 A claim that is already allocated (a shared claim) allocates nothing: its allocation
-must be usable on the node (its ``nodeSelector``), else the pod does not fit there.
+must be usable on the node (its ``nodeSelector``) and its ``reservedFor`` must have
+room for the pod, else the pod does not fit there.
 
 The work is bounded (``max_steps`` device tries); past it the allocation fails with a
 reason saying so. The result is deterministic: devices are tried in the order of
@@ -66,6 +67,8 @@ from batchsched.core.dra.objects import (
 
 #: device tries before the search gives up (upstream bounds it by a timeout instead)
 DEFAULT_MAX_STEPS = 200_000
+#: the most consumers ``status.reservedFor`` may list (ResourceClaimReservedForMaxSize)
+MAX_RESERVATIONS = 256
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
@@ -427,6 +430,7 @@ def allocate(
     device_env: Callable[[Device], Any] | None = None,
     new_share_id: Callable[[], str] | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    pod_uid: str = "",
 ) -> Allocated | Unallocatable:
     """Devices for all of ``claims`` (one pod's, in pod order) on ``devices.node``, or why not.
 
@@ -434,13 +438,14 @@ def allocate(
     other claims hold (:func:`in_use_from_claims`, plus tentative deltas).
     ``compile_selector`` and ``device_env`` default to :mod:`batchsched.core.dra.cel`
     (the compiler, and ``Device.env`` as the expressions' input); tests may pass others.
+    ``pod_uid`` lets an allocated claim whose ``reservedFor`` is full serve the pod
+    already in it.
     """
     share_id = new_share_id or (lambda: str(uuid.uuid4()))
-    node = devices.node
     for c in claims:
-        a = c.allocation
-        if a is not None and a.node_selector is not None and not a.node_selector.matches(node, devices.labels):
-            return Unallocatable(f"claim {c.key} is allocated to devices not available on node {node}", c.key)
+        refused = _unusable_allocation(c, devices, pod_uid)
+        if refused:
+            return Unallocatable(refused, c.key)
     pending = [c for c in claims if c.allocation is None]
     try:
         options = _Matcher(devices, classes, compile_selector, device_env).options(pending)
@@ -455,18 +460,39 @@ def allocate(
     for ci, claim in enumerate(pending):
         results = [_result(c, d, consumed, share_id) for c, d, consumed in search.picked[ci]]
         added.extend(_allocated(c, d, r) for (c, d, _), r in zip(search.picked[ci], results, strict=True))
-        body = {"devices": {"results": results}}
-        config = _config(claim, [search.chosen[(ci, ri)] for ri in range(len(claim.requests))])
-        if config:
-            body["devices"]["config"] = config
-        selector = _node_selector([d for _, d, _ in search.picked[ci]], devices, node)
-        if selector is not None:
-            body["nodeSelector"] = selector
-        new[claim.key] = ClaimResult(claim.key, body, new=True)
+        new[claim.key] = ClaimResult(claim.key, _status_allocation(search, ci, results), new=True)
     out = tuple(new.get(c.key) or ClaimResult(c.key, c.allocation.raw if c.allocation else {}, new=False)
                 for c in claims)
     lookup = {d.id: d for d in devices.devices}
     return Allocated(out, _charge(added, lookup.get, in_use))
+
+
+def _unusable_allocation(claim: ResourceClaim, devices: NodeDevices, pod_uid: str) -> str:
+    """Why an allocated claim cannot serve the pod on this node, or "" (also for a
+    claim not allocated yet)."""
+    a = claim.allocation
+    if a is None:
+        return ""
+    if a.node_selector is not None and not a.node_selector.matches(devices.node, devices.labels):
+        return f"claim {claim.key} is allocated to devices not available on node {devices.node}"
+    uids = {str(r.get("uid")) for r in claim.reserved_for}
+    if len(uids) >= MAX_RESERVATIONS and pod_uid not in uids:
+        return f"claim {claim.key} is already reserved for {MAX_RESERVATIONS} consumers, the most Kubernetes allows"
+    return ""
+
+
+def _status_allocation(search: _Search, ci: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``status.allocation`` to write for claim ``ci`` of the search."""
+    claim = search.claims[ci]
+    devices: dict[str, Any] = {"results": results}
+    config = _config(claim, [search.chosen[(ci, ri)] for ri in range(len(claim.requests))])
+    if config:
+        devices["config"] = config
+    body: dict[str, Any] = {"devices": devices}
+    selector = _node_selector([d for _, d, _ in search.picked[ci]], search.devices, search.devices.node)
+    if selector is not None:
+        body["nodeSelector"] = selector
+    return body
 
 
 class _Matcher:
