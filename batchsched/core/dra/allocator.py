@@ -449,6 +449,7 @@ def allocate(
     pending = [c for c in claims if c.allocation is None]
     try:
         options = _Matcher(devices, classes, compile_selector, device_env).options(pending)
+        _check_sizes(pending, options)
         search = _Search(pending, options, devices, in_use, max_steps,
                          values=[[[] for _ in c.constraints] for c in pending], picked=[[] for _ in pending])
         if not search.claim(0, 0):
@@ -465,6 +466,17 @@ def allocate(
                 for c in claims)
     lookup = {d.id: d for d in devices.devices}
     return Allocated(out, _charge(added, lookup.get, in_use))
+
+
+def _check_sizes(claims: Sequence[ResourceClaim], options: Sequence[Sequence[Sequence[_Option]]]) -> None:
+    """Stop before searching when a claim needs more devices than one claim may hold
+    even with its smallest choices (upstream checks this first too)."""
+    for claim, requests in zip(claims, options, strict=True):
+        least = sum(min(len(o.candidates) if o.choice.all_devices else o.choice.count for o in choices)
+                    for choices in requests)
+        if least > MAX_RESULTS_PER_CLAIM:
+            raise _Stop(Unallocatable(f"claim {claim.key} asks for {least} devices, more than the "
+                                      f"{MAX_RESULTS_PER_CLAIM} one claim may hold", claim.key))
 
 
 def _unusable_allocation(claim: ResourceClaim, devices: NodeDevices, pod_uid: str) -> str:
