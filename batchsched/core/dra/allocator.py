@@ -106,7 +106,11 @@ class InUse:
 
 
 def in_use_from_claims(claims: Iterable[ResourceClaim], pools: Pools) -> InUse:
-    """Every device's use, rebuilt from the claims' ``status.allocation`` alone."""
+    """Every device's use, rebuilt from the claims' ``status.allocation`` alone.
+
+    A result naming a device no usable pool offers any more (its slice gone, or its
+    pool incomplete) still holds the device, but its counters cannot be known and
+    are not charged."""
     results = [r for c in claims if c.allocation is not None for r in c.allocation.results]
     return _charge(results, pools.device, InUse())
 
