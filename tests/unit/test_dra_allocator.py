@@ -407,8 +407,9 @@ def test_an_incomplete_pool_is_named_when_nothing_matches_and_stops_all() -> Non
 
 
 def test_the_search_stops_at_its_bound_and_says_so() -> None:
-    c = claim("c", exactly("a", count=4), exactly("z"), constraints=[{"matchAttribute": f"{DRIVER}/index"}])
-    why = failed(run([c], node_devices(world(gpus=8, migs=0)), max_steps=10))
+    # two partitions and the whole GPU they belong to: never, found out only at the GPU
+    c = claim("c", exactly("m", MIG_CLASS, count=2), exactly("g"), constraints=[{"matchAttribute": f"{DRIVER}/index"}])
+    why = failed(run([c], node_devices(world(gpus=8, migs=7)), max_steps=10))
     assert why.reason == "gave up after trying 10 device combinations on node n1"
 
 

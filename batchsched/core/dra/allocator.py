@@ -298,6 +298,8 @@ class _Search:
         need = len(option.candidates) if c.all_devices else c.count
         if done == need:
             return self.claim(ci, ri + 1)
+        if not c.all_devices and self.hopeless(ci, c, option.candidates[start:], need - done):
+            return False
         stop = start + 1 if c.all_devices else len(option.candidates) - (need - done) + 1
         for i in range(start, stop):
             device, consumed = option.candidates[i]
@@ -308,6 +310,32 @@ class _Search:
                 return True
             undo()
         return False
+
+    def hopeless(self, ci: int, c: Choice, rest: Sequence[tuple[Device, dict[str, Qty]]], wanted: int) -> bool:
+        """Whether fewer than ``wanted`` of ``rest`` could still be taken, counting only
+        what deeper choices cannot undo: devices held by others, and attributes the
+        claim's constraints already rule out. Without this a ``matchAttribute`` over
+        more devices than one value has would try every subset of that value's devices."""
+        left = 0
+        for device, _ in rest:
+            if self.possible(ci, c, device):
+                left += 1
+                if left >= wanted:
+                    return False
+        return True
+
+    def possible(self, ci: int, c: Choice, device: Device) -> bool:
+        d = device.id
+        if not c.admin_access and not device.allow_multiple and (d in self.in_use.devices or self.taken.get(d)):
+            return False
+        request = c.name.split("/", 1)[0]
+        for k, con in enumerate(self.claims[ci].constraints):
+            if not con.applies(request, c.name):
+                continue
+            value, seen = _attribute_value(device, con.attribute), self.values[ci][k]
+            if value is None or (con.distinct and value in seen) or (not con.distinct and seen and seen[0] != value):
+                return False
+        return True
 
     def take(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> Callable[[], None] | None:
         """Mark ``device`` allocated to claim ``ci`` for ``c`` if it is allocatable now;
