@@ -312,30 +312,41 @@ class _Search:
         return False
 
     def hopeless(self, ci: int, c: Choice, rest: Sequence[tuple[Device, dict[str, Qty]]], wanted: int) -> bool:
-        """Whether fewer than ``wanted`` of ``rest`` could still be taken, counting only
-        what deeper choices cannot undo: devices held by others, and attributes the
-        claim's constraints already rule out. Without this a ``matchAttribute`` over
-        more devices than one value has would try every subset of that value's devices."""
+        """Whether fewer than ``wanted`` of ``rest`` can be taken now. Deeper in the
+        search more is held, never less, so what cannot be taken now cannot be later:
+        without this a ``matchAttribute`` over more devices than share a value would
+        try every subset of those that do."""
         left = 0
-        for device, _ in rest:
-            if self.possible(ci, c, device):
+        for device, consumed in rest:
+            if self.allocatable(ci, c, device, consumed):
                 left += 1
                 if left >= wanted:
                     return False
         return True
 
-    def possible(self, ci: int, c: Choice, device: Device) -> bool:
-        d = device.id
-        if not c.admin_access and not device.allow_multiple and (d in self.in_use.devices or self.taken.get(d)):
-            return False
-        request = c.name.split("/", 1)[0]
-        for k, con in enumerate(self.claims[ci].constraints):
-            if not con.applies(request, c.name):
-                continue
-            value, seen = _attribute_value(device, con.attribute), self.values[ci][k]
-            if value is None or (con.distinct and value in seen) or (not con.distinct and seen and seen[0] != value):
+    def allocatable(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> bool:
+        """Whether ``device`` may be taken for ``c`` now: free (or admin access, never
+        twice for one claim), no untolerated taint, its counters and capacity left, and
+        the claim's constraints still holding with it."""
+        d, multiple = device.id, device.allow_multiple
+        if c.admin_access:
+            if not multiple and ci in self.taken.get(d, ()):
                 return False
-        return True
+        elif d in self.in_use.devices or self.taken.get(d) or (not multiple and d in self.in_use.shared):
+            return False
+        if _blocking_taint(device, c) is not None:
+            return False
+        if self.charges(device) and not self.counters_fit(device):
+            return False
+        if multiple and not self.capacity_fits(d, device, consumed):
+            return False
+        return self.constraints_allow(ci, c, device)
+
+    def charges(self, device: Device) -> bool:
+        """Whether taking ``device`` consumes its counters: a shared device's first share
+        does, later shares do not (upstream)."""
+        d = device.id
+        return not (device.allow_multiple and (d in self.in_use.shared or self.shares.get(d)))
 
     def take(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> Callable[[], None] | None:
         """Mark ``device`` allocated to claim ``ci`` for ``c`` if it is allocatable now;
@@ -344,25 +355,9 @@ class _Search:
         if self.steps > self.max_steps:
             raise _Stop(Unallocatable(
                 f"gave up after trying {self.max_steps} device combinations on node {self.devices.node}"))
-        d = device.id
-        multiple = device.allow_multiple
-        if not multiple and c.admin_access and ci in self.taken.get(d, ()):
+        if not self.allocatable(ci, c, device, consumed):
             return None
-        if not c.admin_access and (d in self.in_use.devices or self.taken.get(d)):
-            return None
-        if not multiple and not c.admin_access and d in self.in_use.shared:
-            return None
-        if _blocking_taint(device, c) is not None:
-            return None
-        charge = not (multiple and (d in self.in_use.shared or self.shares.get(d)))
-        if charge and not self.counters_fit(device):
-            return None
-        if multiple and not self.capacity_fits(d, device, consumed):
-            return None
-        pushed = self._constrain(ci, c, device)
-        if pushed is None:
-            return None
-        return self._commit(ci, c, device, consumed, charge, pushed)
+        return self._commit(ci, c, device, consumed, self.charges(device), self._constrain(ci, c, device))
 
     def _commit(
         self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty], charge: bool, pushed: list[int]
@@ -415,22 +410,27 @@ class _Search:
                 return False
         return True
 
-    def _constrain(self, ci: int, c: Choice, device: Device) -> list[int] | None:
-        """Add the device's attributes to the claim's constraints it falls under; the
-        indexes pushed, or None (nothing pushed) when a constraint would break."""
+    def constraints_allow(self, ci: int, c: Choice, device: Device) -> bool:
         request = c.name.split("/", 1)[0]
-        pushed: list[int] = []
         for k, con in enumerate(self.claims[ci].constraints):
             if not con.applies(request, c.name):
                 continue
-            value = _attribute_value(device, con.attribute)
-            seen = self.values[ci][k]
+            value, seen = _attribute_value(device, con.attribute), self.values[ci][k]
             if value is None or (con.distinct and value in seen) or (not con.distinct and seen and seen[0] != value):
-                for j in reversed(pushed):
-                    self.values[ci][j].pop()
-                return None
-            seen.append(value)
-            pushed.append(k)
+                return False
+        return True
+
+    def _constrain(self, ci: int, c: Choice, device: Device) -> list[int]:
+        """Add the device's attributes to the claim's constraints it falls under (which
+        :meth:`constraints_allow` checked); the indexes pushed."""
+        request = c.name.split("/", 1)[0]
+        pushed: list[int] = []
+        for k, con in enumerate(self.claims[ci].constraints):
+            if con.applies(request, c.name):
+                value = _attribute_value(device, con.attribute)
+                assert value is not None
+                self.values[ci][k].append(value)
+                pushed.append(k)
         return pushed
 
 
@@ -739,7 +739,7 @@ def _blocked(search: _Search, c: Choice, device: Device, consumed: dict[str, Qty
     taint = _blocking_taint(device, c)
     if taint is not None:
         return f"tainted {taint} (not tolerated)"
-    if not (device.allow_multiple and d in held.shared) and not search.counters_fit(device):
+    if search.charges(device) and not search.counters_fit(device):
         return "without the shared counters they consume (other devices of the same counter set are in use)"
     if device.allow_multiple and not search.capacity_fits(d, device, consumed):
         return "without enough capacity left"
