@@ -410,7 +410,7 @@ def test_the_search_stops_at_its_bound_and_says_so() -> None:
     # two partitions and the whole GPU they belong to: never, found out only at the GPU
     c = claim("c", exactly("m", MIG_CLASS, count=2), exactly("g"), constraints=[{"matchAttribute": f"{DRIVER}/index"}])
     why = failed(run([c], node_devices(world(gpus=8, migs=7)), max_steps=10))
-    assert why.reason == "gave up after trying 10 device combinations on node n1"
+    assert why.reason == "gave up after 10 device checks on node n1"
 
 
 def test_more_than_32_devices_in_one_claim_do_not_fit() -> None:

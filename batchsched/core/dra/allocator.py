@@ -33,7 +33,7 @@ A claim that is already allocated (a shared claim) allocates nothing: its alloca
 must be usable on the node (its ``nodeSelector``) and its ``reservedFor`` must have
 room for the pod, else the pod does not fit there.
 
-The work is bounded (``max_steps`` device tries); past it the allocation fails with a
+The work is bounded (``max_steps`` device checks); past it the allocation fails with a
 reason saying so. The result is deterministic: devices are tried in the order of
 :class:`~batchsched.core.dra.objects.NodeDevices`; share ids come from ``new_share_id``.
 
@@ -65,8 +65,10 @@ from batchsched.core.dra.objects import (
     ResourceClaim,
 )
 
-#: device tries before the search gives up (upstream bounds it by a timeout instead)
-DEFAULT_MAX_STEPS = 200_000
+#: device checks before the search gives up (upstream bounds it by a timeout instead);
+#: about half a second of work, reached only by requests that cannot be met and whose
+#: impossibility shows late (constraints across requests)
+DEFAULT_MAX_STEPS = 50_000
 #: the most consumers ``status.reservedFor`` may list (ResourceClaimReservedForMaxSize)
 MAX_RESERVATIONS = 256
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -328,6 +330,10 @@ class _Search:
         """Whether ``device`` may be taken for ``c`` now: free (or admin access, never
         twice for one claim), no untolerated taint, its counters and capacity left, and
         the claim's constraints still holding with it."""
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise _Stop(Unallocatable(
+                f"gave up after {self.max_steps} device checks on node {self.devices.node}"))
         d, multiple = device.id, device.allow_multiple
         if c.admin_access:
             if not multiple and ci in self.taken.get(d, ()):
@@ -351,10 +357,6 @@ class _Search:
     def take(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> Callable[[], None] | None:
         """Mark ``device`` allocated to claim ``ci`` for ``c`` if it is allocatable now;
         the function returned undoes it."""
-        self.steps += 1
-        if self.steps > self.max_steps:
-            raise _Stop(Unallocatable(
-                f"gave up after trying {self.max_steps} device combinations on node {self.devices.node}"))
         if not self.allocatable(ci, c, device, consumed):
             return None
         return self._commit(ci, c, device, consumed, self.charges(device), self._constrain(ci, c, device))
