@@ -475,6 +475,28 @@ def test_allocation_speed_on_a_full_nvidia_node_is_printed(capsys: pytest.Captur
         print("\nallocate on 8 GPUs + 56 MIG partitions, 4 GPUs held:\n" + "\n".join(lines))
 
 
+
+def test_a_selector_cache_evaluates_each_selector_once_per_device_object() -> None:
+    from batchsched.core.dra.allocator import SelectorCache
+    from tests.unit.dra_world import FakeSelector
+
+    calls: list[str] = []
+
+    class Counting(FakeSelector):
+        def matches(self, device: Any) -> bool:
+            calls.append(device.name)
+            return super().matches(device)
+
+    cache = SelectorCache()
+    nd = node_devices(world(gpus=2, migs=0))
+    for _ in range(3):
+        ok(run([claim("c", exactly("gpu"))], nd, compile_selector=Counting, selector_cache=cache))
+    assert calls == ["gpu-0", "gpu-1"]  # the class's one selector, on each GPU, once
+    republished = node_devices(world(gpus=2, migs=0))  # same names, new objects
+    ok(run([claim("c", exactly("gpu"))], republished, compile_selector=Counting, selector_cache=cache))
+    assert calls == ["gpu-0", "gpu-1", "gpu-0", "gpu-1"]
+
+
 # ---------------------------------------------------------------- brute-force twin
 
 TWIN = "d.example.com"

@@ -465,6 +465,7 @@ def allocate(
     new_share_id: Callable[[], str] | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     pod_uid: str = "",
+    selector_cache: SelectorCache | None = None,
 ) -> Allocated | Unallocatable:
     """Devices for all of ``claims`` (one pod's, in pod order) on ``devices.node``, or why not.
 
@@ -473,7 +474,7 @@ def allocate(
     ``compile_selector`` and ``device_env`` default to :mod:`batchsched.core.dra.cel`
     (the compiler, and ``Device.env`` as the expressions' input); tests may pass others.
     ``pod_uid`` lets an allocated claim whose ``reservedFor`` is full serve the pod
-    already in it.
+    already in it. ``selector_cache`` keeps selector outcomes from one call to the next.
     """
     share_id = new_share_id or (lambda: str(uuid.uuid4()))
     for c in claims:
@@ -482,7 +483,7 @@ def allocate(
             return Unallocatable(refused, c.key)
     pending = [c for c in claims if c.allocation is None]
     try:
-        options = _Matcher(devices, classes, compile_selector, device_env).options(pending)
+        options = _Matcher(devices, classes, compile_selector, device_env, selector_cache).options(pending)
         _check_sizes(pending, options)
         search = _Search(pending, options, devices, in_use, max_steps,
                          values=[[[] for _ in c.constraints] for c in pending], picked=[[] for _ in pending])
@@ -541,20 +542,40 @@ def _status_allocation(search: _Search, ci: int, results: list[dict[str, Any]]) 
     return body
 
 
+class SelectorCache:
+    """Compiled selectors and their outcomes, kept across calls of :func:`allocate`
+    (one node after another, one pod after another). An outcome is keyed by the
+    device object, not its name, since a driver may republish a device with other
+    attributes: keep one cache per :class:`Pools` value, and one per compiler."""
+
+    def __init__(self) -> None:
+        self.compiled: dict[str, Selector] = {}
+        self._outcomes: dict[tuple[str, int], tuple[Device, bool]] = {}
+
+    def outcome(self, expr: str, device: Device) -> bool | None:
+        hit = self._outcomes.get((expr, id(device)))
+        return hit[1] if hit is not None and hit[0] is device else None
+
+    def remember(self, expr: str, device: Device, outcome: bool) -> None:
+        self._outcomes[(expr, id(device))] = (device, outcome)
+
+
 class _Matcher:
     """Which devices match each choice: class selectors, then the request's, then the
-    static capacity check; compiled expressions and outcomes cached for the call."""
+    static capacity check; selectors' outcomes cached (for the call, or in the
+    caller's :class:`SelectorCache`)."""
 
     def __init__(self, devices: NodeDevices, classes: Mapping[str, DeviceClass],
-                 compile_selector: SelectorCompiler | None, device_env: Callable[[Device], Any] | None) -> None:
+                 compile_selector: SelectorCompiler | None, device_env: Callable[[Device], Any] | None,
+                 cache: SelectorCache | None) -> None:
         if compile_selector is None:
             from batchsched.core.dra.cel import compile_selector as real  # type: ignore[import-not-found,unused-ignore]
 
             compile_selector = real
         self.devices, self.classes, self.compile = devices, classes, compile_selector
         self.env: Callable[[Device], Any] = device_env or (lambda d: d.env)
-        self.compiled: dict[str, Selector] = {}
-        self.outcomes: dict[tuple[str, DeviceId], bool] = {}
+        self.cache = cache or SelectorCache()
+        self.matched: dict[tuple[str, tuple[str, ...], tuple[tuple[str, Decimal], ...]], _Option] = {}
 
     def options(self, claims: Sequence[ResourceClaim]) -> list[list[list[_Option]]]:
         return [[[self.option(claim, c) for c in r.choices] for r in claim.requests] for claim in claims]
@@ -567,7 +588,11 @@ class _Matcher:
         if c.all_devices and self.devices.unusable:
             raise _Stop(Unallocatable(
                 f"{where}: asks for all devices, but {self.devices.unusable[0].problem}", claim.key, c.name))
-        option = _Option(c, device_class, [])
+        key = (c.class_name, c.selectors, tuple(sorted((k, q.value) for k, q in (c.capacity or {}).items())))
+        known = self.matched.get(key)
+        if known is not None:  # another claim of the pod asks the same: same devices
+            return _Option(c, device_class, known.candidates, known.waiting)
+        option = self.matched[key] = _Option(c, device_class, [])
         for device in self.devices.devices:
             if not (self.selected(device_class.selectors, device, f"{where}: class {c.class_name}", claim, c)
                     and self.selected(c.selectors, device, where, claim, c)):
@@ -582,17 +607,16 @@ class _Matcher:
 
     def selected(self, exprs: Sequence[str], device: Device, where: str, claim: ResourceClaim, c: Choice) -> bool:
         for i, expr in enumerate(exprs):
-            key = (expr, device.id)
-            outcome = self.outcomes.get(key)
+            outcome = self.cache.outcome(expr, device)
             if outcome is None:
                 try:
-                    selector = self.compiled.get(expr) or self.compile(expr)
-                    self.compiled[expr] = selector
+                    selector = self.cache.compiled.get(expr) or self.compile(expr)
+                    self.cache.compiled[expr] = selector
                     outcome = bool(selector.matches(self.env(device)))
                 except ValueError as exc:  # CelError, from compiling or evaluating
                     raise _Stop(Unallocatable(f"{where}: selector #{i} on device {device.id}: {exc}",
                                               claim.key, c.name)) from None
-                self.outcomes[key] = outcome
+                self.cache.remember(expr, device, outcome)
             if not outcome:
                 return False
         return True
