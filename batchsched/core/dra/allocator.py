@@ -554,9 +554,10 @@ class SelectorCache:
 
     def outcome(self, expr: str, device: Device) -> bool | None:
         hit = self._outcomes.get((expr, id(device)))
-        return hit[1] if hit is not None and hit[0] is device else None
+        return None if hit is None else hit[1]
 
     def remember(self, expr: str, device: Device, outcome: bool) -> None:
+        # the device is kept with its outcome so that its id is not reused by another
         self._outcomes[(expr, id(device))] = (device, outcome)
 
 
