@@ -159,7 +159,7 @@ class ClaimResult:
 @dataclass(frozen=True)
 class Allocated:
     claims: tuple[ClaimResult, ...]  # in the order the claims were given
-    delta: InUse  # what the new allocations hold
+    delta: InUse  # what the new allocations add to the ``in_use`` they were found against
 
 
 @dataclass(frozen=True)
