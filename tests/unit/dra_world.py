@@ -166,10 +166,10 @@ def node_devices(p: Pools, node: str = "n1", labels: Mapping[str, str] | None = 
 def run(claims: list[ResourceClaim], devices: NodeDevices, in_use: InUse | None = None,
         device_classes: Mapping[str, DeviceClass] | None = None, **kw: Any) -> Allocated | Unallocatable:
     counter = iter(range(1, 1_000_000))
+    kw.setdefault("compile_selector", fake_compile)
     return allocate(
         claims, devices=devices, classes=device_classes if device_classes is not None else classes(),
-        in_use=in_use or InUse(), compile_selector=fake_compile, device_env=lambda d: d,
-        new_share_id=lambda: f"share-{next(counter)}", **kw,
+        in_use=in_use or InUse(), device_env=lambda d: d, new_share_id=lambda: f"share-{next(counter)}", **kw,
     )
 
 

@@ -30,9 +30,10 @@ none, with the semantics of upstream's allocator (k8s.io/dynamic-resource-alloca
   for binding conditions), and the failure reason says when one would have matched.
 
 A claim that is already allocated (a shared claim) allocates nothing: its allocation
-must be usable on the node (its ``nodeSelector``), else the pod does not fit there.
+must be usable on the node (its ``nodeSelector``) and its ``reservedFor`` must have
+room for the pod, else the pod does not fit there.
 
-The work is bounded (``max_steps`` device tries); past it the allocation fails with a
+The work is bounded (``max_steps`` device checks); past it the allocation fails with a
 reason saying so. The result is deterministic: devices are tried in the order of
 :class:`~batchsched.core.dra.objects.NodeDevices`; share ids come from ``new_share_id``.
 
@@ -64,8 +65,12 @@ from batchsched.core.dra.objects import (
     ResourceClaim,
 )
 
-#: device tries before the search gives up (upstream bounds it by a timeout instead)
-DEFAULT_MAX_STEPS = 200_000
+#: device checks before the search gives up (upstream bounds it by a timeout instead);
+#: about half a second of work, reached only by requests that cannot be met and whose
+#: impossibility shows late (constraints across requests)
+DEFAULT_MAX_STEPS = 50_000
+#: the most consumers ``status.reservedFor`` may list (ResourceClaimReservedForMaxSize)
+MAX_RESERVATIONS = 256
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
@@ -103,7 +108,11 @@ class InUse:
 
 
 def in_use_from_claims(claims: Iterable[ResourceClaim], pools: Pools) -> InUse:
-    """Every device's use, rebuilt from the claims' ``status.allocation`` alone."""
+    """Every device's use, rebuilt from the claims' ``status.allocation`` alone.
+
+    A result naming a device no usable pool offers any more (its slice gone, or its
+    pool incomplete) still holds the device, but its counters cannot be known and
+    are not charged."""
     results = [r for c in claims if c.allocation is not None for r in c.allocation.results]
     return _charge(results, pools.device, InUse())
 
@@ -150,7 +159,7 @@ class ClaimResult:
 @dataclass(frozen=True)
 class Allocated:
     claims: tuple[ClaimResult, ...]  # in the order the claims were given
-    delta: InUse  # what the new allocations hold
+    delta: InUse  # what the new allocations add to the ``in_use`` they were found against
 
 
 @dataclass(frozen=True)
@@ -291,6 +300,8 @@ class _Search:
         need = len(option.candidates) if c.all_devices else c.count
         if done == need:
             return self.claim(ci, ri + 1)
+        if not c.all_devices and self.hopeless(ci, c, option.candidates[start:], need - done):
+            return False
         stop = start + 1 if c.all_devices else len(option.candidates) - (need - done) + 1
         for i in range(start, stop):
             device, consumed = option.candidates[i]
@@ -302,32 +313,53 @@ class _Search:
             undo()
         return False
 
-    def take(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> Callable[[], None] | None:
-        """Mark ``device`` allocated to claim ``ci`` for ``c`` if it is allocatable now;
-        the function returned undoes it."""
+    def hopeless(self, ci: int, c: Choice, rest: Sequence[tuple[Device, dict[str, Qty]]], wanted: int) -> bool:
+        """Whether fewer than ``wanted`` of ``rest`` can be taken now. Deeper in the
+        search more is held, never less, so what cannot be taken now cannot be later:
+        without this a ``matchAttribute`` over more devices than share a value would
+        try every subset of those that do."""
+        left = 0
+        for device, consumed in rest:
+            if self.allocatable(ci, c, device, consumed):
+                left += 1
+                if left >= wanted:
+                    return False
+        return True
+
+    def allocatable(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> bool:
+        """Whether ``device`` may be taken for ``c`` now: free (or admin access, never
+        twice for one claim), no untolerated taint, its counters and capacity left, and
+        the claim's constraints still holding with it."""
         self.steps += 1
         if self.steps > self.max_steps:
             raise _Stop(Unallocatable(
-                f"gave up after trying {self.max_steps} device combinations on node {self.devices.node}"))
-        d = device.id
-        multiple = device.allow_multiple
-        if not multiple and c.admin_access and ci in self.taken.get(d, ()):
-            return None
-        if not c.admin_access and (d in self.in_use.devices or self.taken.get(d)):
-            return None
-        if not multiple and not c.admin_access and d in self.in_use.shared:
-            return None
+                f"gave up after {self.max_steps} device checks on node {self.devices.node}"))
+        d, multiple = device.id, device.allow_multiple
+        if c.admin_access:
+            if not multiple and ci in self.taken.get(d, ()):
+                return False
+        elif d in self.in_use.devices or self.taken.get(d) or (not multiple and d in self.in_use.shared):
+            return False
         if _blocking_taint(device, c) is not None:
-            return None
-        charge = not (multiple and (d in self.in_use.shared or self.shares.get(d)))
-        if charge and not self.counters_fit(device):
-            return None
+            return False
+        if self.charges(device) and not self.counters_fit(device):
+            return False
         if multiple and not self.capacity_fits(d, device, consumed):
+            return False
+        return self.constraints_allow(ci, c, device)
+
+    def charges(self, device: Device) -> bool:
+        """Whether taking ``device`` consumes its counters: a shared device's first share
+        does, later shares do not (upstream)."""
+        d = device.id
+        return not (device.allow_multiple and (d in self.in_use.shared or self.shares.get(d)))
+
+    def take(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> Callable[[], None] | None:
+        """Mark ``device`` allocated to claim ``ci`` for ``c`` if it is allocatable now;
+        the function returned undoes it."""
+        if not self.allocatable(ci, c, device, consumed):
             return None
-        pushed = self._constrain(ci, c, device)
-        if pushed is None:
-            return None
-        return self._commit(ci, c, device, consumed, charge, pushed)
+        return self._commit(ci, c, device, consumed, self.charges(device), self._constrain(ci, c, device))
 
     def _commit(
         self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty], charge: bool, pushed: list[int]
@@ -380,22 +412,27 @@ class _Search:
                 return False
         return True
 
-    def _constrain(self, ci: int, c: Choice, device: Device) -> list[int] | None:
-        """Add the device's attributes to the claim's constraints it falls under; the
-        indexes pushed, or None (nothing pushed) when a constraint would break."""
+    def constraints_allow(self, ci: int, c: Choice, device: Device) -> bool:
         request = c.name.split("/", 1)[0]
-        pushed: list[int] = []
         for k, con in enumerate(self.claims[ci].constraints):
             if not con.applies(request, c.name):
                 continue
-            value = _attribute_value(device, con.attribute)
-            seen = self.values[ci][k]
+            value, seen = _attribute_value(device, con.attribute), self.values[ci][k]
             if value is None or (con.distinct and value in seen) or (not con.distinct and seen and seen[0] != value):
-                for j in reversed(pushed):
-                    self.values[ci][j].pop()
-                return None
-            seen.append(value)
-            pushed.append(k)
+                return False
+        return True
+
+    def _constrain(self, ci: int, c: Choice, device: Device) -> list[int]:
+        """Add the device's attributes to the claim's constraints it falls under (which
+        :meth:`constraints_allow` checked); the indexes pushed."""
+        request = c.name.split("/", 1)[0]
+        pushed: list[int] = []
+        for k, con in enumerate(self.claims[ci].constraints):
+            if con.applies(request, c.name):
+                value = _attribute_value(device, con.attribute)
+                assert value is not None
+                self.values[ci][k].append(value)
+                pushed.append(k)
         return pushed
 
 
@@ -427,6 +464,8 @@ def allocate(
     device_env: Callable[[Device], Any] | None = None,
     new_share_id: Callable[[], str] | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    pod_uid: str = "",
+    selector_cache: SelectorCache | None = None,
 ) -> Allocated | Unallocatable:
     """Devices for all of ``claims`` (one pod's, in pod order) on ``devices.node``, or why not.
 
@@ -434,16 +473,18 @@ def allocate(
     other claims hold (:func:`in_use_from_claims`, plus tentative deltas).
     ``compile_selector`` and ``device_env`` default to :mod:`batchsched.core.dra.cel`
     (the compiler, and ``Device.env`` as the expressions' input); tests may pass others.
+    ``pod_uid`` lets an allocated claim whose ``reservedFor`` is full serve the pod
+    already in it. ``selector_cache`` keeps selector outcomes from one call to the next.
     """
     share_id = new_share_id or (lambda: str(uuid.uuid4()))
-    node = devices.node
     for c in claims:
-        a = c.allocation
-        if a is not None and a.node_selector is not None and not a.node_selector.matches(node, devices.labels):
-            return Unallocatable(f"claim {c.key} is allocated to devices not available on node {node}", c.key)
+        refused = _unusable_allocation(c, devices, pod_uid)
+        if refused:
+            return Unallocatable(refused, c.key)
     pending = [c for c in claims if c.allocation is None]
     try:
-        options = _Matcher(devices, classes, compile_selector, device_env).options(pending)
+        options = _Matcher(devices, classes, compile_selector, device_env, selector_cache).options(pending)
+        _check_sizes(pending, options)
         search = _Search(pending, options, devices, in_use, max_steps,
                          values=[[[] for _ in c.constraints] for c in pending], picked=[[] for _ in pending])
         if not search.claim(0, 0):
@@ -455,34 +496,87 @@ def allocate(
     for ci, claim in enumerate(pending):
         results = [_result(c, d, consumed, share_id) for c, d, consumed in search.picked[ci]]
         added.extend(_allocated(c, d, r) for (c, d, _), r in zip(search.picked[ci], results, strict=True))
-        body = {"devices": {"results": results}}
-        config = _config(claim, [search.chosen[(ci, ri)] for ri in range(len(claim.requests))])
-        if config:
-            body["devices"]["config"] = config
-        selector = _node_selector([d for _, d, _ in search.picked[ci]], devices, node)
-        if selector is not None:
-            body["nodeSelector"] = selector
-        new[claim.key] = ClaimResult(claim.key, body, new=True)
+        new[claim.key] = ClaimResult(claim.key, _status_allocation(search, ci, results), new=True)
     out = tuple(new.get(c.key) or ClaimResult(c.key, c.allocation.raw if c.allocation else {}, new=False)
                 for c in claims)
     lookup = {d.id: d for d in devices.devices}
     return Allocated(out, _charge(added, lookup.get, in_use))
 
 
+def _check_sizes(claims: Sequence[ResourceClaim], options: Sequence[Sequence[Sequence[_Option]]]) -> None:
+    """Stop before searching when a claim needs more devices than one claim may hold
+    even with its smallest choices (upstream checks this first too)."""
+    for claim, requests in zip(claims, options, strict=True):
+        least = sum(min(len(o.candidates) if o.choice.all_devices else o.choice.count for o in choices)
+                    for choices in requests)
+        if least > MAX_RESULTS_PER_CLAIM:
+            raise _Stop(Unallocatable(f"claim {claim.key} asks for {least} devices, more than the "
+                                      f"{MAX_RESULTS_PER_CLAIM} one claim may hold", claim.key))
+
+
+def _unusable_allocation(claim: ResourceClaim, devices: NodeDevices, pod_uid: str) -> str:
+    """Why an allocated claim cannot serve the pod on this node, or "" (also for a
+    claim not allocated yet)."""
+    a = claim.allocation
+    if a is None:
+        return ""
+    if a.node_selector is not None and not a.node_selector.matches(devices.node, devices.labels):
+        return f"claim {claim.key} is allocated to devices not available on node {devices.node}"
+    uids = {str(r.get("uid")) for r in claim.reserved_for}
+    if len(uids) >= MAX_RESERVATIONS and pod_uid not in uids:
+        return f"claim {claim.key} is already reserved for {MAX_RESERVATIONS} consumers, the most Kubernetes allows"
+    return ""
+
+
+def _status_allocation(search: _Search, ci: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``status.allocation`` to write for claim ``ci`` of the search."""
+    claim = search.claims[ci]
+    devices: dict[str, Any] = {"results": results}
+    config = _config(claim, [search.chosen[(ci, ri)] for ri in range(len(claim.requests))])
+    if config:
+        devices["config"] = config
+    body: dict[str, Any] = {"devices": devices}
+    selector = _node_selector([d for _, d, _ in search.picked[ci]], search.devices, search.devices.node)
+    if selector is not None:
+        body["nodeSelector"] = selector
+    return body
+
+
+class SelectorCache:
+    """Compiled selectors and their outcomes, kept across calls of :func:`allocate`
+    (one node after another, one pod after another). An outcome is keyed by the
+    device object, not its name, since a driver may republish a device with other
+    attributes: keep one cache per :class:`Pools` value, and one per compiler."""
+
+    def __init__(self) -> None:
+        self.compiled: dict[str, Selector] = {}
+        self._outcomes: dict[tuple[str, int], tuple[Device, bool]] = {}
+
+    def outcome(self, expr: str, device: Device) -> bool | None:
+        hit = self._outcomes.get((expr, id(device)))
+        return None if hit is None else hit[1]
+
+    def remember(self, expr: str, device: Device, outcome: bool) -> None:
+        # the device is kept with its outcome so that its id is not reused by another
+        self._outcomes[(expr, id(device))] = (device, outcome)
+
+
 class _Matcher:
     """Which devices match each choice: class selectors, then the request's, then the
-    static capacity check; compiled expressions and outcomes cached for the call."""
+    static capacity check; selectors' outcomes cached (for the call, or in the
+    caller's :class:`SelectorCache`)."""
 
     def __init__(self, devices: NodeDevices, classes: Mapping[str, DeviceClass],
-                 compile_selector: SelectorCompiler | None, device_env: Callable[[Device], Any] | None) -> None:
+                 compile_selector: SelectorCompiler | None, device_env: Callable[[Device], Any] | None,
+                 cache: SelectorCache | None) -> None:
         if compile_selector is None:
             from batchsched.core.dra.cel import compile_selector as real  # type: ignore[import-not-found,unused-ignore]
 
             compile_selector = real
         self.devices, self.classes, self.compile = devices, classes, compile_selector
         self.env: Callable[[Device], Any] = device_env or (lambda d: d.env)
-        self.compiled: dict[str, Selector] = {}
-        self.outcomes: dict[tuple[str, DeviceId], bool] = {}
+        self.cache = cache or SelectorCache()
+        self.matched: dict[tuple[str, tuple[str, ...], tuple[tuple[str, Decimal], ...]], _Option] = {}
 
     def options(self, claims: Sequence[ResourceClaim]) -> list[list[list[_Option]]]:
         return [[[self.option(claim, c) for c in r.choices] for r in claim.requests] for claim in claims]
@@ -495,7 +589,11 @@ class _Matcher:
         if c.all_devices and self.devices.unusable:
             raise _Stop(Unallocatable(
                 f"{where}: asks for all devices, but {self.devices.unusable[0].problem}", claim.key, c.name))
-        option = _Option(c, device_class, [])
+        key = (c.class_name, c.selectors, tuple(sorted((k, q.value) for k, q in (c.capacity or {}).items())))
+        known = self.matched.get(key)
+        if known is not None:  # another claim of the pod asks the same: same devices
+            return _Option(c, device_class, known.candidates, known.waiting)
+        option = self.matched[key] = _Option(c, device_class, [])
         for device in self.devices.devices:
             if not (self.selected(device_class.selectors, device, f"{where}: class {c.class_name}", claim, c)
                     and self.selected(c.selectors, device, where, claim, c)):
@@ -510,17 +608,16 @@ class _Matcher:
 
     def selected(self, exprs: Sequence[str], device: Device, where: str, claim: ResourceClaim, c: Choice) -> bool:
         for i, expr in enumerate(exprs):
-            key = (expr, device.id)
-            outcome = self.outcomes.get(key)
+            outcome = self.cache.outcome(expr, device)
             if outcome is None:
                 try:
-                    selector = self.compiled.get(expr) or self.compile(expr)
-                    self.compiled[expr] = selector
+                    selector = self.cache.compiled.get(expr) or self.compile(expr)
+                    self.cache.compiled[expr] = selector
                     outcome = bool(selector.matches(self.env(device)))
                 except ValueError as exc:  # CelError, from compiling or evaluating
                     raise _Stop(Unallocatable(f"{where}: selector #{i} on device {device.id}: {exc}",
                                               claim.key, c.name)) from None
-                self.outcomes[key] = outcome
+                self.cache.remember(expr, device, outcome)
             if not outcome:
                 return False
         return True
@@ -669,7 +766,7 @@ def _blocked(search: _Search, c: Choice, device: Device, consumed: dict[str, Qty
     taint = _blocking_taint(device, c)
     if taint is not None:
         return f"tainted {taint} (not tolerated)"
-    if not (device.allow_multiple and d in held.shared) and not search.counters_fit(device):
+    if search.charges(device) and not search.counters_fit(device):
         return "without the shared counters they consume (other devices of the same counter set are in use)"
     if device.allow_multiple and not search.capacity_fits(d, device, consumed):
         return "without enough capacity left"

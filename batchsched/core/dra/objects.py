@@ -339,7 +339,7 @@ def parse_resource_slice(obj: Mapping[str, Any]) -> ResourceSlice:
     if sum((node_name is not None, selector is not None, all_nodes, per_device)) > 1:
         raise DraError(f"{where}: more than one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection")
     devices = tuple(
-        _device(d, driver, pool_name, name, per_device, f"{where}: device #{i}")
+        _device(d, driver, pool_name, name, per_device, where, i)
         for i, d in enumerate(_list(spec.get("devices"), f"{where}: spec.devices"))
     )
     return ResourceSlice(
@@ -371,11 +371,11 @@ def _counters(raw: Any, where: str) -> dict[str, Decimal]:
 
 
 def _device(
-    raw: Any, driver: str, pool: str, slice_name: str, per_device: bool, where: str
+    raw: Any, driver: str, pool: str, slice_name: str, per_device: bool, in_slice: str, index: int
 ) -> Device:
-    d = _obj(raw, where)
-    name = _str(d.get("name"), f"{where}: name")
-    where = where.rsplit(": device #", 1)[0] + f": device {name}"
+    d = _obj(raw, f"{in_slice}: device #{index}")
+    name = _str(d.get("name"), f"{in_slice}: device #{index}: name")
+    where = f"{in_slice}: device {name}"
     node_name = _str(d.get("nodeName"), f"{where}: nodeName", required=False) or None
     selector = _node_selector(d.get("nodeSelector"), where)
     all_nodes = _bool(d.get("allNodes"), f"{where}: allNodes")
@@ -614,7 +614,7 @@ def parse_resource_claim(obj: Mapping[str, Any]) -> ResourceClaim:
     namespace = _str(meta.get("namespace"), "ResourceClaim metadata.namespace", required=False)
     where = f"ResourceClaim {namespace}/{name}"
     devices = _obj(_obj(obj.get("spec"), f"{where}: spec").get("devices"), f"{where}: spec.devices")
-    requests = tuple(_request(r, f"{where}: request #{i}") for i, r in enumerate(_list(devices.get("requests"), where)))
+    requests = tuple(_request(r, where, i) for i, r in enumerate(_list(devices.get("requests"), where)))
     names = [r.name for r in requests]
     if len(set(names)) != len(names):
         raise DraError(f"{where}: two requests have the same name")
@@ -630,10 +630,10 @@ def parse_resource_claim(obj: Mapping[str, Any]) -> ResourceClaim:
     )
 
 
-def _request(raw: Any, where: str) -> Request:
-    r = _obj(raw, where)
-    name = _str(r.get("name"), f"{where}: name")
-    where = where.rsplit(": request #", 1)[0] + f": request {name}"
+def _request(raw: Any, in_claim: str, index: int) -> Request:
+    r = _obj(raw, f"{in_claim}: request #{index}")
+    name = _str(r.get("name"), f"{in_claim}: request #{index}: name")
+    where = f"{in_claim}: request {name}"
     exactly, first = r.get("exactly"), _list(r.get("firstAvailable"), f"{where}: firstAvailable")
     if (exactly is None) == (not first):
         raise DraError(f"{where}: exactly one of exactly and firstAvailable must be set")
