@@ -16,9 +16,11 @@ module provides the ones selectors use: ``quantity``, ``isQuantity``, ``sign``, 
 ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``, ``isInteger``,
 ``add``, ``sub`` for quantities and ``semver`` (with its optional normalize flag),
 ``isSemver``, ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``major``, ``minor``,
-``patch`` for versions, and ``cel.bind``, next to CEL's standard functions and macros. An
-expression that calls a function outside that set (the string, list, set, IP, URL and format
-extensions of the Kubernetes environment) is refused when it is compiled, naming the
+``patch`` for versions, ``cel.bind``, and the string extensions but ``format`` and
+``strings.quote`` (``charAt``, ``indexOf``, ``lastIndexOf``, ``lowerAscii``, ``upperAscii``,
+``replace``, ``split``, ``substring``, ``trim``, ``join``), next to CEL's standard functions
+and macros. An expression that calls a function outside that set (``format``, the list, set,
+regex, IP, CIDR and URL extensions of the Kubernetes environment) is refused when it is compiled, naming the
 function, never evaluated as something else; so is the optional syntax (``x.?name``), which
 the library does not parse.
 
@@ -237,6 +239,99 @@ def _ordered(a: object, b: object, function: str) -> int:
     return (v > w) - (v < w)
 
 
+# --- the string extensions of the Kubernetes environment (cel-go ext.Strings, version 2) -----
+# Indexes count code points; ``format`` and ``strings.quote`` are not provided.
+
+#: what Go's strings.TrimSpace trims (unicode.IsSpace), which differs from str.isspace
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ASCII_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _text(value: object, function: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"no such overload: {function} needs a string, got {_describe(value)}")
+
+
+def _int(value: object, function: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"no such overload: {function} needs an int, got {_describe(value)}")
+
+
+def _index(value: object, function: str, size: int) -> int:
+    i = _int(value, function)
+    if not 0 <= i <= size:
+        raise ValueError(f"index out of range: {i}")
+    return i
+
+
+def _char_at(text: object, index: object) -> str:
+    s = _text(text, "charAt")
+    i = _index(index, "charAt", len(s))
+    return s[i : i + 1]
+
+
+def _index_of(text: object, sub: object, offset: object = 0) -> int:
+    if isinstance(text, list):  # the Kubernetes lists library's indexOf
+        return next((i for i, item in enumerate(text) if item == sub), -1)
+    s, needle, off = _text(text, "indexOf"), _text(sub, "indexOf"), _int(offset, "indexOf")
+    if off < 0:
+        raise ValueError(f"index out of range: {off}")
+    if not needle:
+        return min(off, len(s))
+    return -1 if off >= len(s) else s.find(needle, off)
+
+
+def _last_index_of(text: object, sub: object, offset: object = None) -> int:
+    if isinstance(text, list):
+        return max((i for i, item in enumerate(text) if item == sub), default=-1)
+    s, needle = _text(text, "lastIndexOf"), _text(sub, "lastIndexOf")
+    if offset is None:
+        if not needle:
+            return len(s)
+        if len(s.encode()) < len(needle.encode()):
+            return -1
+        offset = len(s) - 1
+    off = _int(offset, "lastIndexOf")
+    if off < 0:
+        raise ValueError(f"index out of range: {off}")
+    if not needle:
+        return min(off, len(s))
+    return -1 if off >= len(s) else s.rfind(needle, 0, off + len(needle))
+
+
+def _substring(text: object, start: object, end: object = None) -> str:
+    s = _text(text, "substring")
+    if end is not None and _int(start, "substring") > _int(end, "substring"):
+        raise ValueError(f"invalid substring range. start: {start}, end: {end}")
+    first = _index(start, "substring", len(s))
+    return s[first : len(s) if end is None else _index(end, "substring", len(s))]
+
+
+def _split(text: object, separator: object, limit: object = -1) -> list[str]:
+    s, sep, n = _text(text, "split"), _text(separator, "split"), _int(limit, "split")
+    if n == 0:
+        return []
+    if sep:
+        return s.split(sep, n - 1 if n > 0 else -1)
+    if n < 0 or n >= len(s):
+        return list(s)
+    return [*s[: n - 1], s[n - 1 :]]
+
+
+def _replace(text: object, old: object, new: object, limit: object = -1) -> str:
+    f = "replace"
+    return _text(text, f).replace(_text(old, f), _text(new, f), _int(limit, f))
+
+
+def _join(items: object, separator: object = "") -> str:
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise TypeError(f"no such overload: join needs a list of strings, got {items!r}")
+    return _text(separator, "join").join(items)
+
+
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "quantity": _quantity,
     "isQuantity": _is_quantity,
@@ -254,6 +349,16 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "compareTo": lambda a, b: _ordered(a, b, "compareTo"),
     "isGreaterThan": lambda a, b: _ordered(a, b, "isGreaterThan") > 0,
     "isLessThan": lambda a, b: _ordered(a, b, "isLessThan") < 0,
+    "charAt": _char_at,
+    "indexOf": _index_of,
+    "lastIndexOf": _last_index_of,
+    "lowerAscii": lambda s: _text(s, "lowerAscii").translate(_ASCII_LOWER),
+    "upperAscii": lambda s: _text(s, "upperAscii").translate(_ASCII_UPPER),
+    "replace": _replace,
+    "split": _split,
+    "substring": _substring,
+    "trim": lambda s: _text(s, "trim").strip(_GO_SPACE),
+    "join": _join,
 }
 
 #: CEL's standard named functions the library provides (operators and macros have ids
@@ -291,7 +396,7 @@ def _attribute_value(attribute: Mapping[str, Any]) -> Any:
     return [_SCALARS[_LISTS[kind]](v) for v in attribute[kind]]
 
 
-def _split(name: str, driver: str) -> tuple[str, str]:
+def _domain_and_name(name: str, driver: str) -> tuple[str, str]:
     domain, sep, ident = name.partition("/")
     return (domain, ident) if sep else (driver, name)
 
@@ -323,14 +428,14 @@ def device_env(
     problem = None
     attrs: dict[str, dict[str, Any]] = {}
     for name, attribute in attributes.items():
-        domain, ident = _split(name, driver)
+        domain, ident = _domain_and_name(name, driver)
         try:
             attrs.setdefault(domain, {})[ident] = _attribute_value(attribute)
         except (ValueError, TypeError) as exc:
             problem = problem or f"attribute {name}: {exc}"
     caps: dict[str, dict[str, Any]] = {}
     for name, cap in capacity.items():
-        domain, ident = _split(name, driver)
+        domain, ident = _domain_and_name(name, driver)
         try:
             caps.setdefault(domain, {})[ident] = _quantity(cap.get("value"))
         except QuantityError as exc:
