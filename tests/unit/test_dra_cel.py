@@ -162,6 +162,7 @@ def test_string_extensions_of_the_kubernetes_environment() -> None:
     assert selects(f'{product}.split(" ")[1] == "H100" && {product}.split(" ", 2)[1] == "H100 80GB HBM3"', gpu)
     assert selects(f'{product}.substring(7, 11) == "H100" && {product}.charAt(7) == "H"', gpu)
     assert selects(f'{product}.indexOf("80GB") == 12 && {product}.lastIndexOf("H") == 17', gpu)
+    assert selects(f'{product}.lastIndexOf("H", 16) == 7 && {product}.indexOf("H", 8) == 17', gpu)
     assert selects(f'{product}.replace(" ", "-", 1) == "NVIDIA-H100 80GB HBM3"', gpu)
     assert selects('"  1g.10gb ".trim() == "1g.10gb" && ["1g", "10gb"].join(".") == "1g.10gb"', gpu)
     assert selects('"abc".split("", 2) == ["a", "bc"] && "abc".indexOf("", 9) == 3', gpu)
