@@ -228,6 +228,13 @@ def test_a_bad_attribute_fails_each_evaluation_on_that_device() -> None:
     env = device_env(NV, {}, {f"{NV}/memory": {"value": "lots"}})
     with pytest.raises(CelError, match=r"capacity gpu\.nvidia\.com/memory: bad quantity"):
         selects("true", env)
+    env = device_env(NV, {}, {f"{NV}/memory": {"requestPolicy": {}}})
+    with pytest.raises(CelError, match=r"capacity gpu\.nvidia\.com/memory: .*needs a string, got None"):
+        selects("true", env)
+    env = device_env(NV, {f"{NV}/type": {"string": "gpu", "int": 1}}, {})
+    with pytest.raises(CelError, match=r"attribute gpu\.nvidia\.com/type: needs exactly one of"):
+        selects("true", env)
+    assert selects("true", device_env(NV, {}, {f"{NV}/multiprocessors": {"value": 14}}))
 
 
 def test_an_expression_over_the_length_limit_is_refused() -> None:
