@@ -234,6 +234,9 @@ def test_a_bad_attribute_fails_each_evaluation_on_that_device() -> None:
     env = device_env(NV, {f"{NV}/type": {"string": "gpu", "int": 1}}, {})
     with pytest.raises(CelError, match=r"attribute gpu\.nvidia\.com/type: needs exactly one of"):
         selects("true", env)
+    env = device_env(NV, {f"{NV}/healthy": {"bool": "false"}}, {})
+    with pytest.raises(CelError, match=r"attribute gpu\.nvidia\.com/healthy: bool needs a bool, got 'false'"):
+        selects("true", env)
     assert selects("true", device_env(NV, {}, {f"{NV}/multiprocessors": {"value": 14}}))
 
 

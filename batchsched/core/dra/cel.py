@@ -391,24 +391,28 @@ _PROVIDED = _STANDARD | _FUNCTIONS.keys()
 
 # --- the device -----------------------------------------------------------------------------
 
-_SCALARS: dict[str, Callable[[Any], Any]] = {
-    "int": int,
-    "bool": bool,
-    "string": str,
-    "version": _semver_value,
-}
+_SCALARS = {"int": int, "bool": bool, "string": str, "version": str}
 _LISTS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+
+
+def _scalar(kind: str, value: Any) -> Any:
+    if type(value) is not _SCALARS[kind]:  # not isinstance: a bool is no int here
+        raise TypeError(f"{kind} needs a {_SCALARS[kind].__name__}, got {value!r}")
+    return _semver_value(str(value)) if kind == "version" else value
 
 
 def _attribute_value(attribute: Mapping[str, Any]) -> Any:
     """The CEL value of one DeviceAttribute (``{"int": 3}``, ``{"versions": [...]}``, ...)."""
-    kinds = [k for k in attribute if k in _SCALARS or k in _LISTS]
-    if len(kinds) != 1 or len(attribute) != 1:
-        raise ValueError(f"needs exactly one of {sorted(_SCALARS.keys() | _LISTS.keys())}, got {dict(attribute)!r}")
-    kind = kinds[0]
+    if len(attribute) != 1 or not attribute.keys() <= _SCALARS.keys() | _LISTS.keys():
+        raise ValueError(
+            f"needs exactly one of {sorted(_SCALARS.keys() | _LISTS.keys())}, got {dict(attribute)!r}"
+        )
+    [(kind, value)] = attribute.items()
     if kind in _SCALARS:
-        return _SCALARS[kind](attribute[kind])
-    return [_SCALARS[_LISTS[kind]](v) for v in attribute[kind]]
+        return _scalar(kind, value)
+    if not isinstance(value, list):
+        raise TypeError(f"{kind} needs a list, got {value!r}")
+    return [_scalar(_LISTS[kind], v) for v in value]
 
 
 def _domain_and_name(name: str, driver: str) -> tuple[str, str]:
