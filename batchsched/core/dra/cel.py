@@ -473,9 +473,9 @@ def device_env(
 # --- compiled selectors ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Selector:
-    """One compiled selector expression."""
+    """One compiled selector expression (one object per expression: see :func:`compile_selector`)."""
 
     expression: str
     _program: cel.Program
@@ -518,7 +518,7 @@ def compile_selector(expression: str) -> Selector:
     """The compiled selector; each distinct expression is compiled once (a refusal too)."""
     compiled = _compiled(expression)
     if isinstance(compiled, CelError):
-        raise compiled
+        raise compiled.with_traceback(None)  # the one cached error, without the last raise's frames
     return compiled
 
 
