@@ -154,6 +154,23 @@ def test_int_bool_and_list_attributes() -> None:
     assert selects('"nvlink1" in device.attributes["dra.example.com"].links', env)
 
 
+def test_string_extensions_of_the_kubernetes_environment() -> None:
+    gpu = whole_gpu(product="NVIDIA H100 80GB HBM3")
+    product = f'device.attributes["{NV}"].productName'
+    assert selects(f'{product}.lowerAscii().contains("h100")', gpu)
+    assert selects(f'{product}.upperAscii().startsWith("NVIDIA H100")', gpu)
+    assert selects(f'{product}.split(" ")[1] == "H100" && {product}.split(" ", 2)[1] == "H100 80GB HBM3"', gpu)
+    assert selects(f'{product}.substring(7, 11) == "H100" && {product}.charAt(7) == "H"', gpu)
+    assert selects(f'{product}.indexOf("80GB") == 12 && {product}.lastIndexOf("H") == 17', gpu)
+    assert selects(f'{product}.lastIndexOf("H", 16) == 7 && {product}.indexOf("H", 8) == 17', gpu)
+    assert selects(f'{product}.replace(" ", "-", 1) == "NVIDIA-H100 80GB HBM3"', gpu)
+    assert selects('"  1g.10gb ".trim() == "1g.10gb" && ["1g", "10gb"].join(".") == "1g.10gb"', gpu)
+    assert selects('"abc".split("", 2) == ["a", "bc"] && "abc".indexOf("", 9) == 3', gpu)
+    assert selects('["gpu", "mig"].indexOf("mig") == 1', gpu)
+    with pytest.raises(CelError, match=r"substring\(\): index out of range: 40"):
+        selects(f'{product}.substring(0, 40) == ""', gpu)
+
+
 def test_a_missing_attribute_is_an_error_naming_the_expression() -> None:
     expr = f'device.attributes["{NV}"].profile == "1g.10gb"'
     with pytest.raises(CelError, match=r"profile.*no such key: profile"):
@@ -211,6 +228,16 @@ def test_a_bad_attribute_fails_each_evaluation_on_that_device() -> None:
     env = device_env(NV, {}, {f"{NV}/memory": {"value": "lots"}})
     with pytest.raises(CelError, match=r"capacity gpu\.nvidia\.com/memory: bad quantity"):
         selects("true", env)
+    env = device_env(NV, {}, {f"{NV}/memory": {"requestPolicy": {}}})
+    with pytest.raises(CelError, match=r"capacity gpu\.nvidia\.com/memory: .*needs a string, got None"):
+        selects("true", env)
+    env = device_env(NV, {f"{NV}/type": {"string": "gpu", "int": 1}}, {})
+    with pytest.raises(CelError, match=r"attribute gpu\.nvidia\.com/type: needs exactly one of"):
+        selects("true", env)
+    env = device_env(NV, {f"{NV}/healthy": {"bool": "false"}}, {})
+    with pytest.raises(CelError, match=r"attribute gpu\.nvidia\.com/healthy: bool needs a bool, got 'false'"):
+        selects("true", env)
+    assert selects("true", device_env(NV, {}, {f"{NV}/multiprocessors": {"value": 14}}))
 
 
 def test_an_expression_over_the_length_limit_is_refused() -> None:

@@ -16,13 +16,16 @@ module provides the ones selectors use: ``quantity``, ``isQuantity``, ``sign``, 
 ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``, ``isInteger``,
 ``add``, ``sub`` for quantities and ``semver`` (with its optional normalize flag),
 ``isSemver``, ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``major``, ``minor``,
-``patch`` for versions, and ``cel.bind``, next to CEL's standard functions and macros. An
-expression that calls a function outside that set (the string, list, set, IP, URL and format
-extensions of the Kubernetes environment) is refused when it is compiled, naming the
-function, never evaluated as something else; so is the optional syntax (``x.?name``), which
-the library does not parse.
+``patch`` for versions, ``cel.bind``, and the string extensions but ``format`` and
+``strings.quote`` (``charAt``, ``indexOf``, ``lastIndexOf``, ``lowerAscii``, ``upperAscii``,
+``replace``, ``split``, ``substring``, ``trim``, ``join``), next to CEL's standard functions
+and macros. An expression that calls a function outside that set (``format``, the list, set,
+regex, IP, CIDR and URL extensions of the Kubernetes environment) is refused when it is
+compiled, naming the function, never evaluated as something else; so is the optional syntax
+(``x.?name``), which the library does not parse.
 
-Semantics kept from upstream:
+Semantics kept from upstream (checked expression by expression against
+k8s.io/dynamic-resource-allocation/cel v0.37.2 on the same devices):
 
 - Looking up a domain a device has no attribute in gives an empty map, so
   ``has(device.attributes["other.example.com"].x)`` is false, while reading a missing name
@@ -31,7 +34,8 @@ Semantics kept from upstream:
 - A runtime error, or a result that is not a bool, is an error for the whole allocation,
   not a reason to skip the device: upstream's allocator returns the error from
   ``Allocate`` and the scheduler aborts that pod's attempt (it is retried with back-off).
-  :meth:`Selector.matches` raises :class:`CelError`; the allocator lets it through.
+  :meth:`Selector.matches` raises :class:`CelError`; the allocator lets it through. An
+  attribute or capacity value CEL cannot read is such an error too, on each evaluation.
 - Expressions longer than 10 KiB (``CELSelectorExpressionMaxLength``) are refused. The cost
   limit (``CELSelectorExpressionMaxCost``) is not counted here: the library has no cost
   tracker; the apiserver refuses an expression whose estimated cost exceeds it when the
@@ -42,18 +46,22 @@ Semantics kept from upstream:
 
 Library: ``common-expression-language`` (Python bindings of the Rust ``cel`` crate), chosen
 over the pure-Python ``cel-python`` by measurement on the selectors NVIDIA's DRA driver
-classes and typical claims use (driver/type, productName, memory capacity against
+classes and typical claims use (driver and type, productName, memory capacity against
 ``quantity("40Gi")``, driverVersion against ``semver("550.0.0")``, ``in``, ``has`` with
-``startsWith``, allowMultipleAllocations), eight devices: it compiled in 5-41 us against
-64-390 us and evaluated in 0.2-7.6 us per device against 57-270 us (cel-python's
-transpiling runner evaluates in ~20-40 us but cannot bind extension functions that are not
-module-level names). The allocator evaluates every selector on every candidate device of
-every node for every pod, so evaluation time is what counts. Both gave the same matches.
-What the Rust binding lacks, worked around here: values must be plain CEL values, so a
-quantity or a version is a one-key map (``{"$quantity": "4.294967296E+10"}``,
+``startsWith``, allowMultipleAllocations) over eight A100 and MIG devices, both given the
+same Python quantity and semver functions: it compiled an expression in 5-41 us against
+64-1130 us and evaluated it in 0.2-15 us per device against 57-350 us (cel-python's
+transpiling runner evaluates in 20-40 us but cannot call extension functions that are not
+module-level names). Both gave the same matches. The allocator evaluates each selector on
+each candidate device of each node for each pod, so evaluation time is what counts; through
+this module it is 0.3-15 us per device (a quantity or semver comparison calls back into
+Python), a device's :func:`device_env` ~45 us, a compile ~25-200 us once per expression.
+What the binding lacks, worked around here: values must be plain CEL values, so a quantity
+or a version is a one-key map (``{"$quantity": "4.294967296E+10"}``,
 ``{"$semver": "550.54.15"}``) in a canonical form (``==`` compares values, as upstream),
 and the extension functions check that marker; its maps have no default and it has no
-``cel.bind``, so both are rewritten in the source (see :func:`_rewritten`).
+``cel.bind``, so both are rewritten in the source (see :func:`_rewritten`). It logs a
+warning on its ``cel`` logger when an extension function raises.
 """
 
 from __future__ import annotations
@@ -112,6 +120,15 @@ def _amount_or_int(value: object, function: str) -> Decimal:
 
 
 def _quantity(text: object) -> dict[str, str]:
+    if not isinstance(text, str):
+        raise TypeError(f"no such overload: quantity needs a string, got {_describe(text)}")
+    return _quantity_of(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_of(text: str) -> dict[str, str]:
+    """Parsed once per spelling: a selector's ``quantity("40Gi")`` runs on every device.
+    Callers never change the map (the library copies it into a CEL value)."""
     return _quantity_value(_parse_quantity(text))
 
 
@@ -237,6 +254,99 @@ def _ordered(a: object, b: object, function: str) -> int:
     return (v > w) - (v < w)
 
 
+# --- the string extensions of the Kubernetes environment (cel-go ext.Strings, version 2) -----
+# Indexes count code points; ``format`` and ``strings.quote`` are not provided.
+
+#: what Go's strings.TrimSpace trims (unicode.IsSpace), which differs from str.isspace
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ASCII_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _text(value: object, function: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"no such overload: {function} needs a string, got {_describe(value)}")
+
+
+def _int(value: object, function: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"no such overload: {function} needs an int, got {_describe(value)}")
+
+
+def _index(value: object, function: str, size: int) -> int:
+    i = _int(value, function)
+    if not 0 <= i <= size:
+        raise ValueError(f"index out of range: {i}")
+    return i
+
+
+def _char_at(text: object, index: object) -> str:
+    s = _text(text, "charAt")
+    i = _index(index, "charAt", len(s))
+    return s[i : i + 1]
+
+
+def _index_of(text: object, sub: object, offset: object = 0) -> int:
+    if isinstance(text, list):  # the Kubernetes lists library's indexOf
+        return next((i for i, item in enumerate(text) if item == sub), -1)
+    s, needle, off = _text(text, "indexOf"), _text(sub, "indexOf"), _int(offset, "indexOf")
+    if off < 0:
+        raise ValueError(f"index out of range: {off}")
+    if not needle:
+        return min(off, len(s))
+    return -1 if off >= len(s) else s.find(needle, off)
+
+
+def _last_index_of(text: object, sub: object, offset: object = None) -> int:
+    if isinstance(text, list):
+        return max((i for i, item in enumerate(text) if item == sub), default=-1)
+    s, needle = _text(text, "lastIndexOf"), _text(sub, "lastIndexOf")
+    if offset is None:
+        if not needle:
+            return len(s)
+        if len(s.encode()) < len(needle.encode()):
+            return -1
+        offset = len(s) - 1
+    off = _int(offset, "lastIndexOf")
+    if off < 0:
+        raise ValueError(f"index out of range: {off}")
+    if not needle:
+        return min(off, len(s))
+    return -1 if off >= len(s) else s.rfind(needle, 0, off + len(needle))
+
+
+def _substring(text: object, start: object, end: object = None) -> str:
+    s = _text(text, "substring")
+    if end is not None and _int(start, "substring") > _int(end, "substring"):
+        raise ValueError(f"invalid substring range. start: {start}, end: {end}")
+    first = _index(start, "substring", len(s))
+    return s[first : len(s) if end is None else _index(end, "substring", len(s))]
+
+
+def _split(text: object, separator: object, limit: object = -1) -> list[str]:
+    s, sep, n = _text(text, "split"), _text(separator, "split"), _int(limit, "split")
+    if n == 0:
+        return []
+    if sep:
+        return s.split(sep, n - 1 if n > 0 else -1)
+    if n < 0 or n >= len(s):
+        return list(s)
+    return [*s[: n - 1], s[n - 1 :]]
+
+
+def _replace(text: object, old: object, new: object, limit: object = -1) -> str:
+    f = "replace"
+    return _text(text, f).replace(_text(old, f), _text(new, f), _int(limit, f))
+
+
+def _join(items: object, separator: object = "") -> str:
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise TypeError(f"no such overload: join needs a list of strings, got {items!r}")
+    return _text(separator, "join").join(items)
+
+
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "quantity": _quantity,
     "isQuantity": _is_quantity,
@@ -254,6 +364,16 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "compareTo": lambda a, b: _ordered(a, b, "compareTo"),
     "isGreaterThan": lambda a, b: _ordered(a, b, "isGreaterThan") > 0,
     "isLessThan": lambda a, b: _ordered(a, b, "isLessThan") < 0,
+    "charAt": _char_at,
+    "indexOf": _index_of,
+    "lastIndexOf": _last_index_of,
+    "lowerAscii": lambda s: _text(s, "lowerAscii").translate(_ASCII_LOWER),
+    "upperAscii": lambda s: _text(s, "upperAscii").translate(_ASCII_UPPER),
+    "replace": _replace,
+    "split": _split,
+    "substring": _substring,
+    "trim": lambda s: _text(s, "trim").strip(_GO_SPACE),
+    "join": _join,
 }
 
 #: CEL's standard named functions the library provides (operators and macros have ids
@@ -271,27 +391,31 @@ _PROVIDED = _STANDARD | _FUNCTIONS.keys()
 
 # --- the device -----------------------------------------------------------------------------
 
-_SCALARS: dict[str, Callable[[Any], Any]] = {
-    "int": int,
-    "bool": bool,
-    "string": str,
-    "version": _semver_value,
-}
+_SCALARS = {"int": int, "bool": bool, "string": str, "version": str}
 _LISTS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+
+
+def _scalar(kind: str, value: Any) -> Any:
+    if type(value) is not _SCALARS[kind]:  # not isinstance: a bool is no int here
+        raise TypeError(f"{kind} needs a {_SCALARS[kind].__name__}, got {value!r}")
+    return _semver_value(str(value)) if kind == "version" else value
 
 
 def _attribute_value(attribute: Mapping[str, Any]) -> Any:
     """The CEL value of one DeviceAttribute (``{"int": 3}``, ``{"versions": [...]}``, ...)."""
-    kinds = [k for k in attribute if k in _SCALARS or k in _LISTS]
-    if len(kinds) != 1 or len(attribute) != 1:
-        raise ValueError(f"needs exactly one of {sorted(_SCALARS.keys() | _LISTS.keys())}, got {dict(attribute)!r}")
-    kind = kinds[0]
+    if len(attribute) != 1 or not attribute.keys() <= _SCALARS.keys() | _LISTS.keys():
+        raise ValueError(
+            f"needs exactly one of {sorted(_SCALARS.keys() | _LISTS.keys())}, got {dict(attribute)!r}"
+        )
+    [(kind, value)] = attribute.items()
     if kind in _SCALARS:
-        return _SCALARS[kind](attribute[kind])
-    return [_SCALARS[_LISTS[kind]](v) for v in attribute[kind]]
+        return _scalar(kind, value)
+    if not isinstance(value, list):
+        raise TypeError(f"{kind} needs a list, got {value!r}")
+    return [_scalar(_LISTS[kind], v) for v in value]
 
 
-def _split(name: str, driver: str) -> tuple[str, str]:
+def _domain_and_name(name: str, driver: str) -> tuple[str, str]:
     domain, sep, ident = name.partition("/")
     return (domain, ident) if sep else (driver, name)
 
@@ -323,17 +447,19 @@ def device_env(
     problem = None
     attrs: dict[str, dict[str, Any]] = {}
     for name, attribute in attributes.items():
-        domain, ident = _split(name, driver)
+        domain, ident = _domain_and_name(name, driver)
         try:
             attrs.setdefault(domain, {})[ident] = _attribute_value(attribute)
         except (ValueError, TypeError) as exc:
             problem = problem or f"attribute {name}: {exc}"
     caps: dict[str, dict[str, Any]] = {}
     for name, cap in capacity.items():
-        domain, ident = _split(name, driver)
+        domain, ident = _domain_and_name(name, driver)
         try:
-            caps.setdefault(domain, {})[ident] = _quantity(cap.get("value"))
-        except QuantityError as exc:
+            value = cap.get("value")
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            caps.setdefault(domain, {})[ident] = _quantity(str(value) if number else value)
+        except (QuantityError, TypeError) as exc:
             problem = problem or f"capacity {name}: {exc}"
     device = {
         "driver": driver,
@@ -347,9 +473,9 @@ def device_env(
 # --- compiled selectors ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Selector:
-    """One compiled selector expression."""
+    """One compiled selector expression (one object per expression: see :func:`compile_selector`)."""
 
     expression: str
     _program: cel.Program
@@ -392,7 +518,7 @@ def compile_selector(expression: str) -> Selector:
     """The compiled selector; each distinct expression is compiled once (a refusal too)."""
     compiled = _compiled(expression)
     if isinstance(compiled, CelError):
-        raise compiled
+        raise compiled.with_traceback(None)  # the one cached error, without the last raise's frames
     return compiled
 
 
