@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from batchsched.core.plan import Binding, ClaimWrite
@@ -172,7 +173,7 @@ class Binder:
             self.on_result(b, "bound", None)
 
     def _claim_write(self, w: ClaimWrite, what: str) -> Callable[[], Awaitable[object]]:
-        path, patch = claim_status_path(w.namespace, w.name), reserve_patch(w)
+        path, patch = claim_status_path(w.namespace, w.name), reserve_patch(w, time.time())
 
         async def write() -> object:
             async with self._sem:

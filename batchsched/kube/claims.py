@@ -18,6 +18,8 @@ the scheduler that reads it next will see.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from batchsched.core.plan import ClaimWrite
 from batchsched.kube.api import JSON
 
@@ -28,11 +30,13 @@ def claim_status_path(namespace: str, name: str) -> str:
     return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
 
 
-def reserve_patch(w: ClaimWrite) -> JSON:
-    """The claim allocated (when ``w`` allocates it) and reserved for the pod."""
+def reserve_patch(w: ClaimWrite, now: float) -> JSON:
+    """The claim allocated (when ``w`` allocates it, stamped ``allocationTimestamp`` at
+    ``now`` as kube-scheduler stamps it) and reserved for the pod."""
     status: JSON = {"reservedFor": [dict(r) for r in w.reserved_for]}
     if w.allocation is not None:
-        status["allocation"] = dict(w.allocation)
+        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status["allocation"] = {**w.allocation, "allocationTimestamp": stamp}
     return {"metadata": {"uid": w.uid, "resourceVersion": w.resource_version}, "status": status}
 
 

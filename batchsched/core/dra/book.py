@@ -38,7 +38,7 @@ from decimal import Decimal
 from typing import Any
 
 from batchsched.core import explain
-from batchsched.core.dra.allocator import Allocated, InUse, allocate, in_use_from_claims
+from batchsched.core.dra.allocator import Allocated, InUse, SelectorCache, allocate, in_use_from_claims
 from batchsched.core.dra.cel import CelError, compile_selector
 from batchsched.core.dra.objects import (
     CounterId,
@@ -105,6 +105,8 @@ class DeviceBook:
         self._feasible: dict[str, frozenset[str] | str] = {}
         #: (class, device) -> whether the device matches the class
         self._matches: dict[tuple[str, DeviceId], bool] = {}
+        #: selectors compiled, and their outcome on each device, until the devices change
+        self.selectors = SelectorCache()
         #: the last cycle's allocations, read when its bindings are assumed
         self._cycle: DeviceCycle | None = None
 
@@ -191,6 +193,7 @@ class DeviceBook:
         self._confirmed = None
         self._feasible.clear()
         self._matches.clear()
+        self.selectors = SelectorCache()
         return _EVERYTHING
 
     def replace_slices(self, slices: Iterable[ResourceSlice]) -> DeviceChange:
@@ -293,7 +296,8 @@ class DeviceBook:
         nodes: set[str] = set()
         why = ""
         for name in sorted(self.nodes):
-            got = allocate(claims, devices=self.node_devices(name), classes=self.classes, in_use=InUse())
+            got = allocate(claims, devices=self.node_devices(name), classes=self.classes, in_use=InUse(),
+                           selector_cache=self.selectors)
             if isinstance(got, Allocated):
                 nodes.add(name)
             elif not why or "no device" not in got.reason:
@@ -348,7 +352,8 @@ class DeviceCycle:
             if claim is None:
                 return explain.claim_missing(f"{pod.namespace}/{entry.claim}")
             claims.append(claim)
-        got = allocate(claims, devices=book.node_devices(node), classes=book.classes, in_use=self.use)
+        got = allocate(claims, devices=book.node_devices(node), classes=book.classes, in_use=self.use,
+                       pod_uid=pod.uid, selector_cache=book.selectors)
         if not isinstance(got, Allocated):
             return got.reason
         self.use = self.use.plus(got.delta)
