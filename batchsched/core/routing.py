@@ -87,6 +87,7 @@ class EventRouting:
     def on_pods_listed(self, pods: list[Pod]) -> None:
         pods = self.intake.relisted(pods, self.state.pods)
         self.state.replace_pods(pods)
+        self._devices_held()
         self.groups.replace_pods(pods)
         self.backlog.relisted(pods)
         self.told.forget_pods()
@@ -105,6 +106,7 @@ class EventRouting:
         state, uid = self.state, pod.uid
         before, was_pending, group = state.capacity_generation, state.pending.get(uid), self.groups.group_of(uid)
         self._mirror_pod(kind, pod, group)
+        self._devices_held()
         self._sync(uid)
         now_group = self.groups.group_of(uid)
         self.reports.dirty.update(g.key for g in (group, now_group) if g is not None)
@@ -182,6 +184,14 @@ class EventRouting:
 
     def on_resource_claim(self, kind: str, claim: ResourceClaim) -> None:
         self._devices_changed(self.intake.devices.claim_event(kind, claim))
+
+    def _devices_held(self) -> None:
+        """The nodes where what bound pods hold of DRA devices changed: to the mirror again
+        (their allocatable counts the devices those pods are charged with)."""
+        for name in self.intake.devices.take_held_nodes():
+            node = self.state.nodes.get(name)
+            if node is not None:
+                self._node("MODIFIED", node)
 
     def _devices_changed(self, change: DeviceChange) -> None:
         """Devices, their classes or the claims on them changed: the nodes whose free devices

@@ -71,6 +71,7 @@ class DraWorld:
         self.pods: dict[str, dict[str, Any]] = {}
         self.claims: dict[str, dict[str, Any]] = {}
         self.version = 100
+        self.queues: list[dict[str, Any]] = []
         self.session.on_device_classes_listed([parse_device_class(GPU_CLASS), parse_device_class(MIG_CLASS)])
 
     def _rv(self) -> str:
@@ -90,10 +91,13 @@ class DraWorld:
         self.claims[name] = obj
         self.session.on_resource_claim("ADDED", parse_resource_claim(obj))
 
-    def pod(self, name: str, *claims: str, template: str = "", group: str = "", priority: int = 0) -> str:
+    def pod(self, name: str, *claims: str, template: str = "", group: str = "", priority: int = 0,
+            queue: str = "") -> str:
         b = make_pod(name).req(cpu="1").created(self.now).priority(priority)
         if group:
             b = b.group(group)
+        if queue:
+            b = b.label({"batchsched.io/queue": queue})
         obj = b.obj()
         if template:
             obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
@@ -125,7 +129,26 @@ class DraWorld:
             obj["status"]["phase"] = "Running"
             self.session.on_bind_result(b, "bound", now=self.now)
             self.session.on_pod("MODIFIED", parse_pod(obj))
+        for e in d.evictions:
+            self.session.on_evict_result(e, "evicted")
+            self.delete(e.uid)
         return d
+
+    def delete(self, uid: str) -> None:
+        """The pod gone; kube-controller-manager then drops it from its claims' reservations
+        and deallocates a claim reserved for nobody."""
+        obj = self.pods.pop(uid)
+        self.session.on_pod("DELETED", parse_pod(obj))
+        for claim in self.claims.values():
+            status = claim["status"]
+            if not any(r["uid"] == uid for r in status.get("reservedFor", [])):
+                continue
+            status["reservedFor"] = [r for r in status["reservedFor"] if r["uid"] != uid]
+            if not status["reservedFor"]:
+                status.pop("reservedFor")
+                status.pop("allocation", None)
+            claim["metadata"]["resourceVersion"] = self._rv()
+            self.session.on_resource_claim("MODIFIED", parse_resource_claim(claim))
 
     def node_of(self, uid: str) -> str:
         return str(self.pods[uid]["spec"].get("nodeName") or "")
@@ -142,10 +165,18 @@ class DraWorld:
         old = self.session
         self.session = Session(SessionSettings(), use_jit=False)
         self.session.on_device_classes_listed([parse_device_class(GPU_CLASS), parse_device_class(MIG_CLASS)])
+        self.session.on_queues_listed(self.queues)
         self.session.on_nodes_listed(list(old.state.nodes.values()))
         self.session.on_resource_slices_listed(list(old.intake.devices.slices.values()))
         self.session.on_resource_claims_listed([parse_resource_claim(c) for c in self.claims.values()])
         self.session.on_pods_listed([parse_pod(p) for p in self.pods.values()])
+
+
+def free(w: DraWorld, node: str, column: str) -> int:
+    """What the mirror says is free of ``column`` on ``node``."""
+    st = w.session.state
+    row, col = st.node_row[node], st.columns.index(column)
+    return int(st.alloc[row, col] - st.used[row, col])
 
 
 def test_a_pod_gets_the_devices_of_its_claim_on_the_node_it_is_bound_to() -> None:
@@ -176,7 +207,8 @@ def test_two_pods_never_get_the_same_device_and_a_third_waits_told_why() -> None
     c = w.pod("c", "c")
     d = w.step()
     assert not w.node_of(c)
-    assert w.told(d, c) == f"0/1 nodes fit: 1 insufficient {class_column('gpu.nvidia.com')}."
+    assert w.told(d, c).startswith(f"0/1 nodes fit: 1 insufficient {class_column('gpu.nvidia.com')}; "
+                                   "holds a reservation on node(s) n0")
 
 
 def test_a_gang_with_claims_is_placed_whole_or_not_at_all() -> None:
@@ -227,7 +259,8 @@ def test_a_restarted_scheduler_rebuilds_device_use_from_the_claims() -> None:
     second = w.pod("second", "second")
     w.step()
     assert not w.node_of(second), "both GPUs are held by the first claim, as its status says"
-    assert w.session.state.nodes["n0"].allocatable[class_column("gpu.nvidia.com")] == 0
+    assert free(w, "n0", class_column("gpu.nvidia.com")) == 0
+    assert w.session.state.nodes["n0"].allocatable[class_column("gpu.nvidia.com")] == 2  # held by the first pod
 
 
 def test_a_refused_binding_gives_its_devices_back() -> None:
@@ -271,3 +304,66 @@ def test_a_claim_no_node_can_serve_is_told_at_once() -> None:
     d = w.step()
     assert not w.node_of(uid)
     assert "cannot be allocated on any of 1 nodes" in w.told(d, uid)
+
+
+def test_an_urgent_pod_preempts_the_pod_holding_its_devices_and_gets_them() -> None:
+    w = DraWorld()
+    w.node("n0", 2)
+    w.claim("low", 2)
+    w.claim("urgent", 2)
+    low = w.pod("low", "low")
+    w.step()
+    assert w.node_of(low) == "n0"
+    urgent = w.pod("urgent", "urgent", priority=1000)
+    d = w.step(after=5)
+    assert [e.name for e in d.evictions] == ["low"], "evicting the low pod frees the devices its claim holds"
+    assert low not in w.pods
+    w.step(after=5)
+    assert w.node_of(urgent) == "n0"
+    assert sorted(w.devices_of("urgent")) == ["gpu-0", "gpu-1"]
+
+
+def test_a_gang_preempts_whole_pods_holding_devices_on_two_nodes() -> None:
+    w = DraWorld()
+    for n in ("n0", "n1"):
+        w.node(n, 2)
+    lows = []
+    for i in range(2):
+        w.claim(f"low-{i}", 2)
+        lows.append(w.pod(f"low-{i}", f"low-{i}"))
+    w.step()
+    assert {w.node_of(u) for u in lows} == {"n0", "n1"}
+    w.session.on_podgroup("ADDED", parse_podgroup(XK8S, make_group("urgent").min_member(2).obj()))
+    members = []
+    for i in range(2):
+        w.claim(f"urgent-{i}", 2)
+        members.append(w.pod(f"urgent-{i}", f"urgent-{i}", group="urgent", priority=1000))
+    d = w.step(after=5)
+    assert sorted(e.name for e in d.evictions) == ["low-0", "low-1"]
+    w.step(after=5)
+    assert {w.node_of(u) for u in members} == {"n0", "n1"}
+
+
+def test_a_queue_quota_over_a_device_class_holds() -> None:
+    w = DraWorld()
+    w.node("n0", 8)
+    column = class_column("gpu.nvidia.com")
+    w.queues = [{
+        "apiVersion": "batchsched.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team"},
+        "spec": {"resources": [{"name": column, "nominal": 3}]},
+    }]
+    w.session.on_queues_listed(w.queues)
+    for name in ("a", "b", "c"):
+        w.claim(name, 1 if name != "c" else 2)
+    a, b = w.pod("a", "a", queue="team"), w.pod("b", "b", queue="team")
+    w.step()
+    assert w.node_of(a) and w.node_of(b)
+    # a restarted scheduler counts the devices the running pods' claims hold against the quota
+    w.restart()
+    c = w.pod("c", "c", queue="team")
+    d = w.step(after=5)
+    assert not w.node_of(c), "2 GPUs held of a quota of 3: a claim of 2 more waits"
+    assert "team" in w.told(d, c)
+    w.delete(a)
+    w.step(after=30)
+    assert w.node_of(c) == "n0"

@@ -32,6 +32,9 @@ class PodIntake:
         self.devices = DeviceBook()
         #: pending pods with claims, as parsed (their claims are applied again on a change)
         self._claiming: dict[PodUID, Pod] = {}
+        #: bound pods with ResourceClaims, as parsed (what their claims hold is read again
+        #: when a claim changes)
+        self._holding: dict[PodUID, Pod] = {}
         #: each pod's place in line among those created in the same second
         self._arrivals = Arrivals()
         #: pods seen to succeed since the last step: (like key, start), timed at the step
@@ -44,6 +47,8 @@ class PodIntake:
     def relisted(self, pods: Sequence[Pod], known: Mapping[PodUID, Pod]) -> list[Pod]:
         """A full list of the pods, each admitted (``known``: the versions seen before)."""
         self._claiming.clear()
+        self._holding.clear()
+        self.devices.forget_holders()
         return [self.admit("ADDED", p, known.get(p.uid)) for p in pods]
 
     def _with_volumes(self, kind: str, pod: Pod) -> Pod:
@@ -51,26 +56,38 @@ class PodIntake:
         (:mod:`batchsched.core.volumes`); the pod as parsed is kept to look at again."""
         if kind == "DELETED" or pod.node_name or not (pod.claims or pod.resource_claims):
             self._claiming.pop(pod.uid, None)
-            return pod
+            return self._with_devices_held(kind, pod)
         self._claiming[pod.uid] = pod
         return self.devices.apply(self.volumes.apply(pod))
+
+    def _with_devices_held(self, kind: str, pod: Pod) -> Pod:
+        """A bound pod with ResourceClaims, with the devices its claims hold counted in its
+        requests (:meth:`~batchsched.core.dra.book.DeviceBook.hold`)."""
+        if kind == "DELETED" or not pod.node_name or pod.terminal or not pod.resource_claims:
+            if self._holding.pop(pod.uid, None) is not None:
+                self.devices.release_holder(pod.uid)
+            return pod
+        self._holding[pod.uid] = pod
+        return self.devices.hold(pod)
 
     def claiming(self, keys: Set[tuple[str, str]]) -> list[Pod]:
         """The pending pods, as parsed, using one of the claims ``keys`` (namespace, name)."""
         return [pod for pod in self._claiming.values() if any((pod.namespace, name) in keys for name in pod.claims)]
 
     def using_devices(self, keys: Set[tuple[str, str]] | None) -> list[Pod]:
-        """The pending pods, as parsed, using one of the ResourceClaims ``keys`` (namespace,
-        name); every pending pod with ResourceClaims when ``keys`` is None."""
+        """The pods, as parsed, using one of the ResourceClaims ``keys`` (namespace, name):
+        pending, and bound ones (what they hold is counted from their claims); every pod
+        with ResourceClaims when ``keys`` is None."""
+        pods = [*self._claiming.values(), *self._holding.values()]
         return [
-            pod for pod in self._claiming.values() if pod.resource_claims and (
+            pod for pod in pods if pod.resource_claims and (
                 keys is None or any((pod.namespace, c.claim) in keys for c in pod.resource_claims)
             )
         ]
 
     def parsed(self, pod: Pod) -> Pod:
         """The pod as parsed (before its claims were applied)."""
-        return self._claiming.get(pod.uid, pod)
+        return self._claiming.get(pod.uid) or self._holding.get(pod.uid) or pod
 
     def ended(self, pod: Pod, group: str | None) -> None:
         """A pod (of the gang ``group``) is no longer charged: if it succeeded, how long it

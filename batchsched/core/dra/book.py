@@ -38,7 +38,13 @@ from decimal import Decimal
 from typing import Any
 
 from batchsched.core import explain
-from batchsched.core.dra.allocator import Allocated, InUse, SelectorCache, allocate, in_use_from_claims
+from batchsched.core.dra.allocator import (
+    Allocated,
+    InUse,
+    SelectorCache,
+    allocate,
+    in_use_from_claims,
+)
 from batchsched.core.dra.cel import CelError, compile_selector
 from batchsched.core.dra.objects import (
     CounterId,
@@ -109,6 +115,12 @@ class DeviceBook:
         self.selectors = SelectorCache()
         #: the last cycle's allocations, read when its bindings are assumed
         self._cycle: DeviceCycle | None = None
+        #: bound pods -> (their node, the devices per class column their claims hold)
+        self.holding: dict[PodUID, tuple[str, dict[str, int]]] = {}
+        #: node -> the devices per class column the bound pods there hold
+        self._held_on: dict[str, dict[str, int]] = {}
+        #: nodes whose held devices changed since :meth:`take_held_nodes`
+        self._held_nodes: set[str] = set()
 
     # -- what is known -------------------------------------------------------------------------
 
@@ -155,8 +167,13 @@ class DeviceBook:
         return [self.with_devices(n) for n in nodes]
 
     def with_devices(self, node: Node) -> Node:
+        """``node`` with a column per DeviceClass: the devices it could hand out now, plus
+        those the bound pods charged to it hold (so that evicting them frees them, in the
+        cycle's reckoning)."""
         base = {k: v for k, v in node.allocatable.items() if not k.startswith(CLASS_COLUMN)}
         free = self.free_counts(node.name) if self.slices and self.classes else {}
+        for column, n in self._held_on.get(node.name, {}).items():
+            free[column] = free.get(column, 0) + n
         if not free and len(base) == len(node.allocatable):
             return node
         return replace(node, allocatable={**base, **free})
@@ -308,6 +325,57 @@ class DeviceBook:
         self._feasible[shape] = result
         return result
 
+    # -- bound pods: what their claims hold --------------------------------------------------
+
+    def hold(self, pod: Pod) -> Pod:
+        """A bound pod, with the devices its allocated claims hold in its requests (per
+        class column), so that they count where it runs: its queue's usage, and what
+        evicting it frees. A claim several pods share is charged to the first pod it is
+        reserved for; a share of a device (consumable capacity) holds no whole device."""
+        counts: dict[str, int] = {}
+        for entry in pod.resource_claims:
+            claim = self.claims.get((pod.namespace, entry.claim)) if entry.claim else None
+            if claim is None or claim.allocation is None:
+                continue
+            first = next((r.get("uid") for r in claim.reserved_for), None)
+            if first != pod.uid:
+                continue
+            for column, n in _held(claim).items():
+                counts[column] = counts.get(column, 0) + n
+        self._set_holding(pod.uid, (pod.node_name, counts) if counts else None)
+        return replace(pod, requests={**pod.requests, **counts}) if counts else pod
+
+    def release_holder(self, uid: PodUID) -> None:
+        """The bound pod ``uid`` is gone or finished: it holds nothing any more."""
+        self._set_holding(uid, None)
+
+    def forget_holders(self) -> None:
+        """Before a relist of every pod: the holders are counted anew."""
+        for uid in list(self.holding):
+            self._set_holding(uid, None)
+
+    def take_held_nodes(self) -> set[str]:
+        """The nodes whose held devices changed since the last call."""
+        out, self._held_nodes = self._held_nodes, set()
+        return out
+
+    def _set_holding(self, uid: PodUID, now: tuple[str, dict[str, int]] | None) -> None:
+        old = self.holding.get(uid)
+        if old == now:
+            return
+        for held, sign in ((old, -1), (now, 1)):
+            if held is None:
+                continue
+            node, counts = held
+            on = self._held_on.setdefault(node, {})
+            for column, n in counts.items():
+                on[column] = on.get(column, 0) + sign * n
+            self._held_nodes.add(node)
+        if now is None:
+            self.holding.pop(uid, None)
+        else:
+            self.holding[uid] = now
+
     # -- the cycle ---------------------------------------------------------------------------
 
     def begin(self, units: Iterable[Any]) -> DeviceCycle | None:
@@ -403,6 +471,19 @@ def _asks(claim: ResourceClaim) -> dict[str, int]:
         if c.all_devices or c.admin_access:
             continue
         out[class_column(c.class_name)] = out.get(class_column(c.class_name), 0) + c.count
+    return out
+
+
+def _held(claim: ResourceClaim) -> dict[str, int]:
+    """The whole devices an allocated claim holds, per class column (from the class of the
+    request, or subrequest, each result answers)."""
+    classes = {c.name: c.class_name for r in claim.requests for c in r.choices}
+    out: dict[str, int] = {}
+    for r in claim.allocation.results if claim.allocation is not None else ():
+        name = classes.get(r.request)
+        if name is None or r.share_id is not None or r.admin_access:
+            continue
+        out[class_column(name)] = out.get(class_column(name), 0) + 1
     return out
 
 
