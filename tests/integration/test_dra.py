@@ -109,9 +109,15 @@ async def test_pods_get_their_claims_devices_on_their_nodes_and_none_twice(
             for node, ds in got.values():
                 assert all(d.startswith(f"{node}/") for d in ds), got  # the pool is named after its node
             [waiting] = [n for n in names if n not in got]
-            [event] = await wait_for(lambda: events_for(kube, namespace, waiting, "FailedScheduling"), timeout=30)
-            assert "deviceclass.resource.k8s.io/gpu.nvidia.com" in event["message"], event["message"]
-            assert await claim_of(kube, namespace, waiting) is not None
+            # told why: its claim not made yet (a moment, before kube-controller-manager makes
+            # it), then no GPU left for it
+            async def told() -> list[str] | None:
+                said = [e["message"] for e in await events_for(kube, namespace, waiting, "FailedScheduling")]
+                return said if any("insufficient deviceclass.resource.k8s.io/gpu.nvidia.com" in m for m in said) else None
+
+            said = await wait_for(told, timeout=30)
+            assert all("insufficient deviceclass" in m or "to be made from ResourceClaimTemplate two-gpus" in m
+                       for m in said), said
             claim = await claim_of(kube, namespace, waiting)
             assert claim is not None and not (claim.get("status") or {}).get("allocation")
 
@@ -174,3 +180,23 @@ async def test_a_restarted_batchsched_reads_device_use_back_from_the_claims(
             assert len(more) == 1
             [(_, [again])] = more.values()
             assert again != first["first"][1][0]
+
+
+async def test_an_urgent_pod_preempts_the_pod_holding_its_gpus_and_gets_them(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any,
+) -> None:
+    """Kubernetes itself has no preemption for DRA devices: batchsched evicts the pod whose
+    claim holds them; kube-controller-manager then deallocates that claim, and the urgent
+    pod's claim gets the same GPUs."""
+    [node] = await make_nodes(1, gpus=0)
+    async with published(kube, gpudra.gpu_node_slices(node, gpus=2, node_uid=await node_uid(kube, node))):
+        await template(kube, namespace, "both", "gpu.nvidia.com", 2)
+        low = gpudra.pod_with_claims("low", templates={"gpu": "both"}, priorityClassName="low-priority")
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods", low)
+        async with running_scheduler(sandbox, namespace):
+            held = await wait_for(lambda: placed(kube, namespace, ["low"]), timeout=60)
+            urgent = gpudra.pod_with_claims("urgent", templates={"gpu": "both"}, priorityClassName="high-priority")
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", urgent)
+            got = await wait_for(lambda: placed(kube, namespace, ["urgent"]), timeout=90)
+            assert sorted(got["urgent"][1]) == sorted(held["low"][1])
+            assert await events_for(kube, namespace, "low", "Preempted")
