@@ -197,8 +197,7 @@ class Scheduler:
         # cleanups first: a binding that writes the same pod waits for its cleanup
         for ref, stale_annotations, stale_labels in d.cleanups:
             self.cleanups.submit(ref, stale_annotations, stale_labels)
-        for b in d.binds:
-            self.binder.submit(b)
+        self.binder.submit_all(d.binds)
         for e in d.evictions:
             self.evictor.submit(e)
         for c in d.unschedulable:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from batchsched.core.plan import Binding, ClaimWrite
 from batchsched.kube.api import JSON, KubeAPI
@@ -59,6 +59,26 @@ Outcome = str
 #: the annotation each Binding carries (the apiserver copies it onto the pod): the
 #: identity of the replica that sent it
 BOUND_BY = "batchsched.io/bound-by"
+
+
+def _outcome(exc: BaseException) -> Outcome:
+    """The outcome of a write that failed with ``exc`` (as :meth:`Binder._bind` names them)."""
+    if isinstance(exc, Fenced):
+        return "fenced"
+    if isinstance(exc, ConflictError) or (isinstance(exc, KubeError) and uid_refused(exc)):
+        return "conflict"
+    if isinstance(exc, NotFoundError):
+        return "gone"
+    if isinstance(exc, TemporaryError):
+        return "unknown"
+    return "failed"
+
+
+def _not_bound(b: Binding, exc: KubeError) -> KubeError:
+    """What the other members of a gang are told when ``b``'s claims could not be written."""
+    return KubeError(exc.status, exc.reason,
+                     f"not bound: the ResourceClaims of {b.namespace}/{b.name}, of the same gang, "
+                     f"could not be written ({exc.message})")
 
 
 class Binder:
@@ -101,6 +121,45 @@ class Binder:
     def submit(self, binding: Binding) -> None:
         self._tasks.spawn(self._bind(binding))
 
+    def submit_all(self, bindings: Sequence[Binding]) -> None:
+        """A cycle's Bindings. The members of a gang whose pods have ResourceClaims go
+        together: every member's claims are written first, and only then are the members
+        bound; if one claim cannot be written, the claims written are put back and no
+        member is bound (the gang is placed again whole)."""
+        gangs: dict[str, list[Binding]] = {}
+        for b in bindings:
+            gangs.setdefault(b.unit, []).append(b)
+        for members in gangs.values():
+            if len(members) > 1 and any(b.claims for b in members):
+                self._tasks.spawn(self._bind_gang(members))
+            else:
+                for b in members:
+                    self.submit(b)
+
+    async def _bind_gang(self, members: list[Binding]) -> None:
+        written: list[ClaimWrite] = []
+        for b in members:
+            try:
+                for w in b.claims:
+                    what = f"allocating ResourceClaim {w.namespace}/{w.name} for {b.namespace}/{b.name} on {b.node}"
+                    await self.retry.call(self._claim_write(w, what), what=what)
+                    written.append(w)
+            except (KubeError, Fenced) as exc:
+                outcome = _outcome(exc)
+                if outcome == "fenced":
+                    self.fenced += 1
+                else:
+                    await self._release(b, written)
+                err = exc if isinstance(exc, KubeError) else None
+                for m in members:
+                    if m is b:
+                        self.on_result(m, outcome, err)
+                    else:
+                        self.on_result(m, "fenced" if err is None else "failed", None if err is None else _not_bound(b, err))
+                return
+        for b in members:
+            self._tasks.spawn(self._bind(b, claims_written=True))
+
     async def drain(self, timeout: float) -> bool:
         """Wait for every binding in flight; False if some were still running at the timeout."""
         return await self._tasks.drain(timeout)
@@ -117,7 +176,9 @@ class Binder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": b.node},
         }
 
-    async def _bind(self, b: Binding) -> None:
+    async def _bind(self, b: Binding, *, claims_written: bool = False) -> None:
+        """Bind ``b``: its claims first (unless ``claims_written``: its gang's were), its
+        annotations, then the Binding."""
         body = self.body(b)
         pod = pod_path(b.namespace, b.name)
         path = f"{pod}/binding"
@@ -136,9 +197,9 @@ class Binder:
                     lambda: self.client.request("POST", path, body=body, timeout=30), what=what
                 )
 
-        written: list[ClaimWrite] = []
+        written: list[ClaimWrite] = list(b.claims) if claims_written else []
         try:
-            for w in b.claims:
+            for w in () if claims_written else b.claims:
                 what = f"allocating ResourceClaim {w.namespace}/{w.name} for {b.namespace}/{b.name} on {b.node}"
                 await self.retry.call(self._claim_write(w, what), what=what)
                 written.append(w)

@@ -5,6 +5,7 @@ puts them back as they were read. Against the in-memory FakeKube."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from batchsched.core.plan import Binding, ClaimWrite
@@ -72,3 +73,49 @@ def test_a_refused_binding_puts_every_claim_back_as_it_was_read() -> None:
     assert kube.objects[CLAIM]["status"] == {}
     assert kube.objects[OTHER]["status"]["reservedFor"] == [{"resource": "pods", "name": "q", "uid": "u9"}]
     assert kube.objects[OTHER]["status"]["allocation"] == {"devices": {"results": []}}
+
+
+def gang_outcomes(kube: FakeKube, members: list[Binding]) -> dict[str, str]:
+    results: dict[str, str] = {}
+
+    async def main() -> None:
+        from batchsched.kube.binder import Binder
+        from batchsched.kube.fake import FakeSleep
+        from tests.unit.test_binder_cards import fast
+
+        binder = Binder(kube, retries=2, on_result=lambda b, o, err: results.__setitem__(b.name, o))
+        fast(binder, FakeSleep())
+        binder.submit_all(members)
+        assert await binder.drain(1.0)
+
+    asyncio.run(main())
+    return results
+
+
+def two_members(kube: FakeKube) -> list[Binding]:
+    members = []
+    for i in range(2):
+        path = claim_status_path("ns", f"m{i}-gpu")
+        kube.objects[path] = {"metadata": {"name": f"m{i}-gpu", "uid": f"c{i}", "resourceVersion": "5"}, "status": {}}
+        kube.objects[f"/api/v1/namespaces/ns/pods/m{i}"] = {"metadata": {"name": f"m{i}", "namespace": "ns", "uid": f"u{i}"}}
+        w = dataclasses.replace(WRITE, name=f"m{i}-gpu", uid=f"c{i}", resource_version="5",
+                                reserved_for=({"resource": "pods", "name": f"m{i}", "uid": f"u{i}"},))
+        members.append(Binding(uid=f"u{i}", namespace="ns", name=f"m{i}", node="n1", unit="ns:gang", claims=(w,)))
+    return members
+
+
+def test_a_gangs_claims_are_all_written_before_any_member_is_bound() -> None:
+    kube = FakeKube()
+    members = two_members(kube)
+    assert gang_outcomes(kube, members) == {"m0": "bound", "m1": "bound"}
+    kinds = [("claim" if "resourceclaims" in c.path else "binding") for c in kube.calls]
+    assert kinds == ["claim", "claim", "binding", "binding"]
+
+
+def test_a_gang_member_whose_claim_cannot_be_written_leaves_the_whole_gang_unbound() -> None:
+    kube = FakeKube()
+    members = two_members(kube)
+    kube.fail[f"PATCH {claim_status_path('ns', 'm1-gpu')}"] = [ConflictError(409, "Conflict", "modified")]
+    assert gang_outcomes(kube, members) == {"m0": "failed", "m1": "conflict"}
+    assert not [c for c in kube.calls if c.path.endswith("/binding")]
+    assert kube.objects[claim_status_path("ns", "m0-gpu")]["status"] == {}  # put back
