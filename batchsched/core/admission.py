@@ -48,8 +48,20 @@ class Admission:
         self.placer = placer
         #: the cycle's use of DRA devices (None: no pod of the cycle has ResourceClaims)
         self.devices = devices
-        #: why the last unit :meth:`admitted` refused was refused (its devices)
+        #: why the last unit :meth:`admitted` refused was refused (its devices), and the
+        #: member and node row where they could not be allocated
         self.refused = ""
+        self.refused_at: tuple[int, int] | None = None
+
+    def avoiding(self, lay: Layout) -> Layout | None:
+        """``lay`` without the node where the last refused unit's devices could not be
+        allocated (None when nothing was refused for its devices): placing it again there
+        would fail the same way, while another node with free devices may not."""
+        if self.refused_at is None:
+            return None
+        m, row = self.refused_at
+        self.refused_at = None
+        return lay.without(m, row)
 
     def place_on_free_room(self, q: QueueName | None, unit: Unit) -> bool:
         """Place ``unit`` (bound now) where no victim still terminates; nothing on failure.
@@ -150,6 +162,7 @@ class Admission:
                 for done in got.values():
                     devices.release(done)
                 self.refused = explain.devices_refused(pod.key, node, writes)
+                self.refused_at = (m, row)
                 return None
             got[m] = writes
         for done in got.values():

@@ -372,9 +372,9 @@ class _Walk:
                 if self.admission.admitted(None, u, one, out[m : m + 1], 1):
                     order.admitted(u)
                     continue
-                # its devices could not be allocated where the kernel put it: it waits
-                self.reserve.fail(None, u, lay.member(m), 1, self.admission.refused)
-                order.skipped(u)
+                # its devices could not be allocated where the kernel put it: the long way
+                # (elsewhere, else preemption, else a reservation)
+                self._unit(order, None, u)
                 continue
             all_reqs = lay.reqs
             reqs = None if all_reqs is None else all_reqs[m]
@@ -441,15 +441,23 @@ class _Walk:
                 if self.admission.place_on_free_room(q, unit):
                     t.admitted = True
                     return True
-        out = np.full(len(unit.pods), -1, dtype=np.int64)
-        placed, where = 0, ""
-        if reqs is not None and k > 0:
+        placed, where, refused = 0, "", False
+        for _ in range(DEVICE_TRIES if reqs is not None and k > 0 else 0):
+            out = np.full(len(unit.pods), -1, dtype=np.int64)
             with self.reserve.lifted(unit):
                 placed, where = self.placer.place(unit, lay, k, mc, out)
-        if placed and self.admission.admitted(q, unit, lay, out, k, where):
-            t.admitted = True
-            return True
-        if placed:  # its devices could not be allocated where the kernel put it
+            if not placed:
+                break
+            if self.admission.admitted(q, unit, lay, out, k, where):
+                t.admitted = True
+                return True
+            # its devices could not be allocated where the kernel put it: elsewhere, if anywhere
+            refused = True
+            avoided = self.admission.avoiding(lay)
+            if avoided is None:
+                break
+            lay = avoided
+        if refused:
             t.reason = self.admission.refused
             return False
         if mc == 0:
@@ -522,6 +530,11 @@ class _Walk:
             self.plan.quota_blocked.add(unit.key)  # woken when its queue's usage falls too
         lay = self.placer.topo.narrow(list(unit.pods), t.lay)
         self.reserve.fail(t.q, unit, lay, t.k, unit.min_resources_short, reason=INSUFFICIENT_MIN_RESOURCES)
+
+
+#: placements of a unit tried in one cycle when its devices cannot be allocated where the
+#: kernel put it (each without the node that refused)
+DEVICE_TRIES = 3
 
 
 def _held_back(unit: Unit) -> bool:

@@ -35,14 +35,16 @@ MIG_CLASS = {
 }
 
 
-def gpu_slice(node: str, gpus: int = 8, *, mig: bool = False) -> dict[str, Any]:
+def gpu_slice(node: str, gpus: int = 8, *, mig: bool = False, memory: list[str] | None = None) -> dict[str, Any]:
     """A node's GPUs as one slice; with ``mig``, each GPU also offers two 3g partitions that
-    consume its counters (so the GPU whole and its partitions are never both handed out)."""
+    consume its counters (so the GPU whole and its partitions are never both handed out);
+    ``memory``: each GPU's (40Gi each by default)."""
     devices: list[dict[str, Any]] = []
     counters = []
     for i in range(gpus):
+        mem = memory[i] if memory else "40Gi"
         gpu: dict[str, Any] = {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "index": {"int": i}},
-                               "capacity": {"memory": {"value": "40Gi"}}}
+                               "capacity": {"memory": {"value": mem}}}
         if mig:
             counters.append({"name": f"gpu-{i}-counters", "counters": {"memory": {"value": "40Gi"}}})
             gpu["consumesCounters"] = [{"counterSet": f"gpu-{i}-counters", "counters": {"memory": {"value": "40Gi"}}}]
@@ -78,9 +80,9 @@ class DraWorld:
         self.version += 1
         return str(self.version)
 
-    def node(self, name: str, gpus: int = 8, *, mig: bool = False) -> None:
+    def node(self, name: str, gpus: int = 8, *, mig: bool = False, memory: list[str] | None = None) -> None:
         self.session.on_node("ADDED", parse_node(make_node(name).cap(cpu="64", memory="512Gi").obj()))
-        self.session.on_resource_slice("ADDED", parse_resource_slice(gpu_slice(name, gpus, mig=mig)))
+        self.session.on_resource_slice("ADDED", parse_resource_slice(gpu_slice(name, gpus, mig=mig, memory=memory)))
 
     def claim(self, name: str, count: int = 1, *, device_class: str = "gpu.nvidia.com",
               **extra: Any) -> None:
@@ -367,3 +369,22 @@ def test_a_queue_quota_over_a_device_class_holds() -> None:
     w.delete(a)
     w.step(after=30)
     assert w.node_of(c) == "n0"
+
+
+def test_a_pod_refused_by_the_devices_of_one_node_goes_to_another_in_the_same_cycle() -> None:
+    """The class column counts a node's free GPUs, not which of them a request's selector
+    accepts: node a has two free 40Gi GPUs left, the pod wants two of 80Gi. Placed on a
+    first (it packs), its claim cannot be allocated there; it goes to b at once."""
+    w = DraWorld()
+    w.node("a", 4, memory=["80Gi", "80Gi", "40Gi", "40Gi"])
+    w.node("b", 2, memory=["80Gi", "80Gi"])
+    big = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+    w.claim("first", 2, selectors=[{"cel": {"expression": big}}])
+    w.claim("second", 2, selectors=[{"cel": {"expression": big}}])
+    first = w.pod("first", "first")
+    w.step()
+    assert w.node_of(first) in ("a", "b")
+    second = w.pod("second", "second")
+    w.step()
+    assert {w.node_of(first), w.node_of(second)} == {"a", "b"}
+    assert all(d in ("gpu-0", "gpu-1") for d in w.devices_of("second") + w.devices_of("first"))

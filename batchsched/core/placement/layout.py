@@ -50,6 +50,13 @@ class Layout:
     #: the topology domain the masks were narrowed to (``rack r-3``), when they were
     domain: str = ""
 
+    def without(self, m: int, row: int) -> Layout:
+        """This layout with node ``row`` taken from member ``m``'s signature (so from every
+        member alike): where that member's devices could not be allocated."""
+        masks = self.masks.copy()
+        masks[int(self.sig[m]), row] = False
+        return Layout(self.reqs, self.sig, masks, self.static, self.domain)
+
     def member(self, m: int) -> Layout:
         """Member ``m`` alone, as a layout of one (signature 0)."""
         assert self.reqs is not None
