@@ -152,6 +152,13 @@ def _gpus(value: float) -> str:
     return f"{value:g}"
 
 
+def _devices(devices: dict[str, int]) -> str:
+    """`` and 4 devices of DeviceClass gpu.nvidia.com`` (DRA), or nothing."""
+    if not devices:
+        return ""
+    return " and " + ", ".join(f"{n} device(s) of DeviceClass {c}" for c, n in sorted(devices.items()))
+
+
 def summary(job: dict[str, Any], queue: dict[str, Any] | None, ahead: list[dict[str, Any]],
             also: Sequence[str] = ()) -> list[str]:
     """The lines ``batchsched explain`` prints for a job; ``also``: the other API groups
@@ -161,7 +168,7 @@ def summary(job: dict[str, Any], queue: dict[str, Any] | None, ahead: list[dict[
         f"{job['kind']} {job['namespace']}/{job['name']}: {job['stateText']}",
         *([f"  api: {job['api']}"] if job.get("api") else []),
         f"  members: {m['bound']} of {m['required']} required bound ({m['total']} in all), "
-        f"asking {_gpus(job['gpus'])} GPU(s); priority {job['priority']}",
+        f"asking {_gpus(job['gpus'])} GPU(s){_devices(job.get('devices') or {})}; priority {job['priority']}",
     ]
     if job["message"]:
         lines.append(f"  why: {job['message']}")

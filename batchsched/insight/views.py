@@ -27,6 +27,7 @@ from typing import Any
 
 from batchsched.core import explain
 from batchsched.core.devices import CARDS_ANY, card_columns_of
+from batchsched.core.dra.book import CLASS_COLUMN
 from batchsched.core.gangs import K8S, KUEUE, VOLCANO, XK8S, GroupKey, PodGroup
 from batchsched.core.model import Pod
 from batchsched.core.quantity import MILLI_RESOURCES
@@ -65,6 +66,8 @@ class Job:
     total: int
     gpus: float
     pods: list[Pod] = field(default_factory=list)
+    #: DRA devices its pods' ResourceClaims ask for or hold, per DeviceClass
+    devices: dict[str, int] = field(default_factory=dict)
     waiting_since: float | None = None
     position: int | None = None
     #: waiting jobs in its queue that have a position
@@ -84,7 +87,7 @@ class Job:
             "stateText": explain.STATE_WORDS.get(self.state, self.state),
             "reason": self.reason, "message": self.message,
             "members": {"bound": self.bound, "required": self.required, "total": self.total},
-            "gpus": round(self.gpus, 3), "created": self.created,
+            "gpus": round(self.gpus, 3), "devices": dict(self.devices), "created": self.created,
             "wait": None if not self.waiting or self.waiting_since is None else max(0.0, now - self.waiting_since),
             "position": self.position, "queueLength": self.queue_length,
             "ahead": len(self.ahead) if self.position is not None else None,
@@ -93,6 +96,18 @@ class Job:
                 "basis": explain.estimate_unknown(explain.ESTIMATE_HELD) if self.state in HELD_STATES else "",
             },
         }
+
+
+def devices_asked(pods: list[Pod]) -> dict[str, int]:
+    """The DRA devices the pods' ResourceClaims ask for (pending) or hold (bound), per
+    DeviceClass (:mod:`batchsched.core.dra.book`'s columns)."""
+    out: dict[str, int] = {}
+    for p in pods:
+        for column, n in p.requests.items():
+            if column.startswith(CLASS_COLUMN) and n:
+                name = column.removeprefix(CLASS_COLUMN)
+                out[name] = out.get(name, 0) + n
+    return out
 
 
 def cards_asked(pod: Pod) -> float:
@@ -182,7 +197,7 @@ def _job(session: Session, key: str, kind: str, api: str, namespace: str, name: 
         key=key, kind=kind, api=api, namespace=namespace, name=name, queue=queue, priority=priority,
         created=created or min((p.created for p in pods), default=0.0), state=st, reason=reason,
         message=message, bound=bound, required=required, total=len(pods),
-        gpus=sum(cards_asked(p) for p in pods), pods=pods,
+        gpus=sum(cards_asked(p) for p in pods), pods=pods, devices=devices_asked(pods),
         waiting_since=min(waiting) if waiting else None,
         arrival=group.arrival if group is not None else pods[0].arrival,
     )

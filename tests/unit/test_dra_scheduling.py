@@ -388,3 +388,23 @@ def test_a_pod_refused_by_the_devices_of_one_node_goes_to_another_in_the_same_cy
     w.step()
     assert {w.node_of(first), w.node_of(second)} == {"a", "b"}
     assert all(d in ("gpu-0", "gpu-1") for d in w.devices_of("second") + w.devices_of("first"))
+
+
+def test_explain_says_which_devices_a_waiting_job_asks_for() -> None:
+    from batchsched.insight.explain import Insight, summary
+
+    w = DraWorld()
+    w.node("n0", 2)
+    w.claim("all", 2)
+    w.claim("more", 2)
+    w.pod("first", "all")
+    w.step()
+    w.pod("second", "more")
+    w.step(after=5)
+    insight = Insight(w.session, use_jit=False)
+    insight.refresh(w.now)
+    out = insight.explain(w.now, kind="pod", namespace="default", name="second")
+    assert out["job"]["devices"] == {"gpu.nvidia.com": 2}
+    lines = summary(out["job"], out.get("queue"), out.get("ahead") or [])
+    assert "asking 0 GPU(s) and 2 device(s) of DeviceClass gpu.nvidia.com" in lines[1]
+    assert "insufficient deviceclass.resource.k8s.io/gpu.nvidia.com" in out["job"]["message"]
