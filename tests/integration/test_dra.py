@@ -19,7 +19,15 @@ import pytest
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from batchsched.sandbox import gpudra
-from tests.integration.helpers import XK8S, create_group, events_for, running_scheduler, wait_for
+from batchsched.sandbox.nodes import SANDBOX_LABEL
+from tests.integration.helpers import (
+    XK8S,
+    create_group,
+    events_for,
+    queues,
+    running_scheduler,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -67,18 +75,24 @@ async def claim_of(kube: KubeClient, namespace: str, name: str) -> dict[str, Any
     return await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{made['gpu']}")
 
 
-async def placed(kube: KubeClient, namespace: str, names: list[str]) -> dict[str, tuple[str, list[str]]] | None:
-    """Each pod's node and the devices its claim got, once every one is bound."""
+async def placed(kube: KubeClient, namespace: str, names: list[str], *,
+                 shared: str = "") -> dict[str, tuple[str, list[str]]] | None:
+    """Each pod's node and the devices its claim got (``shared``: the claim they all name),
+    once every one is bound."""
     out = {}
     for name in names:
         p = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
         node = p["spec"].get("nodeName")
-        claim = await claim_of(kube, namespace, name)
+        claim = (await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{shared}") if shared
+                 else await claim_of(kube, namespace, name))
         if not node or claim is None:
             return None
         alloc = (claim.get("status") or {}).get("allocation") or {}
         reserved = [r["uid"] for r in (claim.get("status") or {}).get("reservedFor") or []]
-        assert reserved == [p["metadata"]["uid"]], claim.get("status")
+        if shared:
+            assert p["metadata"]["uid"] in reserved, claim.get("status")
+        else:
+            assert reserved == [p["metadata"]["uid"]], claim.get("status")
         assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
         out[name] = (node, [f"{r['pool']}/{r['device']}" for r in alloc["devices"]["results"]])
     return out
@@ -200,3 +214,102 @@ async def test_an_urgent_pod_preempts_the_pod_holding_its_gpus_and_gets_them(
             got = await wait_for(lambda: placed(kube, namespace, ["urgent"]), timeout=90)
             assert sorted(got["urgent"][1]) == sorted(held["low"][1])
             assert await events_for(kube, namespace, "low", "Preempted")
+
+
+async def test_pods_sharing_one_claim_and_pods_sharing_one_gpu_by_capacity(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any,
+) -> None:
+    """Three pods naming one ResourceClaim share its device, all on its node; on a GPU shared
+    by capacity (40Gi of memory), two claims of 16Gi fit and a third waits."""
+    plain, shared = await make_nodes(2, gpus=0)
+    slices = [*gpudra.gpu_node_slices(plain, gpus=2, node_uid=await node_uid(kube, plain)),
+              *gpudra.shared_gpu_slices(shared, gpus=1, node_uid=await node_uid(kube, shared))]
+    async with published(kube, slices):
+        await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
+                          gpudra.resource_claim("team-gpu", "gpu.nvidia.com",
+                                                selectors=["device.attributes['gpu.nvidia.com'].type == 'gpu' && "
+                                                           "!device.allowMultipleAllocations"]))
+        await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates",
+                          gpudra.claim_template("16g", "gpu.nvidia.com", capacity={"memory": "16Gi"},
+                                                selectors=["device.allowMultipleAllocations"]))
+        for i in range(3):
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods",
+                              gpudra.pod_with_claims(f"team-{i}", claims={"gpu": "team-gpu"}))
+        for i in range(3):
+            await pod(kube, namespace, f"slice-{i}", "16g")
+        async with running_scheduler(sandbox, namespace):
+            team = await wait_for(lambda: placed(kube, namespace, [f"team-{i}" for i in range(3)], shared="team-gpu"),
+                                  timeout=60)
+            assert {node for node, _ in team.values()} == {plain}
+            assert len({d for _, ds in team.values() for d in ds}) == 1
+            claim = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/team-gpu")
+            assert len(claim["status"]["reservedFor"]) == 3
+
+            async def two_slices() -> dict[str, Any] | None:
+                got = {}
+                for i in range(3):
+                    got.update(await placed(kube, namespace, [f"slice-{i}"]) or {})
+                return got if len(got) == 2 else None
+
+            got = await wait_for(two_slices, timeout=60)
+            assert {node for node, _ in got.values()} == {shared}
+            [waiting] = [f"slice-{i}" for i in range(3) if f"slice-{i}" not in got]
+            await wait_for(lambda: events_for(kube, namespace, waiting, "FailedScheduling"), timeout=30)
+            for name in got:
+                claim = await claim_of(kube, namespace, name)
+                assert claim is not None
+                [result] = claim["status"]["allocation"]["devices"]["results"]
+                assert result["consumedCapacity"]["memory"] == "16Gi" and result["shareID"]
+
+
+async def test_a_gang_preempts_dra_work_whole_and_a_queue_quota_over_a_class_holds(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any,
+) -> None:
+    """Two low-priority pods hold the GPUs of two nodes; an urgent gang of two takes both
+    nodes (both victims evicted, then both members bound). Meanwhile a queue whose quota is
+    one GPU of the class runs one 1-GPU pod on a node of two, and keeps the next waiting,
+    told why."""
+    pool, spare = f"{namespace}-g", f"{namespace}-t"
+    nodes = [*await make_nodes(2, gpus=0, prefix=pool), *await make_nodes(1, gpus=0, prefix=spare)]
+    slices = [s for n in nodes for s in gpudra.gpu_node_slices(n, gpus=2, node_uid=await node_uid(kube, n))]
+    column = "deviceclass.resource.k8s.io/gpu.nvidia.com"
+    quota = f"q-{namespace}"
+    async with published(kube, slices), queues(kube, (quota, {"resources": [{"name": column, "nominal": 1}]})):
+        await template(kube, namespace, "two", "gpu.nvidia.com", 2)
+        await template(kube, namespace, "one", "gpu.nvidia.com", 1)
+        for i in range(2):
+            low = gpudra.pod_with_claims(f"low-{i}", templates={"gpu": "two"}, priorityClassName="low-priority",
+                                         nodeSelector={SANDBOX_LABEL: pool})
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", low)
+        async with running_scheduler(sandbox, namespace):
+            lows = await wait_for(lambda: placed(kube, namespace, ["low-0", "low-1"]), timeout=60)
+            await create_group(kube, XK8S, namespace, "urgent", {"minMember": 2})
+            for i in range(2):
+                body = gpudra.pod_with_claims(f"urgent-{i}", templates={"gpu": "two"}, priorityClassName="high-priority",
+                                              nodeSelector={SANDBOX_LABEL: pool})
+                body["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "urgent"}
+                await kube.create(f"/api/v1/namespaces/{namespace}/pods", body)
+            for i in range(2):
+                body = gpudra.pod_with_claims(f"team-{i}", templates={"gpu": "one"}, nodeSelector={SANDBOX_LABEL: spare})
+                body["metadata"]["labels"] = {"batchsched.io/queue": quota}
+                await kube.create(f"/api/v1/namespaces/{namespace}/pods", body)
+            urgent = await wait_for(lambda: placed(kube, namespace, ["urgent-0", "urgent-1"]), timeout=120)
+            assert {n for n, _ in urgent.values()} == {n for n, _ in lows.values()}
+            for i in range(2):
+                assert await events_for(kube, namespace, f"low-{i}", "Preempted")
+
+            async def one_team() -> dict[str, Any] | None:
+                got = {}
+                for i in range(2):
+                    got.update(await placed(kube, namespace, [f"team-{i}"]) or {})
+                return got or None
+
+            team = await wait_for(one_team, timeout=60)
+            assert len(team) == 1, team
+            [waiting] = [f"team-{i}" for i in range(2) if f"team-{i}" not in team]
+
+            async def told_quota() -> bool:
+                return any(f"queue {quota}" in e["message"]
+                           for e in await events_for(kube, namespace, waiting, "FailedScheduling"))
+
+            await wait_for(told_quota, timeout=30)

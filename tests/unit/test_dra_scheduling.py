@@ -408,3 +408,30 @@ def test_explain_says_which_devices_a_waiting_job_asks_for() -> None:
     lines = summary(out["job"], out.get("queue"), out.get("ahead") or [])
     assert "asking 0 GPU(s) and 2 device(s) of DeviceClass gpu.nvidia.com" in lines[1]
     assert "insufficient deviceclass.resource.k8s.io/gpu.nvidia.com" in out["job"]["message"]
+
+
+def test_claims_of_capacity_share_one_gpu_until_its_memory_is_spent() -> None:
+    """A device shared by capacity (``allowMultipleAllocations``, 40Gi) serves two claims
+    of 16Gi in one cycle; the third waits, told which capacity is short."""
+    from batchsched.sandbox import gpudra
+
+    w = DraWorld()
+    w.session.on_node("ADDED", parse_node(make_node("s0").cap(cpu="64", memory="512Gi").obj()))
+    for body in gpudra.shared_gpu_slices("s0", gpus=1):
+        w.session.on_resource_slice("ADDED", parse_resource_slice(body))
+    spec = gpudra.device_claim("gpu.nvidia.com", capacity={"memory": "16Gi"},
+                               selectors=["device.allowMultipleAllocations"])
+    uids = []
+    for i in range(3):
+        obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"name": f"c{i}", "namespace": "default", "uid": f"cu{i}", "resourceVersion": w._rv()},
+               "spec": spec, "status": {}}
+        w.claims[f"c{i}"] = obj
+        w.session.on_resource_claim("ADDED", parse_resource_claim(obj))
+        uids.append(w.pod(f"p{i}", f"c{i}"))
+    d = w.step()
+    assert [w.node_of(u) for u in uids] == ["s0", "s0", ""]
+    shares = [w.claims[f"c{i}"]["status"]["allocation"]["devices"]["results"][0] for i in range(2)]
+    assert shares[0]["device"] == shares[1]["device"] and shares[0]["shareID"] != shares[1]["shareID"]
+    assert shares[0]["consumedCapacity"]["memory"] == "16Gi"
+    assert "without enough capacity left" in w.told(d, uids[2])

@@ -462,13 +462,14 @@ def _delta_of(delta: InUse, result: Any, book: DeviceBook, node: str) -> InUse:
 
 def _asks(claim: ResourceClaim) -> dict[str, int]:
     """The devices an unallocated claim asks for, per class column: its ``exactly``
-    requests of ``ExactCount``."""
+    requests of ``ExactCount`` for whole devices (a request of capacity may be served by
+    a share of a device several claims use, which a count of devices cannot tell)."""
     out: dict[str, int] = {}
     for r in claim.requests:
         if r.first_available or len(r.choices) != 1:
             continue
         c = r.choices[0]
-        if c.all_devices or c.admin_access:
+        if c.all_devices or c.admin_access or c.capacity is not None:
             continue
         out[class_column(c.class_name)] = out.get(class_column(c.class_name), 0) + c.count
     return out
