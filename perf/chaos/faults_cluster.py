@@ -28,6 +28,7 @@ from typing import Any
 from batchsched.kube.errors import KubeError, NotFoundError
 from perf.chaos.world import (
     QUEUES,
+    RENEW_DEADLINE,
     Fault,
     Injected,
     Job,
@@ -198,6 +199,9 @@ async def watch_expired(world: World, *, partition_for: float = 3.0) -> Injected
         await _run_blocking(lambda: box.start_component("kube-apiserver", extra_args=[WATCH_CACHE_OFF]))
         world.recorder.outage(down, time.time())
         prepared = "apiserver restarted with the pod watch cache off first; "
+        # a replica cut off near its renew deadline notices the lost lease only then, and
+        # exits: let that happen before the replica that leads is chosen below
+        await asyncio.sleep(max(0.0, down + RENEW_DEADLINE + 1.0 - time.time()))
         await world.recovered(120)
     await world.make_room(8)
     # a replica that loses its lease meanwhile (a loaded machine) starts afresh with a

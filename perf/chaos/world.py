@@ -78,6 +78,10 @@ LEASES = "/apis/coordination.k8s.io/v1"
 LEASE_NAME = "batchsched"
 
 
+#: the replicas' lease renew deadline (s): a replica cut off from the apiserver this long stops leading
+RENEW_DEADLINE = 3.0
+
+
 @dataclass(frozen=True, slots=True)
 class Injected:
     """What a fault reports back to the runner."""
@@ -175,7 +179,8 @@ class Schedulers:
             "schedulerNames": [self.scheduler_name],
             "identity": self.identity(name),
             "leaderElection": {"namespace": self.namespace, "leaseName": LEASE_NAME,
-                               "leaseDurationSeconds": 4, "renewDeadlineSeconds": 3, "retryPeriodSeconds": 0.5},
+                               "leaseDurationSeconds": 4, "renewDeadlineSeconds": RENEW_DEADLINE,
+                               "retryPeriodSeconds": 0.5},
             "metricsAddress": f"127.0.0.1:{port}",
             "cycle": {"retryUnschedulableSeconds": 30},
         }

@@ -105,6 +105,7 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
     [victims_node] = await make_nodes(count=1, prefix=spare, gpus=2)
     in_pool = {"nodeSelector": {SANDBOX_LABEL: pool}}
     queue = f"q-{namespace}"
+    classes: list[str] = []
     await kube.create(QUEUES, {"apiVersion": "batchsched.io/v1alpha1", "kind": "Queue",
                                "metadata": {"name": queue}, "spec": {}})
     try:
@@ -207,6 +208,7 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
             for c in gpudra.device_classes(extended_resource=False):
                 with contextlib.suppress(ConflictError):
                     await kube.create(f"{RESOURCE}/deviceclasses", c)
+                    classes.append(c["metadata"]["name"])
             for body in gpudra.gpu_node_slices(node, gpus=1, node_uid=uid):
                 await kube.create(f"{RESOURCE}/resourceslices", body)
             await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
@@ -227,6 +229,9 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
     finally:
         with contextlib.suppress(NotFoundError):
             await kube.delete(f"{QUEUES}/{queue}")
+        for name in classes:
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"{RESOURCE}/deviceclasses/{name}")
 
     grants = granted()
     assert set(NOT_EXERCISED) <= grants, "a grant listed as not exercised is no longer in rbac.yaml"
