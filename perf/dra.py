@@ -3,9 +3,10 @@
 A workload whose nodes say ``dra: true`` gets, on its fresh control plane, the
 ``resource.k8s.io/v1`` objects NVIDIA's DRA GPU driver would publish
 (:mod:`batchsched.sandbox.gpudra`): its DeviceClasses, and per node the ResourceSlices of
-eight whole GPUs, or, on the ``mig_share`` of nodes :func:`perf.workload.mig_node` picks,
-of eight partitionable GPUs (every MIG placement, made on allocation). Its pods ask their
-GPUs through one ResourceClaimTemplate per pod class instead of ``nvidia.com/gpu``, and
+eight whole A100s, or, on the ``mig_share`` of nodes :func:`perf.workload.mig_node` picks,
+of eight partitionable H100s (every MIG placement, made on allocation). Its pods ask their
+GPUs through one ResourceClaimTemplate per pod class instead of ``nvidia.com/gpu`` (whole
+GPUs of the A100s, by product, or MIG devices of one profile), and
 kube-controller-manager makes each pod's claim from it. Every scheduler gets the same
 objects; only ``schedulerName`` differs.
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from batchsched.kube.client import KubeClient
 from batchsched.sandbox import gpudra
-from perf.workload import Expanded, NodeSpec, PodSpec, mig_node
+from perf.workload import GPU_PRODUCT, MIG_PRODUCT, Expanded, NodeSpec, PodSpec, mig_node
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 #: the pod-level name of the one claim each pod of a DRA workload has
@@ -50,13 +51,19 @@ def mig_selector(profile: str) -> str:
     return f"device.attributes['{gpudra.DRIVER}'].profile == '{profile}'"
 
 
+def product_selector(product: str) -> str:
+    """The CEL selector of the devices of one board (whole GPUs of the non-MIG nodes)."""
+    return f"device.attributes['{gpudra.DRIVER}'].productName == '{product}'"
+
+
 def templates(ex: Expanded, namespace: str) -> Objects:
-    """One ResourceClaimTemplate per pod class that asks a claim."""
+    """One ResourceClaimTemplate per pod class that asks a claim: MIG devices of its
+    profile, or whole GPUs of the boards of the nodes without MIG."""
     out: Objects = []
     for c in ex.workload.classes:
         if not c.device_class:
             continue
-        selectors = [mig_selector(c.mig_profile)] if c.mig_profile else []
+        selectors = [mig_selector(c.mig_profile) if c.mig_profile else product_selector(GPU_PRODUCT)]
         body = gpudra.claim_template(template_name(c.name), c.device_class, c.gpus, selectors, request=CLAIM)
         out.append((f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", body))
     return out
@@ -76,8 +83,9 @@ def cluster_objects(nodes: Iterable[tuple[str, str]], node: NodeSpec) -> Objects
     order (the ``mig_share`` of them partitionable)."""
     out: Objects = [(f"{RESOURCE}/deviceclasses", c) for c in gpudra.device_classes(extended_resource=False)]
     for i, (name, uid) in enumerate(sorted(nodes)):
-        mig = "partitionable" if mig_node(i, node.mig_share) else "none"
-        for s in gpudra.gpu_node_slices(name, gpus=node.gpus, mig=mig, node_uid=uid):
+        mig = mig_node(i, node.mig_share)
+        for s in gpudra.gpu_node_slices(name, gpus=node.gpus, mig="partitionable" if mig else "none", node_uid=uid,
+                                        product=MIG_PRODUCT if mig else GPU_PRODUCT):
             out.append((f"{RESOURCE}/resourceslices", s))
     return out
 
@@ -109,8 +117,10 @@ async def wait_claims(client: KubeClient, namespace: str, pods: int, timeout: fl
         await asyncio.sleep(1.0)
 
 
-_MIG_NAME = re.compile(r"^(gpu-\d+)-mig-([a-z0-9-]+)-\d+-(\d+)$")
-_MIG_SIZES = {gpudra.rfc1123(p.name.replace(".", "")): p.size for p in gpudra.A100_40GB.profiles}
+_MIG_NAME = re.compile(r"^(gpu-\d+)-mig-([a-z0-9-]+-\d+)-(\d+)$")
+#: "<profile>-<GI profile id>" as in a MIG device's name -> memory slices (the same on both boards)
+_MIG_SIZES = {f"{gpudra.rfc1123(p.name.replace('.', ''))}-{p.profile_id}": p.size
+              for m in gpudra.MODELS.values() for p in m.profiles}
 
 
 def held(device: str) -> tuple[str, set[int]]:

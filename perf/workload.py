@@ -23,6 +23,12 @@ WORKLOADS = Path(__file__).parent / "workloads"
 #: the DeviceClasses of NVIDIA's driver a pod class may ask (:func:`batchsched.sandbox.gpudra.device_classes`)
 GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
+#: the boards of a DRA workload's nodes: whole GPUs on the others, partitionable ones on the
+#: ``mig_share`` of nodes; a whole-GPU claim selects the first by product, so MIG devices
+#: always have their nodes to themselves (else a scheduler may rightly fill them with whole
+#: GPUs and leave the MIG pods nowhere: the workload must fit whatever the placement)
+GPU_PRODUCT = "NVIDIA A100-SXM4-40GB"
+MIG_PRODUCT = "NVIDIA H100 80GB HBM3"
 
 
 class WorkloadError(ValueError):
@@ -129,9 +135,9 @@ class PodSpec:
         """The GPUs the pod holds: ``gpus`` whole ones, or the share of one board a MIG
         device's memory slices are (what it takes from the node's capacity)."""
         if self.device_class == MIG_CLASS:
-            from batchsched.sandbox.gpudra import A100_40GB
+            from batchsched.sandbox.gpudra import MODELS
 
-            return A100_40GB.profile(self.mig_profile).size / 8
+            return MODELS[MIG_PRODUCT].profile(self.mig_profile).size / 8
         return float(self.gpus)
 
 
@@ -266,7 +272,7 @@ def parse_workload(data: Any, *, path: str = "") -> Workload:
 
 def _check_claim(wl: Workload, c: PodClass, where: str) -> None:
     """A class asking a DRA claim: a class of the driver, on nodes that publish it."""
-    from batchsched.sandbox.gpudra import A100_40GB
+    from batchsched.sandbox.gpudra import MODELS
 
     if wl.node.dra and not c.device_class:
         raise WorkloadError(f"{where}: class {c.name}: the nodes publish GPUs by DRA: set device_class")
@@ -288,7 +294,7 @@ def _check_claim(wl: Workload, c: PodClass, where: str) -> None:
     if c.gpus != 1:
         raise WorkloadError(f"{where}: class {c.name}: a MIG class asks one device (gpus: 1)")
     try:
-        A100_40GB.profile(c.mig_profile)
+        MODELS[MIG_PRODUCT].profile(c.mig_profile)
     except ValueError as exc:
         raise WorkloadError(f"{where}: class {c.name}: {exc}") from None
 
@@ -326,14 +332,18 @@ def parse_size(wl: Workload, text: str | None) -> tuple[str, Size]:
     )
 
 
-def _check_mig_fits(ex: Expanded) -> None:
-    """MIG devices exist on the partitionable nodes only: their demand must fit those GPUs."""
+def _check_claims_fit(ex: Expanded) -> None:
+    """MIG devices exist on the partitionable nodes only, and whole-GPU claims select the
+    other nodes' boards: each demand must fit its nodes' GPUs."""
     node = ex.workload.node
-    mig = sum(p.gpu_share for p in ex.pods if p.device_class == MIG_CLASS)
-    room = sum(node.gpus for i in range(ex.size.nodes) if mig_node(i, node.mig_share))
-    if mig > room:
-        raise WorkloadError(f"{ex.workload.name}@{ex.size_name}: MIG devices worth {mig:g} GPUs asked for, "
-                            f"the partitionable nodes have {room}")
+    mig_nodes = sum(1 for i in range(ex.size.nodes) if mig_node(i, node.mig_share))
+    for what, klass, nodes in (("MIG devices", MIG_CLASS, mig_nodes),
+                               ("whole GPUs", GPU_CLASS, ex.size.nodes - mig_nodes)):
+        asked = sum(p.gpu_share for p in ex.pods if p.device_class == klass)
+        if asked > nodes * node.gpus:
+            where = "the partitionable nodes" if klass == MIG_CLASS else "the other nodes"
+            raise WorkloadError(f"{ex.workload.name}@{ex.size_name}: {what} worth {asked:g} GPUs asked for, "
+                                f"{where} have {nodes * node.gpus}")
 
 
 def expand(wl: Workload, size_name: str | None = None) -> Expanded:
@@ -365,7 +375,7 @@ def expand(wl: Workload, size_name: str | None = None) -> Expanded:
     if not pods:
         raise WorkloadError(f"{wl.name}@{sname}: no pods (a size too small for its gangs?)")
     ex = Expanded(workload=wl, size_name=sname, size=size, pods=tuple(pods))
-    _check_mig_fits(ex)
+    _check_claims_fit(ex)
     # pods created "after" find the cluster full: they fit only by preempting, so each
     # phase on its own must fit
     phases = [[p for p in pods if not p.after], [p for p in pods if p.after]]

@@ -33,7 +33,10 @@ def test_both_schedulers_get_the_same_pods_asking_gpus_through_claims() -> None:
     assert specs["gpu2-claim"]["count"] == 2 and specs["gpu2-claim"]["deviceClassName"] == "gpu.nvidia.com"
     assert specs["mig3g-claim"]["deviceClassName"] == "mig.nvidia.com"
     assert specs["mig3g-claim"]["selectors"] == [
-        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '3g.20gb'"}}]
+        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}]
+    # whole GPUs of the boards without MIG only: the MIG nodes are the MIG pods'
+    assert specs["gpu1-claim"]["selectors"] == [
+        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-40GB'"}}]
 
 
 def test_a_quarter_of_the_nodes_publish_partitionable_gpus() -> None:
@@ -49,6 +52,9 @@ def test_a_quarter_of_the_nodes_publish_partitionable_gpus() -> None:
     assert partitionable == ["n3", "n7"]
     assert [len(ss) for n, ss in sorted(slices.items())] == [1, 1, 1, 9, 1, 1, 1, 9]
     assert len(slices["n0"][0]["spec"]["devices"]) == 8
+    products = {n: {d["attributes"]["productName"]["string"] for s in ss for d in s["spec"].get("devices", ())}
+                for n, ss in slices.items()}
+    assert products["n0"] == {"NVIDIA A100-SXM4-40GB"} and products["n3"] == {"NVIDIA H100 80GB HBM3"}
 
 
 def test_claims_on_nodes_without_dra_and_mig_beyond_the_mig_nodes_are_refused() -> None:
@@ -57,12 +63,17 @@ def test_claims_on_nodes_without_dra_and_mig_beyond_the_mig_nodes_are_refused() 
         parse_workload({**base, "classes": [{"name": "x", "device_class": "gpu.nvidia.com"}]})
     with pytest.raises(WorkloadError, match="publish GPUs by DRA: set device_class"):
         parse_workload({**base, "node": {"dra": True}, "classes": [{"name": "x"}]})
-    # one partitionable node of four: 8 GPUs, 16 pods of 3g.20gb (half a GPU each) fit, 18 do not
+    # one partitionable node of four: 8 GPUs, 16 pods of 3g.40gb (half a GPU each) fit, 18 do not
     mig = {**base, "node": {"dra": True, "mig_share": 0.25},
-           "classes": [{"name": "m", "device_class": "mig.nvidia.com", "mig_profile": "3g.20gb"}]}
+           "classes": [{"name": "m", "device_class": "mig.nvidia.com", "mig_profile": "3g.40gb"}]}
     assert len(expand(parse_workload({**mig, "sizes": {"s": {"nodes": 4, "pods": 16}}}), "s").pods) == 16
     with pytest.raises(WorkloadError, match="MIG devices worth 9 GPUs asked for, the partitionable nodes have 8"):
         expand(parse_workload({**mig, "sizes": {"s": {"nodes": 4, "pods": 18}}}), "s")
+    # whole GPUs on the three others only: 24 fit, 25 do not
+    whole = {**base, "node": {"dra": True, "mig_share": 0.25}, "classes": [{"name": "g", "device_class": "gpu.nvidia.com"}]}
+    assert len(expand(parse_workload({**whole, "sizes": {"s": {"nodes": 4, "pods": 24}}}), "s").pods) == 24
+    with pytest.raises(WorkloadError, match="whole GPUs worth 25 GPUs asked for, the other nodes have 24"):
+        expand(parse_workload({**whole, "sizes": {"s": {"nodes": 4, "pods": 25}}}), "s")
 
 
 def claim(*devices: str, pool: str = "n0") -> dict[str, Any]:
@@ -72,10 +83,12 @@ def claim(*devices: str, pool: str = "n0") -> dict[str, Any]:
 
 def test_devices_handed_out_twice_are_counted_from_the_claims() -> None:
     # MIG 3g at memory slice 4 and 1g at slices 0..3 share nothing; another pool's gpu-0 is its own
-    fine = [claim("gpu-0-mig-3g20gb-9-4"), claim("gpu-0-mig-1g5gb-19-0", "gpu-0-mig-1g5gb-19-3"),
+    fine = [claim("gpu-0-mig-3g40gb-9-4"), claim("gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-3"),
             claim("gpu-0", pool="n1"), claim("gpu-1")]
     assert dra.overlaps(fine) == []
-    assert dra.overlaps([*fine, claim("gpu-0-mig-1g5gb-19-5")]) == ["n0/gpu-0-mig-1g5gb-19-5"]
+    assert dra.overlaps([*fine, claim("gpu-0-mig-1g10gb-19-5")]) == ["n0/gpu-0-mig-1g10gb-19-5"]
+    # an A100's 1g.10gb (GI profile 15) holds two memory slices: 2 and 3 are taken already
+    assert dra.overlaps([*fine, claim("gpu-0-mig-1g10gb-15-2")]) == ["n0/gpu-0-mig-1g10gb-15-2"]
     assert dra.overlaps([*fine, claim("gpu-0")]) == ["n0/gpu-0"]
     assert dra.overlaps([claim("gpu-2"), claim("gpu-2")]) == ["n0/gpu-2"]
 
