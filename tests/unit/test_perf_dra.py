@@ -20,6 +20,8 @@ def test_both_schedulers_get_the_same_pods_asking_gpus_through_claims() -> None:
         counts[p.klass] = counts.get(p.klass, 0) + 1
     assert counts == {"gpu1": 2000, "gpu2": 1000, "mig1g": 600, "mig3g": 400}
     assert ex.gpu_demand <= 0.7 * ex.gpu_capacity  # room enough whatever the placement
+    whole = expand(load_workload("dra-gpu-whole"), "800x4000")
+    assert {p.device_class for p in whole.pods} == {"gpu.nvidia.com"} and whole.workload.node.mig_share == 0
     for spec in (ex.pods[0], ex.pods[-1]):
         ours, theirs = PEERS["batchsched"].pod(spec), PEERS["kube-scheduler"].pod(spec)
         assert ours["spec"].pop("schedulerName") == "batchsched"
