@@ -6,6 +6,13 @@ POST a Binding for each (with the pod's UID, as a scheduler does) from ``concurr
 workers over raw aiohttp, doing nothing else. The pods are spread round-robin over the
 nodes. Every scheduler's pods/s can then be read as a fraction of the best rate here.
 
+On a DRA workload's nodes (``dra: true``, :mod:`perf.dra`) the slices are published as
+for the schedulers, each pod asks one GPU through a claim made from a template, and each
+worker writes per pod what a scheduler must: a merge patch of the claim's status (one GPU
+of the node allocated, the claim reserved for the pod, under the claim's UID and
+resourceVersion), then, once it landed, the Binding. The rate is pods per second, two
+writes each.
+
 In a live suite (:mod:`perf.suite`) the ceiling is one more member of every round (A, B,
 ceiling, A, B, ceiling, ...) on a control plane of the same size and node shape as the
 schedulers', so each run is divided by the ceiling measured under the same conditions
@@ -16,15 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import orjson
 
 from batchsched.kube.client import KubeClient
-from perf import procstat
+from batchsched.sandbox import gpudra
+from perf import dra, procstat
 from perf.live import StartError, create_all, ready_timeout
-from perf.workload import NodeSpec
+from perf.workload import GPU_CLASS, NodeSpec, PodSpec
 
 NOBODY = "perf-nobody"
 
@@ -46,9 +55,12 @@ def _pod(name: str) -> dict[str, Any]:
 
 
 async def _bind_all(
-    client: KubeClient, namespace: str, pods: list[tuple[str, str]], nodes: list[str], concurrency: int
+    client: KubeClient, namespace: str, pods: list[tuple[str, str]], nodes: list[str], concurrency: int,
+    claims: dict[str, dict[str, Any]] | None = None, gpus: int = 8,
 ) -> tuple[int, int]:
-    """POST every binding; returns (accepted, failed)."""
+    """POST every binding; with ``claims`` (pod UID -> its ResourceClaim), PATCH the claim's
+    status first (one of the node's GPUs allocated, reserved for the pod), and bind only
+    once that landed. Returns (accepted, failed)."""
     creds = client.creds
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if creds.token:
@@ -67,10 +79,21 @@ async def _bind_all(
             except asyncio.QueueEmpty:
                 return
             name, uid = pods[i]
+            node = nodes[i % len(nodes)]
+            if claims is not None:
+                claim = claims[uid]
+                patch = dra.reserve_patch(claim, name, uid, node, f"gpu-{(i // len(nodes)) % gpus}")
+                url = f"{creds.host}{dra.RESOURCE}/namespaces/{namespace}/resourceclaims/{claim['metadata']['name']}/status"
+                async with session.patch(url, data=orjson.dumps(patch),
+                                         headers={"Content-Type": "application/merge-patch+json"}) as resp:
+                    await resp.read()
+                    if resp.status >= 300:
+                        failed += 1
+                        continue
             body = orjson.dumps({
                 "apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "uid": uid},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[i % len(nodes)]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
             })
             url = f"{creds.host}/api/v1/namespaces/{namespace}/pods/{name}/binding"
             async with session.post(url, data=body) as resp:
@@ -85,31 +108,55 @@ async def _bind_all(
     return ok, failed
 
 
+async def _claim_pods(client: KubeClient, ns: str, binds: int, gpus: int) -> dict[str, dict[str, Any]]:
+    """``binds`` pods no scheduler claims, each with one GPU asked by a claim made from a
+    template; once kube-controller-manager has made every claim, pod UID -> its claim."""
+    template = gpudra.claim_template(dra.template_name("ceiling"), GPU_CLASS, 1, request=dra.CLAIM)
+    await client.create(f"{dra.RESOURCE}/namespaces/{ns}/resourceclaimtemplates", template)
+    spec = PodSpec(name="", klass="ceiling", gpus=1, cpu="100m", memory="128Mi", priority_class="", stream=False,
+                   device_class=GPU_CLASS)
+    path = f"/api/v1/namespaces/{ns}/pods"
+    await create_all(client, ((path, dra.pod(replace(spec, name=f"b-{i:06d}"), NOBODY, {})) for i in range(binds)))
+    await dra.wait_claims(client, ns, binds)
+    claims, _ = await client.list(f"{dra.RESOURCE}/namespaces/{ns}/resourceclaims", page=1000)
+    return dra.claims_by_pod(claims)
+
+
 async def measure(
-    kubeconfig: str, procs: dict[str, int], *, binds: int, concurrencies: list[int]
+    kubeconfig: str, procs: dict[str, int], *, binds: int, concurrencies: list[int], node: NodeSpec | None = None,
 ) -> list[dict[str, Any]]:
+    """The sweep; on DRA nodes (``node.dra``), the slices published first and each pod's
+    claim status written before its Binding."""
+    spec = node or NodeSpec()
     client = await KubeClient.connect(kubeconfig, max_connections=72)
     results = []
     try:
         node_items, _ = await client.list("/api/v1/nodes", page=1000)
         nodes = sorted(n["metadata"]["name"] for n in node_items)
+        if spec.dra:
+            await dra.publish(client, spec)
         for c in concurrencies:
             ns = f"ceiling-c{c}"
             await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
             path = f"/api/v1/namespaces/{ns}/pods"
-            await create_all(client, ((path, _pod(f"b-{i:06d}")) for i in range(binds)))
-            items, _ = await client.list(path)
+            claims = None
+            if spec.dra:
+                claims = await _claim_pods(client, ns, binds, spec.gpus)
+            else:
+                await create_all(client, ((path, _pod(f"b-{i:06d}")) for i in range(binds)))
+            items, _ = await client.list(path, page=1000)
             pods = sorted((o["metadata"]["name"], o["metadata"]["uid"]) for o in items)
             await asyncio.sleep(1.0)  # let the creation settle (kwok, watch caches)
             api = procstat.Window(procs["kube-apiserver"], started=time.monotonic())
             own_cpu = time.process_time()
             t0 = time.monotonic()
-            ok, failed = await _bind_all(client, ns, pods, nodes, c)
+            ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus)
             wall = time.monotonic() - t0
             own = time.process_time() - own_cpu
             usage = api.end(time.monotonic())
             results.append({
                 "concurrency": c,
+                "writes": "claim status + Binding" if spec.dra else "Binding",
                 "binds": ok,
                 "failed": failed,
                 "seconds": round(wall, 3),
@@ -145,7 +192,8 @@ def run_ceiling(
     t_up = time.monotonic()
     try:
         state = box.up(
-            [NodeShape(count=nodes, gpus=spec.gpus, cpu=spec.cpu, memory=spec.memory, max_pods=spec.max_pods)],
+            [NodeShape(count=nodes, gpus=0 if spec.dra else spec.gpus, cpu=spec.cpu, memory=spec.memory,
+                       max_pods=spec.max_pods)],
             apiserver_args=apiserver_args, ready_timeout=ready_timeout(nodes),
         )
     except (SandboxError, KubeError, OSError, TimeoutError) as exc:
@@ -153,7 +201,7 @@ def run_ceiling(
     up_s = time.monotonic() - t_up
     try:
         procs = {p.name: p.pid for p in state.processes}
-        sweep = asyncio.run(measure(state.kubeconfig, procs, binds=binds, concurrencies=concurrencies))
+        sweep = asyncio.run(measure(state.kubeconfig, procs, binds=binds, concurrencies=concurrencies, node=spec))
     finally:
         box.down()
     rates = [r["binds_per_s"] for r in sweep if r["binds_per_s"]]

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError
-from perf import procstat
+from perf import dra, procstat
 from perf.peers import GANG_X_K8S, Peer, Running
 from perf.workload import Expanded, NodeSpec, PodSpec
 
@@ -148,7 +148,8 @@ def ready_timeout(nodes: int) -> float:
 def node_shape(nodes: int, node: NodeSpec) -> NodeShape:
     from batchsched.sandbox.nodes import NodeShape
 
-    return NodeShape(count=nodes, gpus=node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods,
+    # a DRA node's GPUs are in its ResourceSlices (perf.dra), not in its allocatable
+    return NodeShape(count=nodes, gpus=0 if node.dra else node.gpus, cpu=node.cpu, memory=node.memory, max_pods=node.max_pods,
                      nodes_per_rack=node.nodes_per_rack)
 
 
@@ -199,6 +200,8 @@ class Measured:
     error: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     profile: dict[str, Any] = field(default_factory=dict)
+    #: a DRA workload's claims read back after the run (:func:`perf.dra.device_use`)
+    devices: dict[str, Any] = field(default_factory=dict)
 
 
 def run_once(cfg: RunConfig) -> dict[str, Any]:
@@ -248,9 +251,16 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         watch_task = asyncio.create_task(watch.run())
         await asyncio.wait_for(watch.synced.wait(), 60)
         t_create = time.monotonic()
+        if ex.dra:
+            m.devices["resourceslices"] = await dra.publish(client, ex.workload.node)
+            await create_all(client, dra.templates(ex, NAMESPACE))
         await create_all(client, peer.group_objects(ex, NAMESPACE, after=False))
         pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-        await create_all(client, ((pod_path, peer.pod(p)) for p in ex.pods if not p.stream and not p.after))
+        first = [p for p in ex.pods if not p.stream and not p.after]
+        await create_all(client, ((pod_path, peer.pod(p)) for p in first))
+        if ex.dra:
+            # every claim made by kube-controller-manager before time zero: its speed is not measured
+            m.timings["claims_made_s"] = await dra.wait_claims(client, NAMESPACE, len(first))
         m.timings["create_s"] = time.monotonic() - t_create
 
         windows = {
@@ -303,6 +313,8 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         m.bound = dict(watch.bound)
         m.deleted = dict(watch.deleted)
         m.domains = await node_domains(client, {h.topology for h in ex.gang_heads.values() if h.topology})
+        if ex.dra:
+            m.devices.update(await dra.device_use(client, NAMESPACE))
         if running.metrics_url and running.alive():
             m.metrics = await asyncio.get_running_loop().run_in_executor(None, scrape, running.metrics_url)
     finally:
@@ -535,19 +547,22 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
             members.setdefault(by_name[name].gang, []).append(t)
     spreads = [(max(ts) - min(ts)) * 1e3 for ts in members.values() if len(ts) > 1]
 
-    # no node holds more GPUs than it has (pods the watch saw deleted hold none)
-    gpus_on: dict[str, int] = {}
+    # no node holds more GPUs than it has (pods the watch saw deleted hold none); for DRA
+    # pods, no device handed out twice (from their claims)
+    gpus_on: dict[str, float] = {}
     for name, (_, node) in bound.items():
         if name not in m.deleted:
-            gpus_on[node] = gpus_on.get(node, 0) + by_name[name].gpus
+            gpus_on[node] = gpus_on.get(node, 0) + by_name[name].gpu_share
     overcommitted = sorted(nd for nd, g in gpus_on.items() if g > ex.workload.node.gpus)
+    twice = int(m.devices.get("devices_twice") or 0)
 
     latency: dict[str, list[float]] = {}
     for name, created in {**m.stream_created, **m.after_created}.items():
         if name in bound:
             latency.setdefault(by_name[name].klass, []).append((bound[name][0] - created) * 1e3)
 
-    ok = not m.error and n == ex.expected_bound and not partial and not overcommitted and not gangs["spanning"]
+    ok = (not m.error and n == ex.expected_bound and not partial and not overcommitted and not gangs["spanning"]
+          and not twice)
     error = m.error
     if not error and partial:
         error = f"{len(partial)} partly bound gangs: {', '.join(partial[:5])}"
@@ -555,6 +570,8 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
         error = f"{len(gangs['spanning'])} gangs span domains of their topology key: {', '.join(gangs['spanning'][:5])}"
     if not error and overcommitted:
         error = f"{len(overcommitted)} nodes hold more GPUs than they have"
+    if not error and twice:
+        error = f"{twice} devices allocated to two claims: {', '.join(m.devices['devices_twice_first'])}"
     return {
         "scheduler": cfg.peer.name,
         "round": cfg.round,
@@ -580,6 +597,7 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
         "topology_gangs": gangs["topology_gangs"],
         "gangs_spanning_domains": len(gangs["spanning"]),
         "overcommitted_nodes": len(overcommitted),
+        **({"dra": m.devices} if ex.dra else {}),
         "stream_latency_ms": {k: _percentiles(v) for k, v in sorted(latency.items())},
         "usage": m.usage,
         "scheduler_metrics": m.metrics,

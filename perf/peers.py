@@ -229,6 +229,12 @@ class Peer:
         return out
 
     def pod(self, spec: PodSpec) -> dict[str, Any]:
+        if spec.device_class:
+            from perf import dra
+
+            if spec.gang:
+                raise ValueError(f"pod {spec.name}: the DRA workloads have no gangs yet")
+            return dra.pod(spec, self.scheduler_name, {CLASS_LABEL: spec.klass})
         requests = {"cpu": spec.cpu, "memory": spec.memory}
         limits = {}
         if spec.gpus:

@@ -20,6 +20,15 @@ from typing import Any
 import yaml
 
 WORKLOADS = Path(__file__).parent / "workloads"
+#: the DeviceClasses of NVIDIA's driver a pod class may ask (:func:`batchsched.sandbox.gpudra.device_classes`)
+GPU_CLASS = "gpu.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+#: the boards of a DRA workload's nodes: whole GPUs on the others, partitionable ones on the
+#: ``mig_share`` of nodes; a whole-GPU claim selects the first by product, so MIG devices
+#: always have their nodes to themselves (else a scheduler may rightly fill them with whole
+#: GPUs and leave the MIG pods nowhere: the workload must fit whatever the placement)
+GPU_PRODUCT = "NVIDIA A100-SXM4-40GB"
+MIG_PRODUCT = "NVIDIA H100 80GB HBM3"
 
 
 class WorkloadError(ValueError):
@@ -34,6 +43,11 @@ class NodeSpec:
     max_pods: int = 110
     #: nodes per rack: the sandbox labels node i ``batchsched.io/rack: <prefix>-rack-<i // this>``
     nodes_per_rack: int = 8
+    #: the GPUs published by DRA as NVIDIA's driver does (ResourceSlices, :mod:`perf.dra`)
+    #: instead of the ``nvidia.com/gpu`` extended resource, which the nodes then lack
+    dra: bool = False
+    #: with ``dra``: the share of nodes whose GPUs are partitionable (MIG devices made on demand)
+    mig_share: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,6 +71,11 @@ class PodClass:
     #: the PodGroup's ``disruptionMode``: "all" (members are preempted together), "single",
     #: or "" (not written: the API's default, single)
     disruption: str = ""
+    #: a DeviceClass (``gpu.nvidia.com``: ``gpus`` whole GPUs; ``mig.nvidia.com``: one MIG
+    #: device of ``mig_profile``) asked through a ResourceClaimTemplate instead of
+    #: ``nvidia.com/gpu``; needs a node with ``dra``
+    device_class: str = ""
+    mig_profile: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -107,6 +126,19 @@ class PodSpec:
     #: the gang's topology key and disruption mode (see :class:`PodClass`)
     topology: str = ""
     disruption: str = ""
+    #: the DRA claim the pod asks instead of ``nvidia.com/gpu`` (see :class:`PodClass`)
+    device_class: str = ""
+    mig_profile: str = ""
+
+    @property
+    def gpu_share(self) -> float:
+        """The GPUs the pod holds: ``gpus`` whole ones, or the share of one board a MIG
+        device's memory slices are (what it takes from the node's capacity)."""
+        if self.device_class == MIG_CLASS:
+            from batchsched.sandbox.gpudra import MODELS
+
+            return MODELS[MIG_PRODUCT].profile(self.mig_profile).size / 8
+        return float(self.gpus)
 
 
 @dataclass(slots=True, frozen=True)
@@ -131,8 +163,14 @@ class Expanded:
         return heads
 
     @property
-    def gpu_demand(self) -> int:
-        return sum(p.gpus for p in self.pods)
+    def gpu_demand(self) -> float:
+        total = sum(p.gpu_share for p in self.pods)
+        return int(total) if total == int(total) else round(total, 1)
+
+    @property
+    def dra(self) -> bool:
+        """The pods ask GPUs through ResourceClaims (the nodes publish ResourceSlices)."""
+        return self.workload.node.dra
 
     @property
     def gpu_capacity(self) -> int:
@@ -218,8 +256,11 @@ def parse_workload(data: Any, *, path: str = "") -> Workload:
             raise WorkloadError(f"{where}: class {c.name}: need 0 <= min_count <= gang")
         if c.share <= 0:
             raise WorkloadError(f"{where}: class {c.name}: share must be positive")
+        _check_claim(wl, c, where)
     if wl.oversubscribed and (len(wl.classes) != 1 or not wl.classes[0].gang):
         raise WorkloadError(f"{where}: oversubscribed workloads need exactly one class, of gangs")
+    if not 0 <= wl.node.mig_share <= 1 or (wl.node.mig_share and not wl.node.dra):
+        raise WorkloadError(f"{where}: node: mig_share is a share of the DRA nodes (dra: true), from 0 to 1")
     if wl.node.nodes_per_rack < 1:
         raise WorkloadError(f"{where}: node: nodes_per_rack must be at least 1")
     if any(c.arrival == "after" for c in wl.classes) and not any(c.arrival == "before" for c in wl.classes):
@@ -227,6 +268,41 @@ def parse_workload(data: Any, *, path: str = "") -> Workload:
     if any(c.arrival == "stream" for c in wl.classes) and wl.stream_rate <= 0:
         raise WorkloadError(f"{where}: stream classes need a positive stream_rate")
     return wl
+
+
+def _check_claim(wl: Workload, c: PodClass, where: str) -> None:
+    """A class asking a DRA claim: a class of the driver, on nodes that publish it."""
+    from batchsched.sandbox.gpudra import MODELS
+
+    if wl.node.dra and not c.device_class:
+        raise WorkloadError(f"{where}: class {c.name}: the nodes publish GPUs by DRA: set device_class")
+    if not c.device_class:
+        if c.mig_profile:
+            raise WorkloadError(f"{where}: class {c.name}: mig_profile needs device_class {MIG_CLASS}")
+        return
+    if not wl.node.dra:
+        raise WorkloadError(f"{where}: class {c.name}: device_class needs nodes with dra: true")
+    if c.device_class == GPU_CLASS:
+        if c.mig_profile:
+            raise WorkloadError(f"{where}: class {c.name}: mig_profile is for {MIG_CLASS}, not {GPU_CLASS}")
+        return
+    if c.device_class != MIG_CLASS:
+        raise WorkloadError(f"{where}: class {c.name}: device_class must be {GPU_CLASS} or {MIG_CLASS}, "
+                            f"got {c.device_class!r}")
+    if wl.node.mig_share <= 0:
+        raise WorkloadError(f"{where}: class {c.name}: MIG devices need nodes with a positive mig_share")
+    if c.gpus != 1:
+        raise WorkloadError(f"{where}: class {c.name}: a MIG class asks one device (gpus: 1)")
+    try:
+        MODELS[MIG_PRODUCT].profile(c.mig_profile)
+    except ValueError as exc:
+        raise WorkloadError(f"{where}: class {c.name}: {exc}") from None
+
+
+def mig_node(index: int, share: float) -> bool:
+    """Whether node ``index`` is one of the ``share`` of nodes with partitionable GPUs: spread
+    evenly (every fourth node at 0.25), so any prefix of the nodes holds its share."""
+    return int((index + 1) * share) > int(index * share)
 
 
 def available() -> list[str]:
@@ -256,6 +332,20 @@ def parse_size(wl: Workload, text: str | None) -> tuple[str, Size]:
     )
 
 
+def _check_claims_fit(ex: Expanded) -> None:
+    """MIG devices exist on the partitionable nodes only, and whole-GPU claims select the
+    other nodes' boards: each demand must fit its nodes' GPUs."""
+    node = ex.workload.node
+    mig_nodes = sum(1 for i in range(ex.size.nodes) if mig_node(i, node.mig_share))
+    for what, klass, nodes in (("MIG devices", MIG_CLASS, mig_nodes),
+                               ("whole GPUs", GPU_CLASS, ex.size.nodes - mig_nodes)):
+        asked = sum(p.gpu_share for p in ex.pods if p.device_class == klass)
+        if asked > nodes * node.gpus:
+            where = "the partitionable nodes" if klass == MIG_CLASS else "the other nodes"
+            raise WorkloadError(f"{ex.workload.name}@{ex.size_name}: {what} worth {asked:g} GPUs asked for, "
+                                f"{where} have {nodes * node.gpus}")
+
+
 def expand(wl: Workload, size_name: str | None = None) -> Expanded:
     """Every pod of ``wl`` at one size: each class gets its share, rounded to whole gangs."""
     sname, size = parse_size(wl, size_name)
@@ -268,6 +358,7 @@ def expand(wl: Workload, size_name: str | None = None) -> Expanded:
         common = dict(
             klass=c.name, gpus=c.gpus, cpu=c.cpu, memory=c.memory,
             priority_class=c.priority_class, stream=c.arrival == "stream", after=c.arrival == "after",
+            device_class=c.device_class, mig_profile=c.mig_profile,
         )
         if c.gang:
             quorum = c.min_count or c.gang
@@ -284,6 +375,7 @@ def expand(wl: Workload, size_name: str | None = None) -> Expanded:
     if not pods:
         raise WorkloadError(f"{wl.name}@{sname}: no pods (a size too small for its gangs?)")
     ex = Expanded(workload=wl, size_name=sname, size=size, pods=tuple(pods))
+    _check_claims_fit(ex)
     # pods created "after" find the cluster full: they fit only by preempting, so each
     # phase on its own must fit
     phases = [[p for p in pods if not p.after], [p for p in pods if p.after]]

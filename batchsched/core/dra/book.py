@@ -106,6 +106,9 @@ class DeviceBook:
         #: claim -> (the pod it was allocated for, what it holds), until its status shows it
         self.assumed: dict[ClaimKey, tuple[PodUID, InUse]] = {}
         self._pools: Pools | None = None
+        #: node -> the devices it may use, until the devices or the node's labels change
+        #: (finding them walks every pool: kept, they cost nothing per claim event or cycle)
+        self._here: dict[str, NodeDevices] = {}
         self._confirmed: InUse | None = None
         #: claim shape -> the nodes where it could be allocated, or why nowhere
         self._feasible: dict[str, frozenset[str] | str] = {}
@@ -144,8 +147,11 @@ class DeviceBook:
         return use
 
     def node_devices(self, name: str) -> NodeDevices:
-        node = self.nodes.get(name)
-        return self.pools.for_node(name, node.labels if node is not None else {})
+        here = self._here.get(name)
+        if here is None:
+            node = self.nodes.get(name)
+            here = self._here[name] = self.pools.for_node(name, node.labels if node is not None else {})
+        return here
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -153,16 +159,19 @@ class DeviceBook:
         """``node`` with its free devices per class counted in its allocatable."""
         if kind == "DELETED":
             self.nodes.pop(node.name, None)
+            self._here.pop(node.name, None)
             self._feasible.clear()
             return node
         old = self.nodes.get(node.name)
         if old is None or old.labels != node.labels:
+            self._here.pop(node.name, None)
             self._feasible.clear()
         self.nodes[node.name] = node
         return self.with_devices(node)
 
     def replace_nodes(self, nodes: Sequence[Node]) -> list[Node]:
         self.nodes = {n.name: n for n in nodes}
+        self._here.clear()
         self._feasible.clear()
         return [self.with_devices(n) for n in nodes]
 
@@ -207,6 +216,7 @@ class DeviceBook:
 
     def _devices_changed(self) -> DeviceChange:
         self._pools = None
+        self._here.clear()
         self._confirmed = None
         self._feasible.clear()
         self._matches.clear()
@@ -251,8 +261,24 @@ class DeviceBook:
         held = (old.allocation if old is not None else None, claim.allocation if kind != "DELETED" else None)
         if held[0] is None and held[1] is None:
             return DeviceChange(claims=frozenset({key}))
-        self._confirmed = None
+        self._confirmed = self._newly_allocated(claim) if held[0] is None else None
         return DeviceChange(nodes=self._nodes_of(claim, old), claims=frozenset({key}))
+
+    def _newly_allocated(self, claim: ResourceClaim) -> InUse | None:
+        """What the claims' status says is in use once ``claim``, unallocated before, shows
+        its allocation (the common event: a pod's claim written back): the use known so far
+        plus its devices, when they are held whole and by no other claim (then it is what a
+        rebuild from every claim would give); otherwise None, rebuilt when next asked. A
+        rebuild per event costs time in the number of claims, for each claim bound."""
+        base = self._confirmed
+        if base is None or claim.allocation is None:
+            return None
+        if any(r.share_id is not None or r.admin_access for r in claim.allocation.results):
+            return None
+        delta = in_use_from_claims([claim], self.pools)
+        if any(d in base.devices or d in base.shared for d in delta.devices):
+            return None
+        return base.plus(delta)
 
     def _in_flight(self, key: ClaimKey) -> bool:
         """Whether an assumed allocation of ``key`` is still to be seen in its status."""

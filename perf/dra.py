@@ -1,0 +1,190 @@
+"""GPUs through Dynamic Resource Allocation in the perf suite.
+
+A workload whose nodes say ``dra: true`` gets, on its fresh control plane, the
+``resource.k8s.io/v1`` objects NVIDIA's DRA GPU driver would publish
+(:mod:`batchsched.sandbox.gpudra`): its DeviceClasses, and per node the ResourceSlices of
+eight whole A100s, or, on the ``mig_share`` of nodes :func:`perf.workload.mig_node` picks,
+of eight partitionable H100s (every MIG placement, made on allocation). Its pods ask their
+GPUs through one ResourceClaimTemplate per pod class instead of ``nvidia.com/gpu`` (whole
+GPUs of the A100s, by product, or MIG devices of one profile), and
+kube-controller-manager makes each pod's claim from it. Every scheduler gets the same
+objects; only ``schedulerName`` differs.
+
+Before the scheduler starts, the harness waits until every pod's claim is made (its
+``status.resourceClaimStatuses`` names it): how fast the controller makes claims is not
+what is measured. After the run, :func:`device_use` reads every claim back and counts the
+devices handed out twice, which must be none.
+
+The Binding ceiling of a DRA workload (:mod:`perf.ceiling`) writes, for each pod, what a
+scheduler writes with no scheduling logic: its claim's status (allocation + reservedFor,
+with the claim's UID and resourceVersion as preconditions) then the Binding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from batchsched.kube.client import KubeClient
+from batchsched.sandbox import gpudra
+from perf.workload import GPU_PRODUCT, MIG_PRODUCT, Expanded, NodeSpec, PodSpec, mig_node
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+#: the pod-level name of the one claim each pod of a DRA workload has
+CLAIM = "gpu"
+#: how long kube-controller-manager may take to make the claims of a run's pods
+CLAIMS_TIMEOUT = 300.0
+
+Objects = list[tuple[str, dict[str, Any]]]
+
+
+def template_name(klass: str) -> str:
+    return f"{klass}-claim"
+
+
+def mig_selector(profile: str) -> str:
+    """The CEL selector of MIG devices of one profile (an attribute the driver sets)."""
+    return f"device.attributes['{gpudra.DRIVER}'].profile == '{profile}'"
+
+
+def product_selector(product: str) -> str:
+    """The CEL selector of the devices of one board (whole GPUs of the non-MIG nodes)."""
+    return f"device.attributes['{gpudra.DRIVER}'].productName == '{product}'"
+
+
+def templates(ex: Expanded, namespace: str) -> Objects:
+    """One ResourceClaimTemplate per pod class that asks a claim: MIG devices of its
+    profile, or whole GPUs of the boards of the nodes without MIG."""
+    out: Objects = []
+    for c in ex.workload.classes:
+        if not c.device_class:
+            continue
+        selectors = [mig_selector(c.mig_profile) if c.mig_profile else product_selector(GPU_PRODUCT)]
+        body = gpudra.claim_template(template_name(c.name), c.device_class, c.gpus, selectors, request=CLAIM)
+        out.append((f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", body))
+    return out
+
+
+def pod(spec: PodSpec, scheduler_name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """The pod of ``spec``, its GPUs asked by a claim made from its class's template."""
+    body = gpudra.pod_with_claims(spec.name, templates={CLAIM: template_name(spec.klass)},
+                                  scheduler=scheduler_name, terminationGracePeriodSeconds=0)
+    body["metadata"]["labels"] = labels
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": spec.cpu, "memory": spec.memory}
+    return body
+
+
+def cluster_objects(nodes: Iterable[tuple[str, str]], node: NodeSpec) -> Objects:
+    """The driver's DeviceClasses, then the ResourceSlices of each (name, uid) node, in name
+    order (the ``mig_share`` of them partitionable)."""
+    out: Objects = [(f"{RESOURCE}/deviceclasses", c) for c in gpudra.device_classes(extended_resource=False)]
+    for i, (name, uid) in enumerate(sorted(nodes)):
+        mig = mig_node(i, node.mig_share)
+        for s in gpudra.gpu_node_slices(name, gpus=node.gpus, mig="partitionable" if mig else "none", node_uid=uid,
+                                        product=MIG_PRODUCT if mig else GPU_PRODUCT):
+            out.append((f"{RESOURCE}/resourceslices", s))
+    return out
+
+
+async def publish(client: KubeClient, node: NodeSpec) -> int:
+    """Create the DeviceClasses and every node's slices; returns how many slices."""
+    from perf.live import create_all
+
+    items, _ = await client.list("/api/v1/nodes", page=1000)
+    objects = cluster_objects(((n["metadata"]["name"], n["metadata"]["uid"]) for n in items), node)
+    await create_all(client, objects)
+    return sum(1 for path, _ in objects if path.endswith("/resourceslices"))
+
+
+async def wait_claims(client: KubeClient, namespace: str, pods: int, timeout: float = CLAIMS_TIMEOUT) -> float:
+    """Seconds until ``pods`` pods of ``namespace`` have their claim made (named in their
+    status); TimeoutError after ``timeout``."""
+    t0 = time.monotonic()
+    while True:
+        items, _ = await client.list(f"/api/v1/namespaces/{namespace}/pods", page=1000)
+        made = sum(
+            1 for p in items
+            if any(s.get("resourceClaimName") for s in (p.get("status") or {}).get("resourceClaimStatuses") or ())
+        )
+        if made >= pods:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"only {made} of {pods} pods had their ResourceClaim made after {timeout:.0f} s")
+        await asyncio.sleep(1.0)
+
+
+_MIG_NAME = re.compile(r"^(gpu-\d+)-mig-([a-z0-9-]+-\d+)-(\d+)$")
+#: "<profile>-<GI profile id>" as in a MIG device's name -> memory slices (the same on both boards)
+_MIG_SIZES = {f"{gpudra.rfc1123(p.name.replace('.', ''))}-{p.profile_id}": p.size
+              for m in gpudra.MODELS.values() for p in m.profiles}
+
+
+def held(device: str) -> tuple[str, set[int]]:
+    """The GPU a device of the driver sits on and the memory slices it holds (a whole GPU:
+    all eight)."""
+    m = _MIG_NAME.match(device)
+    if m is None:
+        return device, set(range(8))
+    start = int(m.group(3))
+    return m.group(1), set(range(start, start + _MIG_SIZES.get(m.group(2), 8)))
+
+
+def overlaps(claims: Iterable[dict[str, Any]]) -> list[str]:
+    """Devices handed out twice among the allocated ``claims``: the same device, a GPU and
+    a MIG device of it, or two MIG devices sharing a memory slice; as ``pool/device``."""
+    taken: dict[tuple[str, str, str], set[int]] = {}
+    twice: list[str] = []
+    for claim in claims:
+        alloc = (claim.get("status") or {}).get("allocation") or {}
+        for r in (alloc.get("devices") or {}).get("results") or ():
+            gpu, slices = held(str(r["device"]))
+            key = (str(r["driver"]), str(r["pool"]), gpu)
+            have = taken.setdefault(key, set())
+            if have & slices:
+                twice.append(f"{r['pool']}/{r['device']}")
+            have |= slices
+    return sorted(twice)
+
+
+async def device_use(client: KubeClient, namespace: str) -> dict[str, Any]:
+    """The run's claims read back: how many, how many allocated, and the devices handed out twice."""
+    items, _ = await client.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims", page=1000)
+    allocated = [c for c in items if (c.get("status") or {}).get("allocation")]
+    twice = overlaps(allocated)
+    return {"claims": len(items), "allocated": len(allocated), "devices_twice": len(twice),
+            "devices_twice_first": twice[:5]}
+
+
+# -- the ceiling's claim write ----------------------------------------------------------
+
+
+def reserve_patch(claim: dict[str, Any], pod_name: str, pod_uid: str, node: str, device: str) -> dict[str, Any]:
+    """What a scheduler writes to a claim before the Binding (as :mod:`batchsched.kube.claims`
+    does): ``device`` of ``node``'s pool allocated, the claim reserved for the pod, under
+    the claim's UID and resourceVersion."""
+    meta = claim["metadata"]
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    allocation = {
+        "devices": {"results": [{"request": CLAIM, "driver": gpudra.DRIVER, "pool": node, "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "allocationTimestamp": stamp,
+    }
+    return {
+        "metadata": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]},
+        "status": {"allocation": allocation, "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod_uid}]},
+    }
+
+
+def claims_by_pod(claims: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pod UID -> its claim (kube-controller-manager makes the pod the claim's owner)."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in claims:
+        for ref in c["metadata"].get("ownerReferences") or ():
+            if ref.get("kind") == "Pod":
+                out[str(ref["uid"])] = c
+    return out
