@@ -175,6 +175,8 @@ class Claims:
         status = pod.setdefault("status", {})
         made = {str(s.get("name")) for s in status.get("resourceClaimStatuses") or ()}
         for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+            if not isinstance(entry, Mapping):
+                continue  # not an entry a claim can be made for
             template = self.templates.get((namespace, str(entry.get("resourceClaimTemplateName") or "")))
             if template is None or entry.get("name") in made:
                 continue
