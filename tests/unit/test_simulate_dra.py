@@ -185,3 +185,21 @@ def test_a_jobs_claim_it_cannot_read_is_refused_with_the_reason(claim: dict[str,
     with pytest.raises(ValueError) as err:
         scenario.run(doc, use_jit=False)
     assert str(err.value).startswith(reason)
+
+
+def test_the_snapshot_command_prints_the_devices_each_claim_would_get(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from batchsched.cli import main
+
+    snap = {"kind": KIND, "objects": {
+        "nodes": [node("n0")], "pods": [pod("p", claim="mine")],
+        "resourceslices": gpudra.gpu_node_slices("n0", gpus=1, mig="partitionable", node_uid="uid-n0"),
+        "deviceclasses": gpudra.device_classes(extended_resource=False),
+        "resourceclaims": [named(gpudra.resource_claim("mine", MIG, 2, [PROFILE_3G]))],
+    }}
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(snap))
+    assert main(["simulate", "--snapshot", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  default/p -> n0 devices n0/gpu-0-mig-3g20gb-9-0,n0/gpu-0-mig-3g20gb-9-4"]
