@@ -3,7 +3,9 @@ simulator, gives the placements the running scheduler makes on the real control 
 
 The pods are created while no scheduler runs, so the scheduler's first cycle sees them all,
 as the replay's one step does. The test's nodes carry a taint only its pods tolerate, so
-pods other tests leave pending can neither take nor reserve them.
+pods other tests leave pending can neither take nor reserve them. The DRA case runs first:
+the other leaves pods holding card shares on nodes it deletes, which a later replay's
+session cannot read (a pod holding a share of a card on a node no longer listed).
 """
 
 from __future__ import annotations
@@ -64,63 +66,6 @@ def placements(pods: list[dict[str, Any]], names: set[str]) -> dict[str, tuple[s
             notes = p["metadata"].get("annotations") or {}
             out[name] = (p["spec"]["nodeName"], notes.get(ELASTIC_CONTAINER_PREFIX + "main", ""))
     return out
-
-
-async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
-    sandbox, kube: KubeClient, namespace: str, make_nodes, tmp_path,  # type: ignore[no-untyped-def]
-) -> None:
-    await make_nodes(count=3, prefix=namespace, gpus=0, cpu="16",
-                     extended={CORE: "400", "elasticgpu.io/gpu-memory": "65536"},
-                     taints=({"key": namespace, "effect": "NoSchedule"},))
-    await create_pods(kube, namespace, [task(namespace, n, c, cpu) for n, c, cpu in MIX])
-    snap = await take_snapshot(kube, config(namespace, **SETTINGS).document())
-    assert {p["metadata"]["name"] for p in snap["objects"]["pods"]} >= {n for n, _, _ in MIX}
-
-    # the same through the commands a user runs: batchsched snapshot, batchsched simulate --snapshot
-    conf = tmp_path / "batchsched.yaml"
-    conf.write_text(json.dumps(config(namespace, **SETTINGS).document()))
-    out_file = tmp_path / "snapshot.json"
-    assert await asyncio.to_thread(cli_main, ["snapshot", "--kubeconfig", sandbox.kubeconfig,
-                                              "--config", str(conf), "-o", str(out_file)]) == 0
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert await asyncio.to_thread(cli_main, ["simulate", "--snapshot", str(out_file), "-o", "json"]) == 0
-    from_cli = {r["name"]: (r["node"], r["cards"].get(ELASTIC_CONTAINER_PREFIX + "main", ""))
-                for r in json.loads(printed.getvalue())["placed"] if r["namespace"] == namespace}
-
-    # the simulator: the snapshot's objects through the session, one step
-    placed = replay_snapshot.replay(json.loads(json.dumps(snap)), now=0.0)
-    by_uid = {p["metadata"]["uid"]: p for p in snap["objects"]["pods"]}
-    simulated: dict[str, tuple[str, str]] = {}
-    for uid, where in placed.items():
-        pod = by_uid[uid]
-        name = pod["metadata"]["name"]
-        if pod["metadata"]["namespace"] == namespace:
-            notes, _ = annotations_for(parse_pod(pod).card_asks, where.cards or ())
-            simulated[name] = (where.node, notes.get(ELASTIC_CONTAINER_PREFIX + "main", ""))
-
-    # the live scheduler on the same cluster and configuration
-    names = {n for n, _, _ in MIX}
-    async with running_scheduler(sandbox, namespace, **SETTINGS) as sched:
-        async def settled() -> dict[str, tuple[str, str]] | None:
-            got = placements(await list_pods(kube, namespace), names)
-            return got if len(got) == len(simulated) else None
-
-        live = await wait_for(settled, timeout=30)
-        await asyncio.sleep(1.0)  # nothing more is bound afterwards
-        assert placements(await list_pods(kube, namespace), names) == live
-
-        # the running scheduler serves the same snapshot
-        url = f"http://127.0.0.1:{sched.http_port}/debug/snapshot"
-        ask = urllib.request.Request(url, headers={"Authorization": f"Bearer {admin_token(sandbox.kubeconfig)}"})
-        body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(ask, timeout=10).read()))
-        assert body["kind"] == "BatchschedSnapshot" and body["config"]["gpuSharing"]["policy"] == "binpack"
-        assert {n["metadata"]["name"] for n in body["objects"]["nodes"]} >= {
-            n for n, _ in {v for v in live.values()}}
-
-    assert len(simulated) >= 9  # most of the mix fits: the comparison is not empty
-    assert live == simulated
-    assert from_cli == simulated
 
 
 async def test_a_snapshot_with_dra_claims_replays_to_the_devices_the_live_scheduler_allocates(
@@ -189,3 +134,61 @@ async def test_a_snapshot_with_dra_claims_replays_to_the_devices_the_live_schedu
         for s in made:
             with contextlib.suppress(Exception):
                 await kube.delete(f"{dra}/resourceslices/{s['metadata']['name']}")
+
+
+async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
+    sandbox, kube: KubeClient, namespace: str, make_nodes, tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    await make_nodes(count=3, prefix=namespace, gpus=0, cpu="16",
+                     extended={CORE: "400", "elasticgpu.io/gpu-memory": "65536"},
+                     taints=({"key": namespace, "effect": "NoSchedule"},))
+    await create_pods(kube, namespace, [task(namespace, n, c, cpu) for n, c, cpu in MIX])
+    snap = await take_snapshot(kube, config(namespace, **SETTINGS).document())
+    assert {p["metadata"]["name"] for p in snap["objects"]["pods"]} >= {n for n, _, _ in MIX}
+
+    # the same through the commands a user runs: batchsched snapshot, batchsched simulate --snapshot
+    conf = tmp_path / "batchsched.yaml"
+    conf.write_text(json.dumps(config(namespace, **SETTINGS).document()))
+    out_file = tmp_path / "snapshot.json"
+    assert await asyncio.to_thread(cli_main, ["snapshot", "--kubeconfig", sandbox.kubeconfig,
+                                              "--config", str(conf), "-o", str(out_file)]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert await asyncio.to_thread(cli_main, ["simulate", "--snapshot", str(out_file), "-o", "json"]) == 0
+    from_cli = {r["name"]: (r["node"], r["cards"].get(ELASTIC_CONTAINER_PREFIX + "main", ""))
+                for r in json.loads(printed.getvalue())["placed"] if r["namespace"] == namespace}
+
+    # the simulator: the snapshot's objects through the session, one step
+    placed = replay_snapshot.replay(json.loads(json.dumps(snap)), now=0.0)
+    by_uid = {p["metadata"]["uid"]: p for p in snap["objects"]["pods"]}
+    simulated: dict[str, tuple[str, str]] = {}
+    for uid, where in placed.items():
+        pod = by_uid[uid]
+        name = pod["metadata"]["name"]
+        if pod["metadata"]["namespace"] == namespace:
+            notes, _ = annotations_for(parse_pod(pod).card_asks, where.cards or ())
+            simulated[name] = (where.node, notes.get(ELASTIC_CONTAINER_PREFIX + "main", ""))
+
+    # the live scheduler on the same cluster and configuration
+    names = {n for n, _, _ in MIX}
+    async with running_scheduler(sandbox, namespace, **SETTINGS) as sched:
+        async def settled() -> dict[str, tuple[str, str]] | None:
+            got = placements(await list_pods(kube, namespace), names)
+            return got if len(got) == len(simulated) else None
+
+        live = await wait_for(settled, timeout=30)
+        await asyncio.sleep(1.0)  # nothing more is bound afterwards
+        assert placements(await list_pods(kube, namespace), names) == live
+
+        # the running scheduler serves the same snapshot
+        url = f"http://127.0.0.1:{sched.http_port}/debug/snapshot"
+        ask = urllib.request.Request(url, headers={"Authorization": f"Bearer {admin_token(sandbox.kubeconfig)}"})
+        body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(ask, timeout=10).read()))
+        assert body["kind"] == "BatchschedSnapshot" and body["config"]["gpuSharing"]["policy"] == "binpack"
+        assert {n["metadata"]["name"] for n in body["objects"]["nodes"]} >= {
+            n for n, _ in {v for v in live.values()}}
+
+    assert len(simulated) >= 9  # most of the mix fits: the comparison is not empty
+    assert live == simulated
+    assert from_cli == simulated
+
