@@ -13,7 +13,8 @@ prints each node's cards as those annotations say, the cluster's GPU allocation 
 the whole cards left free. High-priority tasks that arrive to a full cluster preempt
 low-priority ones, which are submitted again as a Job controller would. Tasks finish after a
 while (kwok ends them), and the tasks that had to wait are placed as GPUs free up. Then two
-gangs and two teams' queues (phases 2 and 3).
+gangs and two teams' queues (phases 2 and 3), and a node whose GPUs are published by Dynamic
+Resource Allocation, MIG-partitionable, serving a gang of MIG pods (phase 4).
 
 ``--card-policy`` picks the card placement policy (``gpuSharing.policy``, with scope
 ``all``: it places whole cards too). ``--compare-card-policies`` runs only the first wave,
@@ -49,8 +50,9 @@ from batchsched.core.devices import (
 from batchsched.core.quantity import to_units
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError
+from batchsched.sandbox import gpudra
 from batchsched.sandbox.cluster import Sandbox, SandboxError
-from batchsched.sandbox.nodes import NodeShape
+from batchsched.sandbox.nodes import NodeShape, create_nodes, wait_nodes_ready
 
 DATA = Path(__file__).parent / "demo_data" / "openb_pods.csv"
 NAMESPACE = "demo"
@@ -730,6 +732,132 @@ async def _queues(kube: KubeClient) -> int:
         return 1
     print("borrowed GPUs went back to their owner, and the urgent job displaced a whole low-priority gang, "
           "never part of one.")
+    return await _dra(kube)
+
+
+DRA_API = "/apis/resource.k8s.io/v1"
+DRA_NAMESPACE = "inference"
+DRA_NODE = "a100-dra"
+#: the MIG profile the inference gang asks for, two of which fit one A100 40GB
+MIG_PROFILE = "3g.20gb"
+
+
+def _mig_pod(name: str, group: str) -> dict[str, Any]:
+    """An inference server: one MIG partition by a claim made from the ``mig-3g`` template."""
+    body = gpudra.pod_with_claims(name, templates={"mig": "mig-3g"})
+    body["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": group}
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4", "memory": "16Gi"}
+    return body
+
+
+def _memory_slices(device: dict[str, Any]) -> str:
+    """The memory slices a MIG partition takes (``4-7``), as the counters it consumes say."""
+    taken = sorted(int(name.rsplit("-", 1)[1]) for c in device.get("consumesCounters") or ()
+                   for name in c.get("counters") or {} if name.startswith("memory-slice-"))
+    return f"{taken[0]}-{taken[-1]}" if taken else "-"
+
+
+def mig_lines(pods: Sequence[dict[str, Any]], claims: Sequence[dict[str, Any]],
+              slices: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per pod: its node, its claim, and each device the claim was allocated, told
+    as the MIG profile, the GPU it partitions and the memory slices it takes (read from the
+    ResourceSlices the claim's pool published)."""
+    devices = {(s["spec"]["pool"]["name"], d["name"]): d for s in slices for d in s["spec"].get("devices") or ()}
+    gpu_of = {(pool, str((d.get("attributes") or {}).get("uuid", {}).get("string"))): name
+              for (pool, name), d in devices.items()}
+    by_name = {c["metadata"]["name"]: c for c in claims}
+    lines = []
+    for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
+        made = {s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+        claim = by_name.get(str(next(iter(made.values()), "")))
+        results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+        parts = []
+        for r in results:
+            d = devices.get((r["pool"], r["device"]), {})
+            attrs = d.get("attributes") or {}
+            gpu = gpu_of.get((r["pool"], str(attrs.get("parentUUID", {}).get("string"))), "?")
+            parts.append(f"{r['device']} = {attrs.get('profile', {}).get('string', '?')} of {gpu}, "
+                         f"memory slices {_memory_slices(d)}")
+        where = pod["spec"].get("nodeName") or "(not bound)"
+        claim_name = claim["metadata"]["name"] if claim else "(no claim yet)"
+        lines.append(f"{pod['metadata']['name']} -> {where}, claim {claim_name}: {'; '.join(parts) or 'not allocated'}")
+    return lines
+
+
+async def _dra_state(kube: KubeClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    pods, _ = await kube.list(f"/api/v1/namespaces/{DRA_NAMESPACE}/pods")
+    claims, _ = await kube.list(f"{DRA_API}/namespaces/{DRA_NAMESPACE}/resourceclaims")
+    return pods, claims
+
+
+async def _why_waiting(kube: KubeClient, name: str, *, seconds: float = 8.0) -> str:
+    """The pod's PodScheduled message once it is about devices (at first it may still say
+    its claim is not made yet: kube-controller-manager makes it a moment after the pod)."""
+    why = ""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pod = await kube.get(f"/api/v1/namespaces/{DRA_NAMESPACE}/pods/{name}")
+        conds = (pod.get("status") or {}).get("conditions") or []
+        why = next((str(c.get("message") or "") for c in conds if c.get("type") == "PodScheduled"), "")
+        if why and "to be made from ResourceClaimTemplate" not in why:
+            break
+        await asyncio.sleep(0.5)
+    return why or "(not told yet)"
+
+
+async def _dra(kube: KubeClient) -> int:
+    """A node publishing its GPUs by DRA, MIG-partitionable; a gang of MIG pods placed whole."""
+    print(f"\nphase 4: GPUs by Dynamic Resource Allocation. Node {DRA_NODE}-0 runs NVIDIA's DRA driver with "
+          "DynamicMIG: it publishes its 2 A100 40GB as ResourceSlices, each GPU whole and every MIG partition it "
+          "could be cut into, sharing one counter set per GPU (no nvidia.com/gpu)")
+    [name] = await create_nodes(kube, [NodeShape(count=1, prefix=DRA_NODE, cpu="64", memory="512Gi", gpus=0)])
+    await wait_nodes_ready(kube, [name], timeout=60)
+    node = await kube.get(f"/api/v1/nodes/{name}")
+    slices = gpudra.gpu_node_slices(name, gpus=2, mig="partitionable", node_uid=node["metadata"]["uid"])
+    for c in gpudra.device_classes(extended_resource=False):
+        with contextlib.suppress(ConflictError):
+            await kube.create(f"{DRA_API}/deviceclasses", c)
+    made = [await kube.create(f"{DRA_API}/resourceslices", s) for s in slices]
+    with contextlib.suppress(ConflictError):
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": DRA_NAMESPACE}})
+    selector = f"device.attributes['{gpudra.DRIVER}'].profile == '{MIG_PROFILE}'"
+    await kube.create(f"{DRA_API}/namespaces/{DRA_NAMESPACE}/resourceclaimtemplates",
+                      gpudra.claim_template("mig-3g", "mig.nvidia.com", 1, [selector]))
+    print(f"  an inference gang of 4 servers, each with a claim from template mig-3g (class mig.nvidia.com, "
+          f"one {MIG_PROFILE} partition): exactly what the 2 GPUs can hold; then a second gang of 2, which "
+          "must wait whole")
+    start = time.monotonic()
+    for group, size in (("serve-a", 4), ("serve-b", 2)):
+        await kube.create(f"{XK8S}/namespaces/{DRA_NAMESPACE}/podgroups", {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": group}, "spec": {"minMember": size}})
+        for i in range(size):
+            await kube.create(f"/api/v1/namespaces/{DRA_NAMESPACE}/pods", _mig_pod(f"{group}-{i}", group))
+        if group == "serve-a":
+            await asyncio.sleep(1.0)  # serve-a first: the gangs would otherwise race for the partitions
+    pods: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    placed_after = float("nan")
+    while time.monotonic() - start < 30:
+        pods, claims = await _dra_state(kube)
+        bound = {p["metadata"]["name"] for p in pods if p["spec"].get("nodeName")}
+        if len(bound) >= 4:
+            placed_after = time.monotonic() - start
+            break
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2.0)  # a moment for a partial gang, were there one, to show
+    pods, claims = await _dra_state(kube)
+    for line in mig_lines(pods, claims, made):
+        print("    " + line)
+    bound = {p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for p in pods if p["spec"].get("nodeName")}
+    held = [p for p in pods if p["spec"].get("nodeName")]
+    if bound != {"serve-a"} or len(held) != 4:
+        print(f"  the DRA phase did not end as expected: bound {sorted(p['metadata']['name'] for p in held)}")
+        return 1
+    print(f"  serve-b waits whole: {await _why_waiting(kube, 'serve-b-0')}")
+    print(f"serve-a was bound whole {placed_after:.1f} s after its pods were created; batchsched allocated every "
+          "claim on the node its pod was bound to, before the Binding; kube-controller-manager made the claims from the template "
+          "and deallocates and deletes them when the pods go.")
     return 0
 
 

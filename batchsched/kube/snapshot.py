@@ -2,7 +2,7 @@
 
 ``batchsched snapshot`` and the running scheduler's ``/debug/snapshot`` both list every
 collection the scheduler watches (nodes, pods, PodGroups, Queues, PriorityClasses,
-namespaces, budgets, volumes) and add the scheduler's configuration, so that
+namespaces, budgets, volumes, and DRA's ResourceSlices, DeviceClasses and ResourceClaims) and add the scheduler's configuration, so that
 ``batchsched simulate --snapshot FILE`` replays the same objects through the same session.
 A collection the cluster does not serve (a CRD not installed) is recorded as empty.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from batchsched.kube.api import KubeAPI
 from batchsched.kube.errors import NotFoundError
-from batchsched.kube.intake import PODGROUP_PATHS
+from batchsched.kube.intake import DRA_API, PODGROUP_PATHS
 from batchsched.kube.queuestatus import QUEUES_PATH
 
 KIND = "BatchschedSnapshot"
@@ -31,6 +31,9 @@ COLLECTIONS: dict[str, str] = {
     "persistentvolumeclaims": "/api/v1/persistentvolumeclaims",
     "persistentvolumes": "/api/v1/persistentvolumes",
     "storageclasses": "/apis/storage.k8s.io/v1/storageclasses",
+    "resourceslices": f"{DRA_API}/resourceslices",
+    "deviceclasses": f"{DRA_API}/deviceclasses",
+    "resourceclaims": f"{DRA_API}/resourceclaims",
     **{f"podgroups.{api}": path for api, path in PODGROUP_PATHS.items()},
 }
 

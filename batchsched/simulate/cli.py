@@ -120,14 +120,16 @@ def _snapshot(args: argparse.Namespace) -> int:
         pod = pods[uid]
         notes, _ = annotations_for(parse_pod(pod).card_asks, where.cards or ())
         rows.append({"namespace": pod["metadata"].get("namespace", ""), "name": pod["metadata"]["name"],
-                     "node": where.node, "cards": notes})
+                     "node": where.node, "cards": notes, "devices": list(where.devices)})
     if args.output == "json":
         print(json.dumps({"snapshot": args.snapshot, "placed": rows}, indent=1))
         return 0
     print(f"{len(rows)} pending pod(s) placed by a replay of {args.snapshot}:")
     for r in rows:
-        cards = " ".join(f"{k}={v}" for k, v in r["cards"].items())
-        print(f"  {r['namespace']}/{r['name']} -> {r['node']} {cards}".rstrip())
+        parts = [f"{r['namespace']}/{r['name']} -> {r['node']}", *(f"{k}={v}" for k, v in r["cards"].items())]
+        if r["devices"]:
+            parts.append("devices " + ",".join(r["devices"]))
+        print("  " + " ".join(parts))
     return 0
 
 

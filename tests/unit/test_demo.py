@@ -93,3 +93,23 @@ def test_the_card_report_flags_missing_annotations_and_overcommitted_cards() -> 
     assert report.overcommitted == ["t4-0 card 0"]
     assert sorted(set(report.unnamed)) == ["c", "d"]
     assert not demo._healthy(report)
+
+
+def test_the_dra_act_tells_which_mig_partition_of_which_gpu_each_pod_got() -> None:
+    from batchsched.sandbox import gpudra
+
+    slices = gpudra.gpu_node_slices("a100-dra-0", gpus=2, mig="partitionable")
+    pods = [demo._mig_pod(f"serve-a-{i}", "serve-a") for i in range(2)]
+    claims = []
+    for i, (pod, device) in enumerate(zip(pods, ["gpu-1-mig-3g20gb-9-4", ""], strict=True)):
+        pod["status"] = {"resourceClaimStatuses": [{"name": "mig", "resourceClaimName": f"c{i}"}]}
+        claim = gpudra.resource_claim(f"c{i}", "mig.nvidia.com")
+        if device:
+            pod["spec"]["nodeName"] = "a100-dra-0"
+            claim["status"] = {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": gpudra.DRIVER, "pool": "a100-dra-0", "device": device}]}}}
+        claims.append(claim)
+    assert demo.mig_lines(pods, claims, slices) == [
+        "serve-a-0 -> a100-dra-0, claim c0: gpu-1-mig-3g20gb-9-4 = 3g.20gb of gpu-1, memory slices 4-7",
+        "serve-a-1 -> (not bound), claim c1: not allocated",
+    ]

@@ -108,13 +108,15 @@ def test_the_example_scenario_runs_through_the_command(capsys) -> None:  # type:
     example = Path(__file__).parents[2] / "config" / "scenario-example.yaml"
     assert main(["simulate", "--scenario", str(example), "-o", "json"]) == 0
     jobs = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
-    assert set(jobs) == {"a-pretrain", "a-sweep", "b-finetune", "notebooks"}
+    assert set(jobs) == {"a-pretrain", "a-sweep", "b-finetune", "notebooks", "inference"}
     assert all(j["started"] is not None for j in jobs.values())
     # team-b reclaims the GPUs team-a borrowed: its gang does not wait for team-a's work to end
     assert jobs["b-finetune"]["started"] < jobs["a-pretrain"]["ended"]
     assert jobs["b-finetune"]["wait"] < 120
     assert jobs["a-sweep"]["evictions"] == 1  # the borrowed GPUs it held were reclaimed
     assert jobs["a-sweep"]["started"] >= jobs["b-finetune"]["started"]  # it restarted later
+    # the DRA node's 4 GPUs, two 3g.20gb MIG partitions each, hold the inference gang of 8 whole
+    assert jobs["inference"]["wait"] == 0
 
 
 def test_every_openb_variant_loads() -> None:
