@@ -35,6 +35,9 @@ class PodIntake:
         #: bound pods with ResourceClaims, as parsed (what their claims hold is read again
         #: when a claim changes)
         self._holding: dict[PodUID, Pod] = {}
+        #: ResourceClaim (namespace, name) -> the pods above that use it, and each pod's claims
+        self._users: dict[tuple[str, str], set[PodUID]] = {}
+        self._uses: dict[PodUID, tuple[tuple[str, str], ...]] = {}
         #: each pod's place in line among those created in the same second
         self._arrivals = Arrivals()
         #: pods seen to succeed since the last step: (like key, start), timed at the step
@@ -48,6 +51,8 @@ class PodIntake:
         """A full list of the pods, each admitted (``known``: the versions seen before)."""
         self._claiming.clear()
         self._holding.clear()
+        self._users.clear()
+        self._uses.clear()
         self.devices.forget_holders()
         return [self.admit("ADDED", p, known.get(p.uid)) for p in pods]
 
@@ -58,7 +63,30 @@ class PodIntake:
             self._claiming.pop(pod.uid, None)
             return self._with_devices_held(kind, pod)
         self._claiming[pod.uid] = pod
+        self._index(pod)
         return self.devices.apply(self.volumes.apply(pod))
+
+    def _index(self, pod: Pod | None, uid: PodUID | None = None) -> None:
+        """Which ResourceClaims ``pod`` uses, in the index :meth:`using_devices` reads
+        (None: pod ``uid`` is no longer kept)."""
+        uid = pod.uid if pod is not None else uid
+        assert uid is not None
+        now = tuple((pod.namespace, c.claim) for c in pod.resource_claims) if pod is not None else ()
+        before = self._uses.get(uid, ())
+        if now == before:
+            return
+        for key in before:
+            users = self._users.get(key)
+            if users is not None:
+                users.discard(uid)
+                if not users:
+                    del self._users[key]
+        for key in now:
+            self._users.setdefault(key, set()).add(uid)
+        if now:
+            self._uses[uid] = now
+        else:
+            self._uses.pop(uid, None)
 
     def _with_devices_held(self, kind: str, pod: Pod) -> Pod:
         """A bound pod with ResourceClaims, with the devices its claims hold counted in its
@@ -66,8 +94,11 @@ class PodIntake:
         if kind == "DELETED" or not pod.node_name or pod.terminal or not pod.resource_claims:
             if self._holding.pop(pod.uid, None) is not None:
                 self.devices.release_holder(pod.uid)
+            if pod.uid not in self._claiming:
+                self._index(None, pod.uid)
             return pod
         self._holding[pod.uid] = pod
+        self._index(pod)
         return self.devices.hold(pod)
 
     def claiming(self, keys: Set[tuple[str, str]]) -> list[Pod]:
@@ -78,12 +109,11 @@ class PodIntake:
         """The pods, as parsed, using one of the ResourceClaims ``keys`` (namespace, name):
         pending, and bound ones (what they hold is counted from their claims); every pod
         with ResourceClaims when ``keys`` is None."""
-        pods = [*self._claiming.values(), *self._holding.values()]
-        return [
-            pod for pod in pods if pod.resource_claims and (
-                keys is None or any((pod.namespace, c.claim) in keys for c in pod.resource_claims)
-            )
-        ]
+        if keys is None:
+            return [p for p in (*self._claiming.values(), *self._holding.values()) if p.resource_claims]
+        uids = {uid for key in keys for uid in self._users.get(key, ())}
+        found = (self._claiming.get(uid) or self._holding.get(uid) for uid in sorted(uids))
+        return [p for p in found if p is not None]
 
     def parsed(self, pod: Pod) -> Pod:
         """The pod as parsed (before its claims were applied)."""
