@@ -168,7 +168,7 @@ class _Walk:
         self.plan = Plan()
         arrays = cycle.arrays(snap)
         self.st = Statement(snap.alloc, snap.used, self.tree, self.plan, device=arrays.device)
-        self.placer = Placer(cycle, snap, self.st, arrays, state)
+        self.placer = Placer(cycle, snap, self.st, arrays, state, devices)
         self.running = RunningWork(self.qi, self.st, len(snap.columns))
         #: unit key -> its nomination, charged in this cycle
         self.held: dict[str, Held] = {}

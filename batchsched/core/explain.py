@@ -419,3 +419,8 @@ def no_devices_anywhere(total_nodes: int, why: str) -> str:
 
 def devices_refused(pod_key: str, node: str, why: str) -> str:
     return f"the ResourceClaims of {pod_key} cannot be allocated on node {node} now: {why}"
+
+
+def devices_refused_on(node: str, why: str) -> str:
+    """A reason counted over nodes: pods like this one were refused their devices there."""
+    return f"node(s) could not allocate its ResourceClaims (on {node}: {why})"

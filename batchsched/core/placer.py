@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core import explain
+from batchsched.core.dra.book import DeviceCycle
 from batchsched.core.mirror import Snapshot
 from batchsched.core.model import Pod
 from batchsched.core.placement import kernels, reference
@@ -92,9 +93,11 @@ class Placer:
 
     def __init__(
         self, cycle: CycleKernels, snap: Snapshot, st: Statement, arrays: ScoringArrays,
-        state: PodSource | None = None,
+        state: PodSource | None = None, devices: DeviceCycle | None = None,
     ) -> None:
         self.cycle = cycle
+        #: the cycle's DRA devices: where pods like a member were refused their devices
+        self.devices = devices
         self.snap = snap
         self.st = st
         self.filt, self.rows = cycle.caches.node_filter(snap.nodes, snap.node_generation)
@@ -137,9 +140,36 @@ class Placer:
             if cached is not None:
                 return cached
         out = build_layout(pods, self.request_matrix(pods, key), self.filt, len(self.snap.nodes))
+        if self.devices is not None:
+            out = self._without_refused(pods, out)
         if key is not None:
             self.layouts[key] = out
         return out
+
+    def _refused_reason(self, pod: Pod) -> dict[str, int]:
+        """The nodes the filter lets ``pod`` use where pods like it were refused their
+        devices, as a reason: ``{"node(s) could not allocate its ResourceClaims (n1: ...)": 1}``."""
+        refused = self.devices.book.refused_nodes(pod) if self.devices is not None and pod.resource_claims else {}
+        if not refused:
+            return {}
+        static = self.filt.mask(pod)
+        here = sorted(n for n in refused if (row := self.rows.get(n)) is not None and static[row])
+        if not here:
+            return {}
+        return {explain.devices_refused_on(here[0], refused[here[0]]): len(here)}
+
+    def _without_refused(self, pods: Sequence[Pod], lay: Layout) -> Layout:
+        """``lay`` without the nodes where pods like a member were refused their devices
+        (:meth:`~batchsched.core.dra.book.DeviceBook.refused_nodes`)."""
+        assert self.devices is not None
+        for m, pod in enumerate(pods):
+            if not pod.resource_claims:
+                continue
+            for name in self.devices.book.refused_nodes(pod):
+                row = self.rows.get(name)
+                if row is not None and lay.masks[int(lay.sig[m]), row]:
+                    lay = lay.without(m, row)
+        return lay
 
     def domains(self) -> Domains:
         """The topology domains of the snapshot's nodes (built once, when first needed)."""
@@ -194,7 +224,7 @@ class Placer:
             counts = self.cycle._insufficient(self.snap.alloc, use, req, mask)
             insufficient = {self.snap.columns[r]: int(n) for r, n in enumerate(counts) if n > 0}
             cards = shortfalls(self.snap.alloc, use, req, mask, self.arrays.device) if pod.card_asks else None
-            message = self.filt.explain(pod, insufficient, cards)
+            message = self.filt.explain(pod, insufficient, {**(cards or {}), **self._refused_reason(pod)})
         if usage is None:
             self.explain_cache[key] = message
         return message

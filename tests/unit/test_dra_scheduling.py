@@ -435,3 +435,30 @@ def test_claims_of_capacity_share_one_gpu_until_its_memory_is_spent() -> None:
     assert shares[0]["device"] == shares[1]["device"] and shares[0]["shareID"] != shares[1]["shareID"]
     assert shares[0]["consumedCapacity"]["memory"] == "16Gi"
     assert "without enough capacity left" in w.told(d, uids[2])
+
+
+def test_nodes_that_refused_a_pods_devices_are_not_tried_again_until_their_devices_change() -> None:
+    """Four nodes each have their one 80Gi GPU in use and 40Gi GPUs free, so their class
+    column shows room; the pod wants an 80Gi GPU, free only on node z. Each cycle tries at
+    most three nodes: the nodes that refused it are remembered, so the second cycle reaches
+    z instead of trying the same three again (without that, the holders themselves are
+    never all placed)."""
+    w = DraWorld()
+    big = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+    for name in ("a", "b", "c", "d"):
+        w.node(name, 3, memory=["80Gi", "40Gi", "40Gi"])
+        w.claim(f"hold-{name}", 1, selectors=[{"cel": {"expression": big}}])
+        w.pod(f"hold-{name}", f"hold-{name}")
+    for _ in range(3):  # the holders themselves meet the refusals (three nodes a cycle)
+        w.step(after=30)
+    assert sorted(w.node_of(u) for u in w.pods) == ["a", "b", "c", "d"]
+    w.node("z", 1, memory=["80Gi"])
+    w.claim("want", 1, selectors=[{"cel": {"expression": big}}])
+    want = w.pod("want", "want")
+    d = w.step()
+    first = w.node_of(want)
+    if not first:
+        assert "cannot be allocated on node" in w.told(d, want)
+        for _ in range(2):  # after its back-off
+            w.step(after=30)
+    assert w.node_of(want) == "z"

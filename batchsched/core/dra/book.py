@@ -124,6 +124,11 @@ class DeviceBook:
         self._held_on: dict[str, dict[str, int]] = {}
         #: nodes whose held devices changed since :meth:`take_held_nodes`
         self._held_nodes: set[str] = set()
+        #: claim shape -> the nodes where a pod of that shape was placed and its claims could
+        #: not be allocated, until what is allocated on the node changes (the class columns
+        #: count a node's free devices, not which of them a request accepts: without this a
+        #: pod may be placed, and refused, on the same node cycle after cycle)
+        self.refused: dict[str, dict[str, str]] = {}
 
     # -- what is known -------------------------------------------------------------------------
 
@@ -166,6 +171,7 @@ class DeviceBook:
         if old is None or old.labels != node.labels:
             self._here.pop(node.name, None)
             self._feasible.clear()
+            self._unrefuse(frozenset({node.name}))
         self.nodes[node.name] = node
         return self.with_devices(node)
 
@@ -221,6 +227,7 @@ class DeviceBook:
         self._feasible.clear()
         self._matches.clear()
         self.selectors = SelectorCache()
+        self.refused.clear()
         return _EVERYTHING
 
     def replace_slices(self, slices: Iterable[ResourceSlice]) -> DeviceChange:
@@ -249,6 +256,7 @@ class DeviceBook:
         self.claims = {(c.namespace, c.name): c for c in claims}
         self.assumed = {k: v for k, v in self.assumed.items() if self._in_flight(k)}
         self._confirmed = None
+        self.refused.clear()
         return DeviceChange(nodes=None, claims=None)
 
     def claim_event(self, kind: str, claim: ResourceClaim) -> DeviceChange:
@@ -262,7 +270,30 @@ class DeviceBook:
         if held[0] is None and held[1] is None:
             return DeviceChange(claims=frozenset({key}))
         self._confirmed = self._newly_allocated(claim) if held[0] is None else None
-        return DeviceChange(nodes=self._nodes_of(claim, old), claims=frozenset({key}))
+        nodes = self._nodes_of(claim, old)
+        self._unrefuse(nodes)
+        return DeviceChange(nodes=nodes, claims=frozenset({key}))
+
+    def refuse(self, claims: Sequence[ResourceClaim], node: str, why: str) -> None:
+        """A pod whose unallocated ``claims`` could not be allocated on ``node`` (``why``):
+        not placed there again until what is allocated there changes."""
+        self.refused.setdefault(_shape(claims), {})[node] = why
+
+    def refused_nodes(self, pod: Pod) -> Mapping[str, str]:
+        """The nodes where a pod like ``pod`` (its unallocated claims) was refused, and why."""
+        if not self.refused:
+            return {}
+        claims = [self.claims.get((pod.namespace, c.claim)) for c in pod.resource_claims]
+        pending = [c for c in claims if c is not None and c.allocation is None]
+        return self.refused.get(_shape(pending), {}) if pending else {}
+
+    def _unrefuse(self, nodes: frozenset[str] | None) -> None:
+        if nodes is None:
+            self.refused.clear()
+            return
+        for refused in self.refused.values():
+            for name in nodes:
+                refused.pop(name, None)
 
     def _newly_allocated(self, claim: ResourceClaim) -> InUse | None:
         """What the claims' status says is in use once ``claim``, unallocated before, shows
@@ -332,7 +363,7 @@ class DeviceBook:
     def feasible(self, claims: Sequence[ResourceClaim]) -> frozenset[str] | str:
         """The nodes where ``claims`` could be allocated if nothing were in use, or why
         none (the reason given on the first node that has devices of their classes)."""
-        shape = repr([(c.requests, c.constraints, c.config) for c in claims])
+        shape = _shape(claims)
         known = self._feasible.get(shape)
         if known is not None:
             return known
@@ -422,9 +453,13 @@ class DeviceBook:
                 self.assumed[(w.namespace, w.name)] = (PodUID(b.uid), delta)
 
     def forget(self, uid: PodUID) -> None:
-        """The pod ``uid`` was not bound: its allocations in flight are not in use."""
-        for key in [k for k, (u, _) in self.assumed.items() if u == uid]:
+        """The pod ``uid`` was not bound: its allocations in flight are not in use (the
+        nodes they were on may serve pods refused there)."""
+        gone = [k for k, (u, _) in self.assumed.items() if u == uid]
+        for key in gone:
             del self.assumed[key]
+        if gone:
+            self.refused.clear()
 
 
 class DeviceCycle:
@@ -449,6 +484,7 @@ class DeviceCycle:
         got = allocate(claims, devices=book.node_devices(node), classes=book.classes, in_use=self.use,
                        pod_uid=pod.uid, selector_cache=book.selectors)
         if not isinstance(got, Allocated):
+            book.refuse([c for c in claims if c.allocation is None], node, got.reason)
             return got.reason
         self.use = self.use.plus(got.delta)
         writes = []
@@ -484,6 +520,12 @@ def _delta_of(delta: InUse, result: Any, book: DeviceBook, node: str) -> InUse:
     allocation = parse_allocation(result.allocation, f"claim {result.claim}")
     fake = ResourceClaim(namespace="", name=result.claim, uid="", requests=(), allocation=allocation)
     return in_use_from_claims([fake], book.pools)
+
+
+def _shape(claims: Sequence[ResourceClaim]) -> str:
+    """What decides where unallocated ``claims`` may go: their requests, constraints and
+    configuration (claims made from one template share it)."""
+    return repr([(c.requests, c.constraints, c.config) for c in claims])
 
 
 def _asks(claim: ResourceClaim) -> dict[str, int]:
