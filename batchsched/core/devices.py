@@ -104,9 +104,11 @@ ASK_COLUMNS: tuple[str, ...] = (
 
 def card_columns_of(col: Mapping[str, int]) -> list[tuple[int, int]]:
     """``(compute, memory)`` column indexes of each card, in card order, given the column
-    index by name (card columns exist up to the most cards a node has)."""
+    index by name (card columns exist up to the most cards a node has). A card whose
+    memory column is missing is no card of a node: its compute column was made by the
+    usage of a pod running on a node not listed (deleted, or not seen yet)."""
     out: list[tuple[int, int]] = []
-    while card_compute(len(out)) in col and len(out) < MAX_CARDS:
+    while len(out) < MAX_CARDS and card_compute(len(out)) in col and card_memory(len(out)) in col:
         out.append((col[card_compute(len(out))], col[card_memory(len(out))]))
     return out
 
