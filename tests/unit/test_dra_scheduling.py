@@ -367,3 +367,19 @@ def test_a_queue_quota_over_a_device_class_holds() -> None:
     w.delete(a)
     w.step(after=30)
     assert w.node_of(c) == "n0"
+
+
+def test_a_pod_kept_to_some_nodes_has_its_claims_tried_there_only() -> None:
+    """A pod whose nodeSelector allows one small node is told its claims fit on none of the
+    nodes it may go to; a large node elsewhere that could serve them does not count."""
+    w = DraWorld()
+    w.session.on_node("ADDED", parse_node(make_node("small").cap(cpu="64", memory="512Gi").label({"rack": "a"}).obj()))
+    w.session.on_resource_slice("ADDED", parse_resource_slice(gpu_slice("small", 2)))
+    w.node("large", 8)
+    w.claim("four", 4)
+    uid = w.pod("p", "four")
+    w.pods[uid]["spec"]["nodeSelector"] = {"rack": "a"}
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[uid]))
+    d = w.step()
+    assert not w.node_of(uid)
+    assert "cannot be allocated on any of 1 nodes" in w.told(d, uid)

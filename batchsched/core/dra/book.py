@@ -52,6 +52,7 @@ from batchsched.core.dra.objects import (
     DeviceClass,
     DeviceId,
     NodeDevices,
+    NodeSelector,
     Pools,
     ResourceClaim,
     ResourceSlice,
@@ -108,7 +109,7 @@ class DeviceBook:
         self._pools: Pools | None = None
         self._confirmed: InUse | None = None
         #: claim shape -> the nodes where it could be allocated, or why nowhere
-        self._feasible: dict[str, frozenset[str] | str] = {}
+        self._feasible: dict[tuple[str, frozenset[str]], frozenset[str] | str] = {}
         #: (class, device) -> whether the device matches the class
         self._matches: dict[tuple[str, DeviceId], bool] = {}
         #: selectors compiled, and their outcome on each device, until the devices change
@@ -297,22 +298,35 @@ class DeviceBook:
                 terms = and_terms(terms, claim.allocation.node_selector.terms)
         nodes = None
         if pending:
-            where = self.feasible(pending)
+            where = self.feasible(pending, self._may_go(pod))
             if isinstance(where, str):
                 return replace(pod, invalid=where)
             nodes = where
         return replace(pod, required_terms=terms, requests={**pod.requests, **asks}, device_nodes=nodes)
 
-    def feasible(self, claims: Sequence[ResourceClaim]) -> frozenset[str] | str:
-        """The nodes where ``claims`` could be allocated if nothing were in use, or why
-        none (the reason given on the first node that has devices of their classes)."""
-        shape = repr([(c.requests, c.constraints, c.config) for c in claims])
+    def _may_go(self, pod: Pod) -> frozenset[str]:
+        """The nodes the pod's nodeSelector and required node affinity allow: its claims
+        are tried there only (a pod kept to a few nodes of a large cluster would otherwise
+        have its claims tried on every node)."""
+        terms = NodeSelector(pod.required_terms, {}) if pod.required_terms is not None else None
+        return frozenset(
+            name for name, node in self.nodes.items()
+            if all(node.labels.get(k) == v for k, v in pod.node_selector.items())
+            and (terms is None or terms.matches(name, node.labels))
+        )
+
+    def feasible(self, claims: Sequence[ResourceClaim], among: frozenset[str] | None = None) -> frozenset[str] | str:
+        """The nodes of ``among`` (default: every node) where ``claims`` could be allocated
+        if nothing were in use, or why none (the reason given on the first node that has
+        devices of their classes)."""
+        candidates = frozenset(self.nodes) if among is None else among
+        shape = (repr([(c.requests, c.constraints, c.config) for c in claims]), candidates)
         known = self._feasible.get(shape)
         if known is not None:
             return known
         nodes: set[str] = set()
         why = ""
-        for name in sorted(self.nodes):
+        for name in sorted(candidates):
             got = allocate(claims, devices=self.node_devices(name), classes=self.classes, in_use=InUse(),
                            selector_cache=self.selectors)
             if isinstance(got, Allocated):
@@ -320,7 +334,7 @@ class DeviceBook:
             elif not why or "no device" not in got.reason:
                 why = got.reason
         result: frozenset[str] | str = (
-            frozenset(nodes) if nodes else explain.no_devices_anywhere(len(self.nodes), why)
+            frozenset(nodes) if nodes else explain.no_devices_anywhere(len(candidates), why)
         )
         self._feasible[shape] = result
         return result
