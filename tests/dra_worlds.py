@@ -44,7 +44,7 @@ def parse_quantity(text: str) -> int:
     """The few quantity forms the worlds and kube-scheduler write: ``40Gi``, ``4864Mi``, ``14``."""
     for suffix, power in (("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40)):
         if text.endswith(suffix):
-            return int(text[: -len(suffix)]) * 2**power
+            return int(text[: -len(suffix)]) * (1 << power)
     return int(text)
 
 
