@@ -110,6 +110,8 @@ class DeviceBook:
         self._confirmed: InUse | None = None
         #: claim shape -> the nodes where it could be allocated, or why nowhere
         self._feasible: dict[tuple[str, frozenset[str]], frozenset[str] | str] = {}
+        #: the classes some device allowing multiple allocations matches, until devices change
+        self._shareable: frozenset[str] | None = None
         #: (class, device) -> whether the device matches the class
         self._matches: dict[tuple[str, DeviceId], bool] = {}
         #: selectors compiled, and their outcome on each device, until the devices change
@@ -193,6 +195,18 @@ class DeviceBook:
                     out[class_column(c.name)] += 1
         return out
 
+    def shareable_classes(self) -> frozenset[str]:
+        """The classes that match a device allowing multiple allocations somewhere: a
+        request of such a class may be served by a share of a device another request (of
+        this claim or another) holds too, so it is not counted as a whole device."""
+        if self._shareable is None:
+            self._shareable = frozenset(
+                c.name for p in self.pools.pools.values() if not p.problem
+                for s in p.slices for d in s.devices if d.allow_multiple
+                for c in self.classes.values() if self._matches_class(c, d)
+            )
+        return self._shareable
+
     def _matches_class(self, c: DeviceClass, device: Device) -> bool:
         key = (c.name, device.id)
         hit = self._matches.get(key)
@@ -211,6 +225,7 @@ class DeviceBook:
         self._confirmed = None
         self._feasible.clear()
         self._matches.clear()
+        self._shareable = None
         self.selectors = SelectorCache()
         return _EVERYTHING
 
@@ -292,7 +307,7 @@ class DeviceBook:
                 return replace(pod, invalid=explain.claim_missing(f"{pod.namespace}/{entry.claim}"))
             if claim.allocation is None:
                 pending.append(claim)
-                for column, n in _asks(claim).items():
+                for column, n in _asks(claim, self.shareable_classes()).items():
                     asks[column] = asks.get(column, 0) + n
             elif claim.allocation.node_selector is not None:
                 terms = and_terms(terms, claim.allocation.node_selector.terms)
@@ -474,15 +489,17 @@ def _delta_of(delta: InUse, result: Any, book: DeviceBook, node: str) -> InUse:
     return in_use_from_claims([fake], book.pools)
 
 
-def _asks(claim: ResourceClaim) -> dict[str, int]:
+def _asks(claim: ResourceClaim, shareable: frozenset[str]) -> dict[str, int]:
     """The devices an unallocated claim asks for, per class column: its ``exactly``
-    requests of ``ExactCount``."""
+    requests of ``ExactCount``, but for a class of ``shareable`` (a share is not a whole
+    device: :func:`_held` does not count one either, and two requests of one claim may
+    both be served by shares of one device)."""
     out: dict[str, int] = {}
     for r in claim.requests:
         if r.first_available or len(r.choices) != 1:
             continue
         c = r.choices[0]
-        if c.all_devices or c.admin_access:
+        if c.all_devices or c.admin_access or c.class_name in shareable:
             continue
         out[class_column(c.class_name)] = out.get(class_column(c.class_name), 0) + c.count
     return out
