@@ -11,6 +11,7 @@ import pytest
 from batchsched.core.dra.objects import (
     DraError,
     Pools,
+    ResourceSlice,
     parse_device_class,
     parse_resource_claim,
     parse_resource_slice,
@@ -163,6 +164,25 @@ def test_a_node_uses_its_own_slices_and_not_another_nodes() -> None:
     assert names == ["gpu-0", "gpu-0-mig-0", "gpu-1", "gpu-1-mig-0"]
     assert [d.name for d in p.for_node("n2", {}).devices] == ["gpu-0"]
     assert p.for_node("n1", {}).counter_sets[(DRIVER, "n1")]["gpu-1"]["memory"] == 80 * 2**30
+
+
+def test_a_nodes_devices_are_found_without_reading_every_other_nodes_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster publishes a pool per node: finding one node's devices reads that node's
+    slices and those a selector may offer it, not the slices of all 300 nodes (which made
+    every node's devices cost as much as the whole cluster's)."""
+    everywhere = _slice("all", pool={"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+                        allNodes=True, devices=[{"name": "fabric"}])
+    p = pools(*(s for i in range(300) for s in gpu_node_slices(f"n{i}", gpus=1, migs=0)), everywhere)
+    read: list[str] = []
+    serves = ResourceSlice.serves
+
+    def counted(self: ResourceSlice, node: str, labels: Any) -> bool:
+        read.append(self.name)
+        return serves(self, node, labels)
+
+    monkeypatch.setattr(ResourceSlice, "serves", counted)
+    assert [d.name for d in p.for_node("n7", {}).devices] == ["gpu-0", "fabric"]
+    assert len(read) <= 3  # n7's slice of devices, and the one for every node
 
 
 def test_only_the_newest_generation_of_a_pool_counts() -> None:

@@ -462,3 +462,40 @@ def test_nodes_that_refused_a_pods_devices_are_not_tried_again_until_their_devic
         for _ in range(2):  # after its back-off
             w.step(after=30)
     assert w.node_of(want) == "z"
+
+
+def test_a_pod_kept_to_some_nodes_has_its_claims_tried_there_only() -> None:
+    """A pod whose nodeSelector allows one small node is told its claims fit on none of the
+    nodes it may go to; a large node elsewhere that could serve them does not count."""
+    w = DraWorld()
+    w.session.on_node("ADDED", parse_node(make_node("small").cap(cpu="64", memory="512Gi").label({"rack": "a"}).obj()))
+    w.session.on_resource_slice("ADDED", parse_resource_slice(gpu_slice("small", 2)))
+    w.node("large", 8)
+    w.claim("four", 4)
+    uid = w.pod("p", "four")
+    w.pods[uid]["spec"]["nodeSelector"] = {"rack": "a"}
+    w.session.on_pod("MODIFIED", parse_pod(w.pods[uid]))
+    d = w.step()
+    assert not w.node_of(uid)
+    assert "cannot be allocated on any of 1 nodes" in w.told(d, uid)
+
+
+def test_two_requests_of_a_claim_share_the_one_gpu_that_allows_multiple_allocations() -> None:
+    """One GPU shared by capacity (allowMultipleAllocations): a claim asking one GPU in
+    each of two requests gets two shares of it, as kube-scheduler allocates them; the
+    node's one device does not refuse the two requests as two whole devices."""
+    w = DraWorld()
+    w.session.on_node("ADDED", parse_node(make_node("n0").cap(cpu="64", memory="512Gi").obj()))
+    shared = gpu_slice("n0", 1)
+    shared["spec"]["devices"][0]["allowMultipleAllocations"] = True
+    shared["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"] = {"default": "1Gi"}
+    w.session.on_resource_slice("ADDED", parse_resource_slice(shared))
+    w.claim("two", 1)
+    w.claims["two"]["spec"]["devices"]["requests"].append(
+        {"name": "more", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1,
+                                      "capacity": {"requests": {"memory": "16Gi"}}}})
+    w.session.on_resource_claim("MODIFIED", parse_resource_claim(w.claims["two"]))
+    uid = w.pod("p", "two")
+    d = w.step()
+    assert w.node_of(uid) == "n0", w.told(d, uid)
+    assert w.devices_of("two") == ["gpu-0", "gpu-0"]

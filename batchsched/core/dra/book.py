@@ -52,6 +52,7 @@ from batchsched.core.dra.objects import (
     DeviceClass,
     DeviceId,
     NodeDevices,
+    NodeSelector,
     Pools,
     ResourceClaim,
     ResourceSlice,
@@ -111,7 +112,9 @@ class DeviceBook:
         self._here: dict[str, NodeDevices] = {}
         self._confirmed: InUse | None = None
         #: claim shape -> the nodes where it could be allocated, or why nowhere
-        self._feasible: dict[str, frozenset[str] | str] = {}
+        self._feasible: dict[tuple[str, frozenset[str]], frozenset[str] | str] = {}
+        #: the classes some device allowing multiple allocations matches, until devices change
+        self._shareable: frozenset[str] | None = None
         #: (class, device) -> whether the device matches the class
         self._matches: dict[tuple[str, DeviceId], bool] = {}
         #: selectors compiled, and their outcome on each device, until the devices change
@@ -207,6 +210,18 @@ class DeviceBook:
                     out[class_column(c.name)] += 1
         return out
 
+    def shareable_classes(self) -> frozenset[str]:
+        """The classes that match a device allowing multiple allocations somewhere: a
+        request of such a class may be served by a share of a device another request (of
+        this claim or another) holds too, so it is not counted as a whole device."""
+        if self._shareable is None:
+            self._shareable = frozenset(
+                c.name for p in self.pools.pools.values() if not p.problem
+                for s in p.slices for d in s.devices if d.allow_multiple
+                for c in self.classes.values() if self._matches_class(c, d)
+            )
+        return self._shareable
+
     def _matches_class(self, c: DeviceClass, device: Device) -> bool:
         key = (c.name, device.id)
         hit = self._matches.get(key)
@@ -226,6 +241,7 @@ class DeviceBook:
         self._confirmed = None
         self._feasible.clear()
         self._matches.clear()
+        self._shareable = None
         self.selectors = SelectorCache()
         self.refused.clear()
         return _EVERYTHING
@@ -348,28 +364,41 @@ class DeviceBook:
                 return replace(pod, invalid=explain.claim_missing(f"{pod.namespace}/{entry.claim}"))
             if claim.allocation is None:
                 pending.append(claim)
-                for column, n in _asks(claim).items():
+                for column, n in _asks(claim, self.shareable_classes()).items():
                     asks[column] = asks.get(column, 0) + n
             elif claim.allocation.node_selector is not None:
                 terms = and_terms(terms, claim.allocation.node_selector.terms)
         nodes = None
         if pending:
-            where = self.feasible(pending)
+            where = self.feasible(pending, self._may_go(pod))
             if isinstance(where, str):
                 return replace(pod, invalid=where)
             nodes = where
         return replace(pod, required_terms=terms, requests={**pod.requests, **asks}, device_nodes=nodes)
 
-    def feasible(self, claims: Sequence[ResourceClaim]) -> frozenset[str] | str:
-        """The nodes where ``claims`` could be allocated if nothing were in use, or why
-        none (the reason given on the first node that has devices of their classes)."""
-        shape = _shape(claims)
+    def _may_go(self, pod: Pod) -> frozenset[str]:
+        """The nodes the pod's nodeSelector and required node affinity allow: its claims
+        are tried there only (a pod kept to a few nodes of a large cluster would otherwise
+        have its claims tried on every node)."""
+        terms = NodeSelector(pod.required_terms, {}) if pod.required_terms is not None else None
+        return frozenset(
+            name for name, node in self.nodes.items()
+            if all(node.labels.get(k) == v for k, v in pod.node_selector.items())
+            and (terms is None or terms.matches(name, node.labels))
+        )
+
+    def feasible(self, claims: Sequence[ResourceClaim], among: frozenset[str] | None = None) -> frozenset[str] | str:
+        """The nodes of ``among`` (default: every node) where ``claims`` could be allocated
+        if nothing were in use, or why none (the reason given on the first node that has
+        devices of their classes)."""
+        candidates = frozenset(self.nodes) if among is None else among
+        shape = (_shape(claims), candidates)
         known = self._feasible.get(shape)
         if known is not None:
             return known
         nodes: set[str] = set()
         why = ""
-        for name in sorted(self.nodes):
+        for name in sorted(candidates):
             got = allocate(claims, devices=self.node_devices(name), classes=self.classes, in_use=InUse(),
                            selector_cache=self.selectors)
             if isinstance(got, Allocated):
@@ -377,7 +406,7 @@ class DeviceBook:
             elif not why or "no device" not in got.reason:
                 why = got.reason
         result: frozenset[str] | str = (
-            frozenset(nodes) if nodes else explain.no_devices_anywhere(len(self.nodes), why)
+            frozenset(nodes) if nodes else explain.no_devices_anywhere(len(candidates), why)
         )
         self._feasible[shape] = result
         return result
@@ -528,16 +557,18 @@ def _shape(claims: Sequence[ResourceClaim]) -> str:
     return repr([(c.requests, c.constraints, c.config) for c in claims])
 
 
-def _asks(claim: ResourceClaim) -> dict[str, int]:
+def _asks(claim: ResourceClaim, shareable: frozenset[str]) -> dict[str, int]:
     """The devices an unallocated claim asks for, per class column: its ``exactly``
-    requests of ``ExactCount`` for whole devices (a request of capacity may be served by
-    a share of a device several claims use, which a count of devices cannot tell)."""
+    requests of ``ExactCount`` for whole devices. Not a request of capacity, nor one of a
+    class of ``shareable`` (either may be served by a share of a device several claims
+    use, which a count of devices cannot tell: :func:`_held` counts no share either, and
+    two requests of one claim may both be served by shares of one device)."""
     out: dict[str, int] = {}
     for r in claim.requests:
         if r.first_available or len(r.choices) != 1:
             continue
         c = r.choices[0]
-        if c.all_devices or c.admin_access or c.capacity is not None:
+        if c.all_devices or c.admin_access or c.capacity is not None or c.class_name in shareable:
             continue
         out[class_column(c.class_name)] = out.get(class_column(c.class_name), 0) + c.count
     return out

@@ -775,6 +775,16 @@ class Pools:
         self._devices: dict[DeviceId, Device] = {
             d.id: d for p in self.pools.values() if not p.problem for s in p.slices for d in s.devices
         }
+        # which pools a node need look at: a cluster publishes a pool or more per node, and
+        # looking at every pool for every node made a node's devices cost O(pools)
+        self._pinned: dict[str, set[tuple[str, str]]] = {}
+        self._unpinned: set[tuple[str, str]] = set()
+        for key, pool in self.pools.items():
+            for name in _pinned_to(pool):
+                if name is None:
+                    self._unpinned.add(key)
+                else:
+                    self._pinned.setdefault(name, set()).add(key)
 
     def device(self, device: DeviceId) -> Device | None:
         """A device of a usable pool, wherever it is available."""
@@ -797,7 +807,8 @@ class Pools:
         slices: dict[tuple[str, str, str], ResourceSlice] = {}
         counters: dict[tuple[str, str], Mapping[str, Mapping[str, Decimal]]] = {}
         unusable: list[Pool] = []
-        for key, pool in self.pools.items():
+        for key in sorted(self._pinned.get(node, set()) | self._unpinned):
+            pool = self.pools[key]
             here = [s for s in pool.slices if s.devices and s.serves(node, labels)]
             if not here:
                 continue
@@ -810,6 +821,20 @@ class Pools:
                 devices.extend(d for d in s.devices
                                if not s.per_device_node_selection or _device_serves(d, node, labels))
         return NodeDevices(node, labels, tuple(devices), slices, counters, tuple(unusable))
+
+
+def _pinned_to(pool: Pool) -> set[str | None]:
+    """The node names the devices of ``pool`` are pinned to; None for any device a node
+    selector or ``allNodes`` offers (those are matched against each node's labels)."""
+    out: set[str | None] = set()
+    for s in pool.slices:
+        if not s.devices:
+            continue
+        if s.per_device_node_selection:
+            out.update(d.node_name for d in s.devices)
+        else:
+            out.add(s.node_name)
+    return out
 
 
 def _build_pool(key: tuple[str, str], slices: list[ResourceSlice]) -> Pool:
