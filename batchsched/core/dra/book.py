@@ -11,19 +11,25 @@ Placement sees devices the way it sees any resource, and the allocator has the l
 - **nodes** get one extra allocatable column per DeviceClass
   (``deviceclass.resource.k8s.io/<class>``): how many devices of the class the node could
   hand out now (matching the class, not held by an allocated claim, not tainted
-  ``NoSchedule``/``NoExecute``, their pool's shared counters still covering them alone);
-- a **pending pod** asks, in those columns, for the devices of its unallocated claims'
-  ``exactly`` requests of ``ExactCount`` (the others: ``All``, ``firstAvailable``, ask for
-  nothing there), and may only go to the nodes where its claims could be allocated on an
-  empty cluster (:attr:`~batchsched.core.model.Pod.device_nodes`, found once per claim
-  shape); a pod whose
-  claim is allocated already (a claim it shares) may only go where that allocation is;
+  ``NoSchedule``/``NoExecute``, their pool's shared counters still covering them alone),
+  plus the devices the bound pods there hold;
+- a **pending pod** asks, in those columns, for the whole devices of its unallocated
+  claims' ``exactly`` requests of ``ExactCount`` (not ``All``, ``firstAvailable``, a
+  request of capacity, or one of a class some device of which may be shared: a share is no
+  whole device), and may only go to the nodes where its claims could be allocated on an
+  empty cluster among those its node selector allows
+  (:attr:`~batchsched.core.model.Pod.device_nodes`, found once per claim shape); a pod
+  whose claim is allocated already (a claim it shares) may only go where that allocation is;
+- a **bound pod** is charged, in those columns, with the whole devices its claims hold (a
+  shared claim to the first pod it is reserved for): its queue's usage counts them, and
+  evicting it frees them, in the cycle's reckoning;
 - the **cycle** then allocates the claims of each pod it places, on the node chosen, with
   the structured allocator (:mod:`batchsched.core.dra.allocator`) over everything in use
-  (:class:`DeviceCycle`); if one member's claims cannot be allocated there, its unit is not
-  placed this cycle and says why. So the columns never allow what the allocator refuses,
-  and what they miss (counters shared between classes, attribute constraints) costs at
-  most a cycle.
+  (:class:`DeviceCycle`). Where a member's claims cannot be allocated (a column counts
+  free devices, not which of them a request's selectors or constraints accept), the unit
+  is placed again without that node, a few times in the cycle, and the node is
+  remembered for that claim shape (:attr:`DeviceBook.refused`) until what is allocated
+  there changes, so later cycles do not try it again.
 
 A pod whose claim does not exist yet (its template's claim not made yet), or cannot be
 allocated on any node, waits and is told why; it is read again when a claim, a slice or a
