@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import ConflictError
+from batchsched.kube.errors import ConflictError, NotFoundError
 from batchsched.sandbox import gpudra
 from batchsched.sandbox.nodes import (
     SANDBOX_LABEL,
@@ -57,6 +57,10 @@ KUBE, OURS = "k", "b"
 KUBE_SCHEDULER = "dra-differential"
 
 
+#: the DeviceClasses this test made (and deletes when it ends)
+MADE_CLASSES: list[str] = []
+
+
 async def _gather(calls: list[Any], limit: int = 24) -> list[Any]:
     sem = asyncio.Semaphore(limit)
 
@@ -72,6 +76,7 @@ async def _build(kube: KubeClient, namespace: str, worlds: list[World]) -> dict[
     for c in gpudra.device_classes(extended_resource=False):
         with contextlib.suppress(ConflictError):
             await kube.create(f"{RESOURCE}/deviceclasses", c)
+            MADE_CLASSES.append(c["metadata"]["name"])
     shapes = [NodeShape(count=len(w.nodes), prefix=w.prefix(copy), gpus=0) for w in worlds for copy in (KUBE, OURS)]
     names = await create_nodes(kube, shapes)
     await wait_nodes_ready(kube, names, timeout=120)
@@ -204,6 +209,9 @@ async def test_batchsched_and_kube_scheduler_agree_on_random_dra_worlds(
         assert not disagree and not broken
     finally:
         await delete_nodes(kube, node_names)
+        while MADE_CLASSES:  # other tests make the classes as they need them
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"{RESOURCE}/deviceclasses/{MADE_CLASSES.pop()}")
 
 
 async def _create_pods_by_copy(kube: KubeClient, namespace: str, worlds: list[World]) -> None:

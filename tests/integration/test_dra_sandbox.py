@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import ssl
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import InvalidError, NotFoundError
+from batchsched.kube.errors import ConflictError, InvalidError, NotFoundError
 from batchsched.sandbox import gpudra
 from tests.integration.helpers import wait_for
 
@@ -40,12 +41,24 @@ async def created(kube: KubeClient, objects: list[tuple[str, dict[str, Any]]]) -
     stored: list[tuple[str, dict[str, Any]]] = []
     try:
         for path, body in objects:
-            stored.append((path, await kube.create(path, body)))
+            try:
+                made = await kube.create(path, body)
+            except ConflictError:  # left by a test that failed before its cleanup: made anew
+                await kube.delete(f"{path}/{body['metadata']['name']}")
+                made = await wait_for(functools.partial(_create_when_gone, kube, path, body), timeout=30)
+            stored.append((path, made))
         yield [obj for _, obj in stored]
     finally:
         for path, obj in reversed(stored):
             with contextlib.suppress(NotFoundError):
                 await kube.delete(f"{path}/{obj['metadata']['name']}")
+
+
+async def _create_when_gone(kube: KubeClient, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return await kube.create(path, body)
+    except ConflictError:
+        return None
 
 
 async def node_uid(kube: KubeClient, name: str) -> str:
