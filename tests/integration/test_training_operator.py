@@ -276,7 +276,13 @@ async def test_a_high_priority_pytorchjob_preempts_a_running_low_priority_one_wh
         urgent = await get_group(kube, XK8S, namespace, "urgent")
         assert urgent["spec"] == {"minMember": 4, "minResources": {"cpu": "4", "memory": "4Gi", GPU: "32"}}
         assert urgent["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
-        assert (urgent["status"]["phase"], urgent["status"]["running"]) == ("Running", 4)
+        # its status follows its pods through the status writer, which coalesces writes
+
+        async def urgent_running() -> bool:
+            st = (await get_group(kube, XK8S, namespace, "urgent")).get("status") or {}
+            return (st.get("phase"), st.get("running")) == ("Running", 4)
+
+        await wait_for(urgent_running, timeout=30)
         await asyncio.sleep(2)
         assert not [p for p in live(await list_pods(kube, namespace), "pretrain") if p["spec"].get("nodeName")]
         await assert_no_overcommit(kube)
