@@ -197,6 +197,8 @@ class Scheduler:
         # cleanups first: a binding that writes the same pod waits for its cleanup
         for ref, stale_annotations, stale_labels in d.cleanups:
             self.cleanups.submit(ref, stale_annotations, stale_labels)
+        for namespace, name, uid in d.claim_deletes:
+            self.cleanups.delete_claim(namespace, name, uid)
         self.binder.submit_all(d.binds)
         for e in d.evictions:
             self.evictor.submit(e)

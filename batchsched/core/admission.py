@@ -149,12 +149,12 @@ class Admission:
         device use (a discard of the statement gives them back); None, with
         :attr:`refused` set and nothing allocated, when one member's cannot be."""
         devices = self.devices
-        if devices is None or not any(unit.pods[m].resource_claims for m in members):
+        if devices is None or not any(unit.pods[m].may_claim_devices for m in members):
             return {}
         got: dict[int, tuple[ClaimWrite, ...]] = {}
         for m, row in zip(members, rows, strict=True):
             pod = unit.pods[m]
-            if not pod.resource_claims:
+            if not pod.may_claim_devices:
                 continue
             node = self.snap.nodes[row].name
             writes = devices.allocate(pod, node)

@@ -61,6 +61,9 @@ class Decisions:
     #: failed after its annotations were written, or a restart in between): the pod,
     #: the annotation keys and the label keys to delete
     cleanups: list[tuple[ObjectRef, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
+    #: ResourceClaims made for pods' extended resources by attempts that bound nothing, to
+    #: delete (namespace, name, uid) before those pods are placed again
+    claim_deletes: list[tuple[str, str, str]] = field(default_factory=list)
     #: the cycle's plan, when a cycle ran
     plan: Plan | None = None
     #: a unit is owed another step soon (its victim search was deferred)

@@ -307,8 +307,11 @@ class ClusterState:
             # the binding is in flight; keep the pod charged to its assumed node
             return
         self.stale.pop(uid, None)
-        if self.ours(pod) and not pod.deleting and any(stale_keys(pod.annotations, pod.labels)):
-            # a card assignment from a binding that did not happen: not placed until removed
+        if self.ours(pod) and not pod.deleting and (
+            any(stale_keys(pod.annotations, pod.labels)) or pod.stale_claim is not None
+        ):
+            # a card assignment (or an extended-resource claim) from a binding that did not
+            # happen: not placed until removed
             self.stale[uid] = pod
             self.pending.pop(uid, None)
         elif self.ours(pod) and not pod.deleting and pod.namespace not in self.closed_namespaces:

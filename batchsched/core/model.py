@@ -142,6 +142,36 @@ class PodClaim:
 
 
 @dataclass(slots=True, frozen=True)
+class ContainerAsk:
+    """What one container asks of extended resources (``nvidia.com/gpu: 2``), kept for
+    the ones a DRA DeviceClass may serve (:mod:`batchsched.core.dra.extended`)."""
+
+    #: its index among the init containers, then the containers
+    index: int
+    name: str
+    #: an init container that runs to completion before the others start (not a sidecar)
+    runs_to_completion: bool
+    #: every resource name of its requests, in order (a request's name counts in them)
+    request_names: tuple[str, ...]
+    #: the extended resources it asks for, with their whole counts
+    extended: tuple[tuple[str, int], ...]
+
+
+#: the implicit extended resource name of a DeviceClass (``<prefix><class>``)
+DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
+def extended_resource(name: str) -> bool:
+    """Whether ``name`` is an extended resource (``vendor.example/thing``), as Kubernetes
+    tells them from its own (``cpu``, ``kubernetes.io/...``), or a DeviceClass's implicit
+    name."""
+    if name.startswith(DEVICE_CLASS_PREFIX):
+        return True
+    domain, slash, _ = name.partition("/")
+    return bool(slash) and not domain.endswith("kubernetes.io") and not name.startswith("requests.")
+
+
+@dataclass(slots=True, frozen=True)
 class Pod:
     uid: PodUID
     namespace: str
@@ -196,6 +226,13 @@ class Pod:
     card_asks: tuple[CardAsk, ...] = ()
     #: the cards each ask holds, as its annotations record them (None: not recorded)
     cards: tuple[tuple[int, ...], ...] | None = None
+    #: the containers that ask for extended resources, and what (a DeviceClass may serve
+    #: them by DRA devices on nodes that do not offer them: :mod:`batchsched.core.dra.extended`)
+    extended: tuple[ContainerAsk, ...] = ()
+    #: set by :mod:`batchsched.core.dra`: a ResourceClaim made for the pod's extended
+    #: resources by an attempt that did not bind it, to be deleted before it is placed
+    #: again (namespace, name, uid)
+    stale_claim: tuple[str, str, str] | None = None
 
     @property
     def key(self) -> str:
@@ -204,6 +241,12 @@ class Pod:
     @property
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def may_claim_devices(self) -> bool:
+        """Whether placing it may allocate DRA devices: it has ResourceClaims, or asks for
+        extended resources a DeviceClass may serve."""
+        return bool(self.resource_claims or self.extended)
 
     @property
     def holds_resources(self) -> bool:
@@ -514,7 +557,38 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         claims=_claims(str(meta.get("name", "")), spec.get("volumes")),
         resource_claims=_resource_claims(spec, status),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
+        extended=_extended_asks(spec) if not invalid else (),
     )
+
+
+def _extended_asks(spec: Mapping[str, Any]) -> tuple[ContainerAsk, ...]:
+    """The containers asking for extended resources (whole counts), init containers first."""
+    out: list[ContainerAsk] = []
+    init = list(spec.get("initContainers") or [])
+    for i, c in enumerate([*init, *(spec.get("containers") or [])]):
+        if not isinstance(c, Mapping):
+            continue
+        requests = (c.get("resources") or {}).get("requests") or {}
+        if not isinstance(requests, Mapping):
+            continue
+        asked = tuple(
+            (str(k), n) for k, v in sorted(requests.items())
+            if extended_resource(str(k)) and (n := _whole(str(k), v)) > 0
+        )
+        if asked:
+            out.append(ContainerAsk(
+                index=i, name=str(c.get("name") or ""),
+                runs_to_completion=i < len(init) and c.get("restartPolicy") != "Always",
+                request_names=tuple(sorted(str(k) for k in requests)), extended=asked,
+            ))
+    return tuple(out)
+
+
+def _whole(name: str, value: Any) -> int:
+    try:
+        return to_units(name, value)
+    except QuantityError:
+        return 0
 
 
 def _resource_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[PodClaim, ...]:

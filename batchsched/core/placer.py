@@ -149,7 +149,7 @@ class Placer:
     def _refused_reason(self, pod: Pod) -> dict[str, int]:
         """The nodes the filter lets ``pod`` use where pods like it were refused their
         devices, as a reason: ``{"node(s) could not allocate its ResourceClaims (n1: ...)": 1}``."""
-        refused = self.devices.book.refused_nodes(pod) if self.devices is not None and pod.resource_claims else {}
+        refused = self.devices.book.refused_nodes(pod) if self.devices is not None and pod.may_claim_devices else {}
         if not refused:
             return {}
         static = self.filt.mask(pod)
@@ -163,7 +163,7 @@ class Placer:
         (:meth:`~batchsched.core.dra.book.DeviceBook.refused_nodes`)."""
         assert self.devices is not None
         for m, pod in enumerate(pods):
-            if not pod.resource_claims:
+            if not pod.may_claim_devices:
                 continue
             for name in self.devices.book.refused_nodes(pod):
                 row = self.rows.get(name)

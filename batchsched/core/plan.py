@@ -181,6 +181,13 @@ class ClaimWrite:
     reserved_for: tuple[Mapping[str, str], ...]
     #: ``reservedFor`` as read (what a failed Binding restores)
     reserved_before: tuple[Mapping[str, str], ...] = ()
+    #: the claim to create first, when it is the one the scheduler makes for the pod's
+    #: extended resources (:mod:`batchsched.core.dra.extended`; its name, UID and version
+    #: are then known once made, and a failed Binding deletes it)
+    create: Mapping[str, Any] | None = None
+    #: which of its requests serves which container's extended resource, written in the
+    #: pod's ``status.extendedResourceClaimStatus`` before the Binding (with ``create``)
+    mappings: tuple[Mapping[str, str], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

@@ -189,7 +189,7 @@ class EventRouting:
         """The nodes where what bound pods hold of DRA devices changed: to the mirror again
         (their allocatable counts the devices those pods are charged with)."""
         for name in self.intake.devices.take_held_nodes():
-            node = self.state.nodes.get(name)
+            node = self.intake.devices.nodes.get(name)
             if node is not None:
                 self._node("MODIFIED", node)
 
@@ -199,10 +199,13 @@ class EventRouting:
         pod with claims, when what devices match changed) are read again."""
         nodes = list(self.state.nodes) if change.nodes is None else sorted(change.nodes)
         for name in nodes:
-            node = self.state.nodes.get(name)
+            # as last seen, before the devices were counted in
+            node = self.intake.devices.nodes.get(name)
             if node is not None:
                 self._node("MODIFIED", node)
         self._read_again(self.intake.using_devices(change.claims))
+        if change.owners and change.claims is not None:
+            self._read_again(self.intake.kept(change.owners))
         if not change.empty:
             self.wants_step = True
 

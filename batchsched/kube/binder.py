@@ -40,10 +40,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from batchsched.core.plan import Binding, ClaimWrite
 from batchsched.kube.api import JSON, KubeAPI
-from batchsched.kube.claims import claim_status_path, release_patch, reserve_patch
+from batchsched.kube.claims import (
+    claim_delete_body,
+    claim_path,
+    claim_status_path,
+    claims_path,
+    extended_status_patch,
+    release_patch,
+    reserve_patch,
+)
 from batchsched.kube.cleanup import CleanupWriter, metadata_patch, pod_path, uid_refused
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError, TemporaryError
 from batchsched.kube.leader import Fence, Fenced
@@ -138,12 +147,13 @@ class Binder:
 
     async def _bind_gang(self, members: list[Binding]) -> None:
         written: list[ClaimWrite] = []
+        own: dict[str, tuple[ClaimWrite, ...]] = {}
         for b in members:
             try:
+                before = len(written)
                 for w in b.claims:
-                    what = f"allocating ResourceClaim {w.namespace}/{w.name} for {b.namespace}/{b.name} on {b.node}"
-                    await self.retry.call(self._claim_write(w, what), what=what)
-                    written.append(w)
+                    await self._write_claim(b, w, written)
+                own[b.uid] = tuple(written[before:])
             except (KubeError, Fenced) as exc:
                 outcome = _outcome(exc)
                 if outcome == "fenced":
@@ -158,7 +168,7 @@ class Binder:
                         self.on_result(m, "fenced" if err is None else "failed", None if err is None else _not_bound(b, err))
                 return
         for b in members:
-            self._tasks.spawn(self._bind(b, claims_written=True))
+            self._tasks.spawn(self._bind(b, claims_written=own.get(b.uid, ())))
 
     async def drain(self, timeout: float) -> bool:
         """Wait for every binding in flight; False if some were still running at the timeout."""
@@ -176,9 +186,9 @@ class Binder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": b.node},
         }
 
-    async def _bind(self, b: Binding, *, claims_written: bool = False) -> None:
-        """Bind ``b``: its claims first (unless ``claims_written``: its gang's were), its
-        annotations, then the Binding."""
+    async def _bind(self, b: Binding, *, claims_written: tuple[ClaimWrite, ...] | None = None) -> None:
+        """Bind ``b``: its claims first (unless ``claims_written``: its gang's were, these
+        its own), its annotations, then the Binding."""
         body = self.body(b)
         pod = pod_path(b.namespace, b.name)
         path = f"{pod}/binding"
@@ -197,12 +207,10 @@ class Binder:
                     lambda: self.client.request("POST", path, body=body, timeout=30), what=what
                 )
 
-        written: list[ClaimWrite] = list(b.claims) if claims_written else []
+        written: list[ClaimWrite] = list(claims_written or ())
         try:
-            for w in () if claims_written else b.claims:
-                what = f"allocating ResourceClaim {w.namespace}/{w.name} for {b.namespace}/{b.name} on {b.node}"
-                await self.retry.call(self._claim_write(w, what), what=what)
-                written.append(w)
+            for w in () if claims_written is not None else b.claims:
+                await self._write_claim(b, w, written)
             if b.annotations or b.labels:
                 what = f"annotating {b.namespace}/{b.name} before binding it to {b.node}"
                 if self.cleanups is not None:
@@ -233,6 +241,34 @@ class Binder:
         else:
             self.on_result(b, "bound", None)
 
+    async def _write_claim(self, b: Binding, w: ClaimWrite, written: list[ClaimWrite]) -> None:
+        """One claim of ``b`` written (made first, when it is the claim of the pod's
+        extended resources, and then named in the pod's status); each write that landed is
+        in ``written``, to be put back if the pod is not bound."""
+        if w.create is not None:
+            what = f"making the extended-resource ResourceClaim of {b.namespace}/{b.name}"
+            # once: a retry after an answer that was lost could make a second claim (a
+            # claim made and not used is deleted when the pod is read pending again)
+            made = await self._send(lambda: self.client.create(claims_path(w.namespace), dict(w.create or {})), what)
+            meta = made.get("metadata") or {}
+            w = replace(w, name=str(meta.get("name") or ""), uid=str(meta.get("uid") or ""),
+                        resource_version=str(meta.get("resourceVersion") or ""), create=None)
+            written.append(w)
+        what = f"allocating ResourceClaim {w.namespace}/{w.name} for {b.namespace}/{b.name} on {b.node}"
+        await self.retry.call(self._claim_write(w, what), what=what)
+        if w not in written:
+            written.append(w)
+        if w.mappings:
+            what = f"naming ResourceClaim {w.namespace}/{w.name} in the status of {b.namespace}/{b.name}"
+            path, patch = f"{pod_path(b.namespace, b.name)}/status", extended_status_patch(b.uid, w)
+            await self.retry.call(lambda: self._send(lambda: self.client.patch(path, patch, kind="merge"), what),
+                                  what=what)
+
+    async def _send(self, request: Callable[[], Awaitable[JSON]], what: str) -> JSON:
+        async with self._sem:
+            got = await self.fence.send(request, what=what)
+        return got if isinstance(got, dict) else {}
+
     def _claim_write(self, w: ClaimWrite, what: str) -> Callable[[], Awaitable[object]]:
         path, patch = claim_status_path(w.namespace, w.name), reserve_patch(w, time.time())
 
@@ -248,11 +284,17 @@ class Binder:
         a reservation for a pod that is gone)."""
         for w in written:
             what = f"releasing ResourceClaim {w.namespace}/{w.name} of {b.namespace}/{b.name}"
-            path, patch = claim_status_path(w.namespace, w.name), release_patch(w)
+            if w.mappings:  # the claim made for the pod's extended resources: deleted
+                method, path, body = "DELETE", claim_path(w.namespace, w.name), claim_delete_body(w.uid)
+            else:
+                method, path, body = "PATCH", claim_status_path(w.namespace, w.name), release_patch(w)
 
-            async def put_back(path: str = path, patch: JSON = patch, what: str = what) -> object:
+            async def put_back(method: str = method, path: str = path, body: JSON = body, what: str = what) -> object:
                 async with self._sem:
-                    return await self.fence.send(lambda: self.client.patch(path, patch, kind="merge"), what=what)
+                    if method == "DELETE":
+                        return await self.fence.send(
+                            lambda: self.client.request("DELETE", path, body=body), what=what)
+                    return await self.fence.send(lambda: self.client.patch(path, body, kind="merge"), what=what)
 
             try:
                 await self.retry.call(put_back, what=what)

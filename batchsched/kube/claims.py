@@ -23,11 +23,43 @@ from datetime import UTC, datetime
 from batchsched.core.plan import ClaimWrite
 from batchsched.kube.api import JSON
 
-__all__ = ["claim_status_path", "release_patch", "reserve_patch"]
+__all__ = [
+    "claim_delete_body",
+    "claim_path",
+    "claim_status_path",
+    "claims_path",
+    "extended_status_patch",
+    "release_patch",
+    "reserve_patch",
+]
+
+
+def claims_path(namespace: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+
+
+def claim_path(namespace: str, name: str) -> str:
+    return f"{claims_path(namespace)}/{name}"
 
 
 def claim_status_path(namespace: str, name: str) -> str:
-    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
+    return f"{claim_path(namespace, name)}/status"
+
+
+def claim_delete_body(uid: str) -> JSON:
+    """Delete options that refuse to delete a claim made again under the same name."""
+    return {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+
+
+def extended_status_patch(pod_uid: str, w: ClaimWrite) -> JSON:
+    """The pod's ``status.extendedResourceClaimStatus`` naming the claim made for its
+    extended resources and which request serves which container (the kubelet reads it)."""
+    return {
+        "metadata": {"uid": pod_uid},
+        "status": {"extendedResourceClaimStatus": {
+            "resourceClaimName": w.name, "requestMappings": [dict(m) for m in w.mappings],
+        }},
+    }
 
 
 def reserve_patch(w: ClaimWrite, now: float) -> JSON:

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 
 from batchsched.core.plan import ObjectRef
 from batchsched.kube.api import JSON, KubeAPI
+from batchsched.kube.claims import claim_delete_body, claim_path
 from batchsched.kube.errors import (
     ConflictError,
     InvalidError,
@@ -115,6 +116,35 @@ class CleanupWriter:
         waiting = self._by_pod.setdefault(ref.uid, set())
         waiting.add(done)
         self._tasks.spawn(self._clean(ref, annotations, labels, done))
+
+    def delete_claim(self, namespace: str, name: str, uid: str) -> None:
+        """Queue the deletion of the ResourceClaim made for a pod's extended resources by an
+        attempt that bound nothing (``uid``: the claim's, a precondition). Never blocks."""
+        self._tasks.spawn(self._delete_claim(namespace, name, uid))
+
+    async def _delete_claim(self, namespace: str, name: str, uid: str) -> None:
+        path, body = claim_path(namespace, name), claim_delete_body(uid)
+        what = f"deleting the extended-resource ResourceClaim {namespace}/{name}"
+
+        async def send() -> None:
+            async with self._sem:
+                await self.fence.send(lambda: self.client.request("DELETE", path, body=body), what=what)
+
+        try:
+            await self.retry.call(send, what=what)
+            self.written += 1
+        except Fenced as exc:
+            log.debug("%s", exc)
+            self.dropped += 1
+        except (NotFoundError, ConflictError) as exc:
+            log.debug("dropping %s: %s", what, exc)
+            self.dropped += 1
+        except KubeError as exc:
+            log.warning("could not finish %s: %s", what, exc)
+            self.dropped += 1
+        except Exception:  # a bug in one cleanup must not stop the others
+            log.exception("%s failed", what)
+            self.dropped += 1
 
     async def settled(self, uid: str) -> None:
         """Wait until no cleanup of the pod ``uid`` is in flight (at once when none is)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchsched.core.decisions import Decisions
@@ -135,6 +135,8 @@ class Simulation:
                 for k in labels:
                     (meta.get("labels") or {}).pop(k, None)
                 self.session.on_pod("MODIFIED", parse_pod(body))
+        for namespace, name, uid in d.claim_deletes:
+            self.claims.delete(namespace, name, uid)
         return d
 
     def pending(self) -> list[str]:
@@ -198,6 +200,8 @@ class Claims:
     def write(self, writes: Iterable[ClaimWrite]) -> None:
         """A Binding's claim writes applied, as the binder writes them before the Binding."""
         for w in writes:
+            if w.create is not None:
+                w = self._create(w)
             claim = self.objects.get((w.namespace, w.name))
             if claim is None or claim["metadata"].get("uid") != w.uid:
                 continue  # gone or made again meanwhile: the binder's precondition would fail
@@ -207,6 +211,26 @@ class Claims:
             status["reservedFor"] = [dict(r) for r in w.reserved_for]
             self._stamp(claim)
             self.session.on_resource_claim("MODIFIED", parse_resource_claim(claim))
+
+    def delete(self, namespace: str, name: str, uid: str) -> None:
+        """A claim deleted (if it is still the one of ``uid``)."""
+        claim = self.objects.get((namespace, name))
+        if claim is not None and claim["metadata"].get("uid") == uid:
+            del self.objects[(namespace, name)]
+            self.session.on_resource_claim("DELETED", parse_resource_claim(claim))
+
+    def _create(self, w: ClaimWrite) -> ClaimWrite:
+        """The claim made for a pod's extended resources, created as the binder creates it
+        (named by the apiserver: here after the pod's UID, so runs repeat)."""
+        body: JSON = copy.deepcopy(dict(w.create or {}))
+        meta = body["metadata"]
+        owner = str(meta["ownerReferences"][0]["uid"])
+        name = meta.pop("generateName") + hashlib.sha256(owner.encode()).hexdigest()[:5]
+        meta.update(name=name, uid=f"claim-{w.namespace}-{name}")
+        self._stamp(body)
+        self.objects[(w.namespace, name)] = body
+        self.session.on_resource_claim("ADDED", parse_resource_claim(body))
+        return replace(w, name=name, uid=meta["uid"], create=None)
 
     def release(self, pod: Mapping[str, Any]) -> None:
         """``pod`` is gone or done: dropped from its claims' ``reservedFor``; a claim reserved

@@ -130,7 +130,7 @@ async def test_pods_get_their_claims_devices_on_their_nodes_and_none_twice(
             # it), then no GPU left for it
             async def told() -> list[str] | None:
                 said = [e["message"] for e in await events_for(kube, namespace, waiting, "FailedScheduling")]
-                return said if any("insufficient deviceclass.resource.k8s.io/gpu.nvidia.com" in m for m in said) else None
+                return said if any("insufficient deviceclass.resource.kubernetes.io/gpu.nvidia.com" in m for m in said) else None
 
             said = await wait_for(told, timeout=30)
             # (or, for a moment, its claim named in its status before the claim reached our watch)
@@ -276,7 +276,7 @@ async def test_a_gang_preempts_dra_work_whole_and_a_queue_quota_over_a_class_hol
     pool, spare = f"{namespace}-g", f"{namespace}-t"
     nodes = [*await make_nodes(2, gpus=0, prefix=pool), *await make_nodes(1, gpus=0, prefix=spare)]
     slices = [s for n in nodes for s in gpudra.gpu_node_slices(n, gpus=2, node_uid=await node_uid(kube, n))]
-    column = "deviceclass.resource.k8s.io/gpu.nvidia.com"
+    column = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
     quota = f"q-{namespace}"
     async with published(kube, slices), queues(kube, (quota, {"resources": [{"name": column, "nominal": 1}]})):
         await template(kube, namespace, "two", "gpu.nvidia.com", 2)

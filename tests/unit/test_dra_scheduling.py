@@ -407,7 +407,7 @@ def test_explain_says_which_devices_a_waiting_job_asks_for() -> None:
     assert out["job"]["devices"] == {"gpu.nvidia.com": 2}
     lines = summary(out["job"], out.get("queue"), out.get("ahead") or [])
     assert "asking 0 GPU(s) and 2 device(s) of DeviceClass gpu.nvidia.com" in lines[1]
-    assert "insufficient deviceclass.resource.k8s.io/gpu.nvidia.com" in out["job"]["message"]
+    assert "insufficient deviceclass.resource.kubernetes.io/gpu.nvidia.com" in out["job"]["message"]
 
 
 def test_claims_of_capacity_share_one_gpu_until_its_memory_is_spent() -> None:

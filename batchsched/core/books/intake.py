@@ -59,7 +59,7 @@ class PodIntake:
     def _with_volumes(self, kind: str, pod: Pod) -> Pod:
         """A pending pod with volume or resource claims, as its claims let it be placed
         (:mod:`batchsched.core.volumes`); the pod as parsed is kept to look at again."""
-        if kind == "DELETED" or pod.node_name or not (pod.claims or pod.resource_claims):
+        if kind == "DELETED" or pod.node_name or not (pod.claims or pod.resource_claims or pod.extended):
             self._claiming.pop(pod.uid, None)
             return self._with_devices_held(kind, pod)
         self._claiming[pod.uid] = pod
@@ -91,7 +91,7 @@ class PodIntake:
     def _with_devices_held(self, kind: str, pod: Pod) -> Pod:
         """A bound pod with ResourceClaims, with the devices its claims hold counted in its
         requests (:meth:`~batchsched.core.dra.book.DeviceBook.hold`)."""
-        if kind == "DELETED" or not pod.node_name or pod.terminal or not pod.resource_claims:
+        if kind == "DELETED" or not pod.node_name or pod.terminal or not (pod.resource_claims or pod.extended):
             if self._holding.pop(pod.uid, None) is not None:
                 self.devices.release_holder(pod.uid)
             if pod.uid not in self._claiming:
@@ -110,8 +110,13 @@ class PodIntake:
         pending, and bound ones (what they hold is counted from their claims); every pod
         with ResourceClaims when ``keys`` is None."""
         if keys is None:
-            return [p for p in (*self._claiming.values(), *self._holding.values()) if p.resource_claims]
+            return [p for p in (*self._claiming.values(), *self._holding.values()) if p.resource_claims or p.extended]
         uids = {uid for key in keys for uid in self._users.get(key, ())}
+        return self.kept(uids)
+
+    def kept(self, uids: Set[PodUID]) -> list[Pod]:
+        """The pods ``uids``, as parsed, that are kept here (pending with claims, or bound
+        holding devices)."""
         found = (self._claiming.get(uid) or self._holding.get(uid) for uid in sorted(uids))
         return [p for p in found if p is not None]
 

@@ -98,6 +98,9 @@ class BindLedger:
                 continue
             self._cleanup_at[uid] = now
             notes, labels = stale_keys(pod.annotations, pod.labels)
-            out.cleanups.append((pod_ref(pod), notes, labels))
+            if notes or labels:
+                out.cleanups.append((pod_ref(pod), notes, labels))
+            if pod.stale_claim is not None:
+                out.claim_deletes.append(pod.stale_claim)
         for uid in [u for u in self._cleanup_at if u not in state.stale]:
             del self._cleanup_at[uid]

@@ -9,7 +9,7 @@ alone) plus the allocations this scheduler made and has not yet seen written bac
 Placement sees devices the way it sees any resource, and the allocator has the last word:
 
 - **nodes** get one extra allocatable column per DeviceClass
-  (``deviceclass.resource.k8s.io/<class>``): how many devices of the class the node could
+  (``deviceclass.resource.kubernetes.io/<class>``): how many devices of the class the node could
   hand out now (matching the class, not held by an allocated claim, not tainted
   ``NoSchedule``/``NoExecute``, their pool's shared counters still covering them alone),
   plus the devices the bound pods there hold;
@@ -52,6 +52,7 @@ from batchsched.core.dra.allocator import (
     in_use_from_claims,
 )
 from batchsched.core.dra.cel import CelError, compile_selector
+from batchsched.core.dra.extended import claim_body, claim_requests, resolve
 from batchsched.core.dra.objects import (
     CounterId,
     Device,
@@ -62,14 +63,20 @@ from batchsched.core.dra.objects import (
     Pools,
     ResourceClaim,
     ResourceSlice,
+    parse_resource_claim,
 )
-from batchsched.core.model import Node, Pod, PodUID, and_terms
+from batchsched.core.model import DEVICE_CLASS_PREFIX, Node, Pod, PodUID, and_terms
 from batchsched.core.plan import Binding, ClaimWrite
 
 __all__ = ["CLASS_COLUMN", "DeviceBook", "DeviceChange", "DeviceCycle", "class_column"]
 
-#: the prefix of the per-DeviceClass columns (``deviceclass.resource.k8s.io/gpu.nvidia.com``)
-CLASS_COLUMN = "deviceclass.resource.k8s.io/"
+#: the prefix of the per-DeviceClass columns (``deviceclass.resource.kubernetes.io/gpu.nvidia.com``):
+#: each class's implicit extended resource name, so a pod asking for it by that name
+#: (:mod:`batchsched.core.dra.extended`) asks in the same column
+CLASS_COLUMN = DEVICE_CLASS_PREFIX
+#: the in-flight key of the claim being made for a pod's extended resources (its name is
+#: known once the apiserver made it): ``(namespace, EXTENDED_IN_FLIGHT + pod uid)``
+EXTENDED_IN_FLIGHT = "<extended-resources>/"
 _BLOCKING = ("NoSchedule", "NoExecute")
 ClaimKey = tuple[str, str]
 
@@ -86,10 +93,12 @@ class DeviceChange:
 
     nodes: frozenset[str] | None = frozenset()
     claims: frozenset[ClaimKey] | None = frozenset()
+    #: pods whose extended-resource claim changed (read again too)
+    owners: frozenset[PodUID] = frozenset()
 
     @property
     def empty(self) -> bool:
-        return self.nodes == frozenset() and self.claims == frozenset()
+        return self.nodes == frozenset() and self.claims == frozenset() and not self.owners
 
 
 _EVERYTHING = DeviceChange(nodes=None, claims=None)
@@ -108,8 +117,13 @@ class DeviceBook:
         self.slices: dict[str, ResourceSlice] = {}
         self.classes: dict[str, DeviceClass] = {}
         self.claims: dict[ClaimKey, ResourceClaim] = {}
-        #: the nodes as last seen (their labels decide which devices they may use)
+        #: the nodes as last seen (their labels decide which devices they may use; their
+        #: allocatable, whether an extended resource is a device plugin's there)
         self.nodes: dict[str, Node] = {}
+        #: pod -> the claim made for its extended resources (by its owner reference)
+        self.extended_of: dict[PodUID, ClaimKey] = {}
+        #: extended resource name -> the DeviceClass serving it, until the classes change
+        self._served: dict[str, str] | None = None
         #: claim -> (the pod it was allocated for, what it holds), until its status shows it
         self.assumed: dict[ClaimKey, tuple[PodUID, InUse]] = {}
         self._pools: Pools | None = None
@@ -160,6 +174,25 @@ class DeviceBook:
             use = use.plus(delta)
         return use
 
+    def served(self) -> Mapping[str, str]:
+        """Extended resource name -> the DeviceClass whose devices serve it where no device
+        plugin offers it (:func:`~batchsched.core.dra.extended.resolve`)."""
+        if self._served is None:
+            self._served = resolve(self.classes.values()) if self.classes else {}
+        return self._served
+
+    def extended_here(self, pod: Pod, node: str) -> dict[str, str]:
+        """The extended resources of ``pod`` that DRA devices serve on ``node`` (it does not
+        offer them itself), with their classes."""
+        served = self.served()
+        if not served or not pod.extended:
+            return {}
+        offered = self.nodes[node].allocatable if node in self.nodes else {}
+        return {
+            r: served[r] for a in pod.extended for r, _ in a.extended
+            if r in served and offered.get(r, 0) <= 0
+        }
+
     def node_devices(self, name: str) -> NodeDevices:
         here = self._here.get(name)
         if here is None:
@@ -196,8 +229,18 @@ class DeviceBook:
         cycle's reckoning)."""
         base = {k: v for k, v in node.allocatable.items() if not k.startswith(CLASS_COLUMN)}
         free = self.free_counts(node.name) if self.slices and self.classes else {}
-        for column, n in self._held_on.get(node.name, {}).items():
-            free[column] = free.get(column, 0) + n
+        held = self._held_on.get(node.name, {})
+        for column, n in held.items():
+            if column.startswith(CLASS_COLUMN):
+                free[column] = free.get(column, 0) + n
+        # an extended resource a class names, where no device plugin offers it: the
+        # devices of the class, as many as the class column counts
+        for resource, klass in self.served().items():
+            if resource.startswith(CLASS_COLUMN) or base.get(resource, 0) > 0:
+                continue
+            column = class_column(klass)
+            if free.get(column, 0) > 0:
+                free[resource] = free[column] - held.get(column, 0) + held.get(resource, 0)
         if not free and len(base) == len(node.allocatable):
             return node
         return replace(node, allocatable={**base, **free})
@@ -248,6 +291,7 @@ class DeviceBook:
         self._feasible.clear()
         self._matches.clear()
         self._shareable = None
+        self._served = None
         self.selectors = SelectorCache()
         self.refused.clear()
         return _EVERYTHING
@@ -276,6 +320,7 @@ class DeviceBook:
 
     def replace_claims(self, claims: Iterable[ResourceClaim]) -> DeviceChange:
         self.claims = {(c.namespace, c.name): c for c in claims}
+        self.extended_of = {PodUID(c.extended_for): (c.namespace, c.name) for c in self.claims.values() if c.extended_for}
         self.assumed = {k: v for k, v in self.assumed.items() if self._in_flight(k)}
         self._confirmed = None
         self.refused.clear()
@@ -286,15 +331,33 @@ class DeviceBook:
         old = self.claims.pop(key, None)
         if kind != "DELETED":
             self.claims[key] = claim
+        owners = self._owner_event(kind, key, claim)
         if not self._in_flight(key):
             self.assumed.pop(key, None)
+        for uid in owners:
+            flight = (claim.namespace, EXTENDED_IN_FLIGHT + uid)
+            if not self._in_flight(flight):
+                self.assumed.pop(flight, None)
         held = (old.allocation if old is not None else None, claim.allocation if kind != "DELETED" else None)
         if held[0] is None and held[1] is None:
-            return DeviceChange(claims=frozenset({key}))
+            return DeviceChange(claims=frozenset({key}), owners=owners)
         self._confirmed = self._newly_allocated(claim) if held[0] is None else None
         nodes = self._nodes_of(claim, old)
         self._unrefuse(nodes)
-        return DeviceChange(nodes=nodes, claims=frozenset({key}))
+        return DeviceChange(nodes=nodes, claims=frozenset({key}), owners=owners)
+
+    def _owner_event(self, kind: str, key: ClaimKey, claim: ResourceClaim) -> frozenset[PodUID]:
+        """Keep :attr:`extended_of` for a claim event; the pod whose extended-resource
+        claim it is (to read again)."""
+        if not claim.extended_for:
+            return frozenset()
+        uid = PodUID(claim.extended_for)
+        if kind == "DELETED":
+            if self.extended_of.get(uid) == key:
+                del self.extended_of[uid]
+        else:
+            self.extended_of[uid] = key
+        return frozenset({uid})
 
     def refuse(self, claims: Sequence[ResourceClaim], node: str, why: str) -> None:
         """A pod whose unallocated ``claims`` could not be allocated on ``node`` (``why``):
@@ -307,6 +370,10 @@ class DeviceBook:
             return {}
         claims = [self.claims.get((pod.namespace, c.claim)) for c in pod.resource_claims]
         pending = [c for c in claims if c is not None and c.allocation is None]
+        served = {r: k for a in pod.extended for r, _ in a.extended if (k := self.served().get(r)) is not None}
+        made = _extended_claim(pod, served)
+        if made is not None:
+            pending.append(made[0])
         return self.refused.get(_shape(pending), {}) if pending else {}
 
     def _unrefuse(self, nodes: frozenset[str] | None) -> None:
@@ -334,7 +401,12 @@ class DeviceBook:
         return base.plus(delta)
 
     def _in_flight(self, key: ClaimKey) -> bool:
-        """Whether an assumed allocation of ``key`` is still to be seen in its status."""
+        """Whether an assumed allocation of ``key`` is still to be seen in its status (for
+        an extended-resource claim being made: until the claim made shows its allocation)."""
+        if key[1].startswith(EXTENDED_IN_FLIGHT):
+            made = self.extended_of.get(PodUID(key[1][len(EXTENDED_IN_FLIGHT):]))
+            claim = self.claims.get(made) if made is not None else None
+            return claim is None or claim.allocation is None
         claim = self.claims.get(key)
         return claim is not None and claim.allocation is None
 
@@ -357,7 +429,11 @@ class DeviceBook:
     def apply(self, pod: Pod) -> Pod:
         """``pod`` as placement must see it: the devices its claims ask for in the class
         columns and the nodes it may go to; or invalid, with why it waits."""
-        if not pod.resource_claims or pod.invalid:
+        if pod.invalid:
+            return pod
+        if pod.extended and pod.uid in self.extended_of:
+            pod = self._stale_extended(pod)
+        if not pod.resource_claims:
             return pod
         terms = pod.required_terms
         asks: dict[str, int] = {}
@@ -381,6 +457,17 @@ class DeviceBook:
                 return replace(pod, invalid=where)
             nodes = where
         return replace(pod, required_terms=terms, requests={**pod.requests, **asks}, device_nodes=nodes)
+
+    def _stale_extended(self, pod: Pod) -> Pod:
+        """A pending pod that has a claim made for its extended resources: made by an
+        attempt whose Binding did not happen (a Binding in flight is not read here: the
+        pod is assumed). The claim may hold devices on a node the pod will not go to: it
+        is deleted before the pod is placed again, as kube-scheduler does."""
+        key = self.extended_of[pod.uid]
+        claim = self.claims.get(key)
+        if claim is None:
+            return pod
+        return replace(pod, stale_claim=(claim.namespace, claim.name, claim.uid))
 
     def _may_go(self, pod: Pod) -> frozenset[str]:
         """The nodes the pod's nodeSelector and required node affinity allow: its claims
@@ -434,7 +521,21 @@ class DeviceBook:
                 continue
             for column, n in _held(claim).items():
                 counts[column] = counts.get(column, 0) + n
-        self._set_holding(pod.uid, (pod.node_name, counts) if counts else None)
+        on_node = dict(counts)
+        made = self.claims.get(self.extended_of[pod.uid]) if pod.uid in self.extended_of else None
+        if made is not None and made.allocation is not None:
+            # its containers' requests charge the extended resources already (the node
+            # counts them beside the class's devices); the class columns are charged here
+            asked = {r for a in pod.extended for r, _ in a.extended}
+            by_class = {k: r for r, k in self.served().items() if r in asked}
+            for column, n in _held(made).items():
+                on_node[column] = on_node.get(column, 0) + n
+                resource = by_class.get(column[len(CLASS_COLUMN):])
+                if resource is not None and resource != column:
+                    on_node[resource] = on_node.get(resource, 0) + n
+                if resource != column:
+                    counts[column] = counts.get(column, 0) + n
+        self._set_holding(pod.uid, (pod.node_name, on_node) if on_node else None)
         return replace(pod, requests={**pod.requests, **counts}) if counts else pod
 
     def release_holder(self, uid: PodUID) -> None:
@@ -472,7 +573,7 @@ class DeviceBook:
 
     def begin(self, units: Iterable[Any]) -> DeviceCycle | None:
         """The device use of a cycle over ``units`` (None when none of their pods has claims)."""
-        if not any(p.resource_claims for u in units for p in u.pods):
+        if not any(p.resource_claims or (p.extended and self.served()) for u in units for p in u.pods):
             self._cycle = None
             return None
         self._cycle = DeviceCycle(self)
@@ -516,6 +617,11 @@ class DeviceCycle:
             if claim is None:
                 return explain.claim_missing(f"{pod.namespace}/{entry.claim}")
             claims.append(claim)
+        made = _extended_claim(pod, book.extended_here(pod, node))
+        if made is not None:
+            claims.append(made[0])
+        if not claims:
+            return ()
         got = allocate(claims, devices=book.node_devices(node), classes=book.classes, in_use=self.use,
                        pod_uid=pod.uid, selector_cache=book.selectors)
         if not isinstance(got, Allocated):
@@ -527,6 +633,13 @@ class DeviceCycle:
             key = (claim.namespace, claim.name)
             if result.new:
                 self.made[key] = _delta_of(got.delta, result, book, node)
+            if made is not None and claim is made[0]:
+                writes.append(ClaimWrite(
+                    namespace=claim.namespace, name=claim.name, uid="", resource_version="",
+                    allocation=result.allocation, reserved_for=(_reservation(pod),),
+                    create=made[1], mappings=made[2],
+                ))
+                continue
             mine = any(r.get("uid") == pod.uid for r in claim.reserved_for)
             writes.append(ClaimWrite(
                 namespace=claim.namespace, name=claim.name, uid=claim.uid,
@@ -545,6 +658,22 @@ class DeviceCycle:
         for delta in self.made.values():
             use = use.plus(delta)
         self.use = use
+
+
+def _extended_claim(
+    pod: Pod, served: Mapping[str, str],
+) -> tuple[ResourceClaim, Mapping[str, Any], tuple[Mapping[str, str], ...]] | None:
+    """The claim to make for ``pod``'s extended resources that DRA devices serve
+    (``served``: resource -> class), as the allocator reads it (named by its in-flight
+    key), its body to create, and the request mappings; None when none is needed."""
+    if not served:
+        return None
+    requests, mappings = claim_requests(pod.extended, served)
+    if not requests:
+        return None
+    body = claim_body(pod.namespace, pod.name, pod.uid, requests)
+    readable = {**body, "metadata": {"name": EXTENDED_IN_FLIGHT + pod.uid, "namespace": pod.namespace}}
+    return parse_resource_claim(readable), body, tuple(mappings)
 
 
 def _delta_of(delta: InUse, result: Any, book: DeviceBook, node: str) -> InUse:

@@ -38,7 +38,7 @@ from decimal import Decimal
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from batchsched.core.model import Requirement, Term, parse_node_terms
+from batchsched.core.model import Requirement, Term, parse_node_terms, parse_time
 from batchsched.core.quantity import QuantityError, parse_quantity
 
 if TYPE_CHECKING:
@@ -478,6 +478,9 @@ class DeviceClass:
     selectors: tuple[str, ...]
     config: tuple[Mapping[str, Any], ...]  # DeviceConfiguration objects, as written
     extended_resource_name: str | None = None
+    #: ``metadata.creationTimestamp`` (Unix seconds): of two classes naming one extended
+    #: resource, the newer serves it
+    created: float = 0.0
 
 
 def _selectors(raw: Any, where: str) -> tuple[str, ...]:
@@ -500,11 +503,13 @@ def _device_config(raw: Any, where: str) -> dict[str, Any]:
 
 def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     """A DeviceClass; raises :class:`DraError`."""
-    name = _str(_obj(obj.get("metadata"), "metadata").get("name"), "DeviceClass metadata.name")
+    meta = _obj(obj.get("metadata"), "metadata")
+    name = _str(meta.get("name"), "DeviceClass metadata.name")
     where = f"DeviceClass {name}"
     spec = _obj(obj.get("spec"), f"{where}: spec")
     return DeviceClass(
         name=name,
+        created=parse_time(meta.get("creationTimestamp")),
         selectors=_selectors(spec.get("selectors"), where),
         config=tuple(_device_config(c, f"{where}: config #{i}") for i, c in enumerate(_list(spec.get("config"), where))),
         extended_resource_name=_str(spec.get("extendedResourceName"), f"{where}: extendedResourceName", required=False) or None,
@@ -601,6 +606,10 @@ class ResourceClaim:
     reserved_for: tuple[Mapping[str, Any], ...] = ()
     #: the version read: the precondition of the status write that allocates it
     resource_version: str = ""
+    #: the UID of the pod it was made for by a scheduler, for the pod's extended resources
+    #: (annotated ``resource.kubernetes.io/extended-resource-claim``, owned by the pod); ""
+    #: for any other claim
+    extended_for: str = ""
 
     @property
     def key(self) -> str:
@@ -627,7 +636,24 @@ def parse_resource_claim(obj: Mapping[str, Any]) -> ResourceClaim:
         allocation=parse_allocation(status.get("allocation"), f"{where}: status.allocation"),
         reserved_for=tuple(dict(_obj(r, f"{where}: reservedFor")) for r in _list(status.get("reservedFor"), where)),
         resource_version=str(meta.get("resourceVersion") or ""),
+        extended_for=_extended_for(meta),
     )
+
+
+#: the annotation on the claim a scheduler makes for a pod's extended resources
+EXTENDED_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+
+
+def _extended_for(meta: Mapping[str, Any]) -> str:
+    """The UID of the pod a claim made for extended resources belongs to (its controlling
+    owner), or ""."""
+    notes = meta.get("annotations")
+    if not isinstance(notes, Mapping) or notes.get(EXTENDED_ANNOTATION) != "true":
+        return ""
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and ref.get("controller") is True:
+            return str(ref.get("uid") or "")
+    return ""
 
 
 def _request(raw: Any, in_claim: str, index: int) -> Request:
