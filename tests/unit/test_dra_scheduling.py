@@ -9,6 +9,7 @@ allocation and reservation a Binding carries, then the pod is bound."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from batchsched.core.dra.book import class_column
@@ -120,6 +121,8 @@ class DraWorld:
                 self.session.on_bind_result(b, "failed", now=self.now, error="refused")
                 continue
             for w in b.claims:
+                if w.create is not None:
+                    w = self.create(w)
                 claim = self.claims[w.name]
                 assert claim["metadata"]["resourceVersion"] == w.resource_version  # the precondition
                 if w.allocation is not None:
@@ -136,11 +139,27 @@ class DraWorld:
             self.delete(e.uid)
         return d
 
+    def create(self, w: Any) -> Any:
+        """The claim the scheduler makes for a pod's extended resources, made as the
+        apiserver makes it (a name from its generateName); the write, named."""
+        obj = copy.deepcopy(dict(w.create))
+        name = obj["metadata"].pop("generateName") + f"x{len(self.claims)}"
+        obj["metadata"].update(name=name, uid=f"claim-{name}", resourceVersion=self._rv())
+        obj["status"] = {}
+        self.claims[name] = obj
+        self.session.on_resource_claim("ADDED", parse_resource_claim(obj))
+        return dataclasses.replace(w, name=name, uid=obj["metadata"]["uid"],
+                                   resource_version=obj["metadata"]["resourceVersion"], create=None)
+
     def delete(self, uid: str) -> None:
         """The pod gone; kube-controller-manager then drops it from its claims' reservations
-        and deallocates a claim reserved for nobody."""
+        and deallocates a claim reserved for nobody; the claims it owns go with it."""
         obj = self.pods.pop(uid)
         self.session.on_pod("DELETED", parse_pod(obj))
+        for name, claim in list(self.claims.items()):
+            if any(o["uid"] == uid for o in claim["metadata"].get("ownerReferences", [])):
+                del self.claims[name]
+                self.session.on_resource_claim("DELETED", parse_resource_claim(claim))
         for claim in self.claims.values():
             status = claim["status"]
             if not any(r["uid"] == uid for r in status.get("reservedFor", [])):
@@ -168,7 +187,7 @@ class DraWorld:
         self.session = Session(SessionSettings(), use_jit=False)
         self.session.on_device_classes_listed([parse_device_class(GPU_CLASS), parse_device_class(MIG_CLASS)])
         self.session.on_queues_listed(self.queues)
-        self.session.on_nodes_listed(list(old.state.nodes.values()))
+        self.session.on_nodes_listed(list(old.intake.devices.nodes.values()))  # as the apiserver has them
         self.session.on_resource_slices_listed(list(old.intake.devices.slices.values()))
         self.session.on_resource_claims_listed([parse_resource_claim(c) for c in self.claims.values()])
         self.session.on_pods_listed([parse_pod(p) for p in self.pods.values()])
