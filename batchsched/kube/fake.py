@@ -99,7 +99,13 @@ class FakeKube:
 
     async def create(self, path: str, body: JSON) -> JSON:
         await self._call("POST", path, body)
-        name = (body.get("metadata") or {}).get("name", "")
+        meta = dict(body.get("metadata") or {})
+        if not meta.get("name") and meta.get("generateName"):
+            # named, and given a UID and version, as the apiserver does
+            made = sum(1 for c in self.calls if c.method == "POST")
+            meta.update(name=f"{meta['generateName']}{made:05d}", uid=f"uid-{made}", resourceVersion=str(made))
+            body = {**body, "metadata": meta}
+        name = meta.get("name", "")
         self.objects[f"{path}/{name}"] = dict(body)
         return dict(body)
 

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 
 from batchsched.core.plan import Binding, ClaimWrite
-from batchsched.kube.claims import claim_status_path
+from batchsched.kube.claims import claim_path, claim_status_path, claims_path
 from batchsched.kube.errors import ConflictError, InvalidError
 from batchsched.kube.fake import FakeKube
 from tests.unit.test_binder_cards import BIND_PATH, outcomes, requests, stored_pod
@@ -119,3 +119,63 @@ def test_a_gang_member_whose_claim_cannot_be_written_leaves_the_whole_gang_unbou
     assert gang_outcomes(kube, members) == {"m0": "failed", "m1": "conflict"}
     assert not [c for c in kube.calls if c.path.endswith("/binding")]
     assert kube.objects[claim_status_path("ns", "m0-gpu")]["status"] == {}  # put back
+
+
+# -- the claim made for a pod's extended resources ------------------------------------------
+
+CLAIMS = claims_path("ns")
+MAPPINGS = ({"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"},)
+MADE = ClaimWrite(
+    namespace="ns", name="<extended-resources>/u1", uid="", resource_version="", allocation=ALLOCATION,
+    reserved_for=(ME,), mappings=MAPPINGS,
+    create={"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"generateName": "p-extended-resources-", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}}},
+)
+EXTENDED = Binding(uid="u1", namespace="ns", name="p", node="n1", unit="ns/p", claims=(MADE,))
+
+
+def test_the_claim_for_extended_resources_is_made_allocated_and_named_in_the_pod_before_the_binding() -> None:
+    kube = FakeKube()
+    stored_pod(kube)
+    assert [o for o, _ in outcomes(kube, EXTENDED)] == ["bound"]
+    made = kube.calls[0].body
+    name = f"p-extended-resources-{1:05d}"
+    assert requests(kube) == [
+        ("POST", CLAIMS), ("PATCH", claim_status_path("ns", name)), ("PATCH", "/api/v1/namespaces/ns/pods/p/status"),
+        ("POST", BIND_PATH),
+    ]
+    assert made["metadata"]["generateName"] == "p-extended-resources-"
+    status = kube.calls[1].body
+    assert status["metadata"] == {"uid": "uid-1", "resourceVersion": "1"}, "the claim made, as the apiserver named it"
+    assert status["status"]["reservedFor"] == [ME] and status["status"]["allocation"]["devices"] == ALLOCATION["devices"]
+    pod = kube.calls[2].body
+    assert pod["metadata"] == {"uid": "u1"}
+    assert pod["status"]["extendedResourceClaimStatus"] == {
+        "resourceClaimName": name, "requestMappings": [dict(m) for m in MAPPINGS]}
+
+
+def test_a_refused_binding_deletes_the_claim_made_for_the_pod() -> None:
+    kube = FakeKube()
+    stored_pod(kube)
+    kube.fail[BIND_PATH] = [InvalidError(422, "Invalid", "pod is being deleted")]
+    assert [o for o, _ in outcomes(kube, EXTENDED)] == ["failed"]
+    [delete] = [c for c in kube.calls if c.method == "DELETE"]
+    assert delete.path == claim_path("ns", f"p-extended-resources-{1:05d}")
+    assert delete.body["preconditions"] == {"uid": "uid-1"}, "never a claim made again under the name"
+
+
+def test_a_gang_member_whose_extended_claim_cannot_be_written_leaves_the_gang_unbound_and_deletes_both() -> None:
+    kube = FakeKube()
+    stored_pod(kube)
+    other = dataclasses.replace(
+        MADE, name="<extended-resources>/u2", reserved_for=({"resource": "pods", "name": "q", "uid": "u2"},),
+        create={**dict(MADE.create or {}), "metadata": {"generateName": "q-extended-resources-", "namespace": "ns"}})
+    q = Binding(uid="u2", namespace="ns", name="q", node="n1", unit="ns/p", claims=(other,))
+    first, second = f"p-extended-resources-{1:05d}", f"q-extended-resources-{2:05d}"
+    kube.fail[f"PATCH {claim_status_path('ns', second)}"] = [ConflictError(409, "Conflict", "modified")]
+    assert gang_outcomes(kube, [EXTENDED, q]) == {"p": "failed", "q": "conflict"}
+    assert not [c for c in kube.calls if c.path.endswith("/binding")]
+    deleted = sorted(c.path for c in kube.calls if c.method == "DELETE")
+    assert deleted == [claim_path("ns", first), claim_path("ns", second)]
