@@ -272,6 +272,7 @@ class Pod:
             self.tolerations,
             self.uid if self.invalid else "",
             self.device_nodes,
+            any(a.recorded for a in self.card_asks),
             *topology,
         )
 
@@ -289,6 +290,9 @@ class Node:
     resource_version: str = ""
     #: allocatable resources that could not be read, with why: treated as absent (unusable)
     unreadable: Mapping[str, str] = field(default_factory=dict)
+    #: extended resources its allocatable counts in DRA devices (no device plugin offers
+    #: them here; set by :mod:`batchsched.core.dra`)
+    dra_served: frozenset[str] = frozenset()
 
 
 # -- parsing ------------------------------------------------------------------------------

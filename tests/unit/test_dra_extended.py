@@ -263,3 +263,23 @@ def test_a_claim_left_by_an_attempt_that_bound_nothing_is_deleted_before_the_pod
     w.step(after=5)
     assert w.node_of(uid) == "n0"
     assert w.claim_of(uid) is not None and w.claim_of(uid) is not left
+
+
+def test_a_gpu_share_never_goes_to_gpus_served_by_dra_and_whole_gpus_still_do() -> None:
+    """A DRA node offers its GPUs by count under nvidia.com/gpu: no card of it can be named
+    for a share (no device plugin or node agent hands shares out there, and the allocator
+    could give the same GPU to a claim)."""
+    w = ExtendedWorld()
+    w.node("dra", 2)
+    share = make_pod("share").req(cpu="1").annotate({"gpu-fraction": "0.5"}).created(w.now).obj()
+    w.pods[share["metadata"]["uid"]] = share
+    w.session.on_pod("ADDED", parse_pod(share))
+    whole = w.gpu_pod("whole", 1)
+    d = w.step()
+    assert w.node_of(whole) == "dra"
+    assert not w.node_of(share["metadata"]["uid"])
+    assert w.told(d, share["metadata"]["uid"])
+    # a node with GPUs of a device plugin takes the share
+    w.plugin_node("plugin", 1)
+    w.step(after=5)
+    assert w.node_of(share["metadata"]["uid"]) == "plugin"

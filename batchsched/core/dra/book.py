@@ -241,9 +241,10 @@ class DeviceBook:
             column = class_column(klass)
             if free.get(column, 0) > 0:
                 free[resource] = free[column] - held.get(column, 0) + held.get(resource, 0)
-        if not free and len(base) == len(node.allocatable):
+        served = frozenset(r for r in self.served() if r in free and not r.startswith(CLASS_COLUMN))
+        if not free and len(base) == len(node.allocatable) and served == node.dra_served:
             return node
-        return replace(node, allocatable={**base, **free})
+        return replace(node, allocatable={**base, **free}, dra_served=served)
 
     def free_counts(self, name: str) -> dict[str, int]:
         """How many devices of each class the node could hand out now, one at a time."""

@@ -30,13 +30,16 @@ from batchsched.core.placement.predicates import (
     PREFER_NO_SCHEDULE,
     REASON_AFFINITY,
     REASON_DEVICES,
+    REASON_DRA_GPUS,
     _add_insufficient,
     _bound,
+    _dra_gpus,
     _empty,
     _hard_reason,
     _message,
     _parse_int64,
     _tolerated,
+    names_cards,
     unsupported_reason,
 )
 
@@ -104,6 +107,7 @@ class NodeFilter:
         "_hard_ok",
         "_masks",
         "_names",
+        "_no_cards",
         "_nodes",
         "_none",
         "_prefer",
@@ -137,6 +141,8 @@ class NodeFilter:
         self._columns: dict[str, _Column] = {}
         self._none = self._frozen(np.zeros(n, dtype=np.bool_))
         self._all = self._frozen(np.ones(n, dtype=np.bool_))
+        #: the nodes where DRA devices serve nvidia.com/gpu (no card can be named there)
+        self._no_cards = self._frozen(np.array([not _dra_gpus(node) for node in self._nodes], dtype=np.bool_))
         self._expr_masks: dict[Requirement, BoolArray] = {}
         self._term_masks: dict[Term, BoolArray] = {}
         self._hard_ok: dict[tuple[Toleration, ...], tuple[list[str | None], BoolArray]] = {}
@@ -319,14 +325,14 @@ class NodeFilter:
 
     def _devices_mask(self, pod: Pod) -> BoolArray:
         """Per node, whether the pod's ResourceClaims can be allocated there (all True when
-        it has none to allocate)."""
+        it has none to allocate), and the cards it names can be given there."""
         if pod.device_nodes is None:
-            return self._all
+            return self._no_cards if names_cards(pod) else self._all
         names = self._names
         table = names.table()
         table[[c for c in (names.index.get(n) for n in pod.device_nodes) if c is not None]] = True
         result: BoolArray = table[names.codes]
-        return result
+        return result & self._no_cards if names_cards(pod) else result
 
     def static_score(self, pod: Pod) -> IntArray:
         """Per node, ``3 * TaintToleration + 2 * NodeAffinity`` on feasible nodes, else 0.
@@ -392,9 +398,14 @@ class NodeFilter:
         off_affinity = int(np.count_nonzero(ok & ~affinity))
         if off_affinity:
             counts[REASON_AFFINITY] += off_affinity
-        off_devices = int(np.count_nonzero(ok & affinity & ~self._devices_mask(pod)))
+        claims = self._devices_mask(pod) | ~self._no_cards if names_cards(pod) else self._devices_mask(pod)
+        off_devices = int(np.count_nonzero(ok & affinity & ~claims))
         if off_devices:
             counts[REASON_DEVICES] += off_devices
+        if names_cards(pod):
+            off_cards = int(np.count_nonzero(ok & affinity & claims & ~self._no_cards))
+            if off_cards:
+                counts[REASON_DRA_GPUS] += off_cards
         return counts
 
     def explain(self, pod: Pod, insufficient: Mapping[str, int] | None = None,

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from batchsched.core.devices import shown
+from batchsched.core.devices import NVIDIA_GPU, shown
 from batchsched.core.model import Node, Pod, Requirement, Taint, Term, Toleration
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "REASON_AFFINITY",
     "REASON_DELETING",
     "REASON_DEVICES",
+    "REASON_DRA_GPUS",
     "REASON_NOT_READY",
     "REASON_UNSCHEDULABLE",
     "UNSCHEDULABLE_TAINT",
@@ -67,6 +68,18 @@ REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_NOT_READY = "node(s) were not ready"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 REASON_DEVICES = "node(s) had no devices its ResourceClaims can be allocated"
+REASON_DRA_GPUS = "node(s) offer nvidia.com/gpu as DRA devices only (no card can be named there)"
+
+
+def names_cards(pod: Pod) -> bool:
+    """Whether ``pod`` asks for cards by index (a share of one, or whole cards a node agent
+    is told): none can be given where DRA devices serve ``nvidia.com/gpu`` (the allocator,
+    not the scheduler, picks which GPU a claim gets there)."""
+    return any(a.recorded for a in pod.card_asks)
+
+
+def _dra_gpus(node: Node) -> bool:
+    return NVIDIA_GPU in node.dra_served
 
 _NAME_FIELD = "metadata.name"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -259,6 +272,8 @@ def reject_reason(pod: Pod, node: Node) -> str | None:
         return REASON_AFFINITY
     if pod.device_nodes is not None and node.name not in pod.device_nodes:
         return REASON_DEVICES
+    if names_cards(pod) and _dra_gpus(node):
+        return REASON_DRA_GPUS
     return None
 
 
