@@ -283,3 +283,31 @@ def test_a_gpu_share_never_goes_to_gpus_served_by_dra_and_whole_gpus_still_do() 
     w.plugin_node("plugin", 1)
     w.step(after=5)
     assert w.node_of(share["metadata"]["uid"]) == "plugin"
+
+
+def test_a_pods_own_claims_of_the_class_naming_nvidia_gpu_count_under_that_quota_too() -> None:
+    """One quota on nvidia.com/gpu: pods asking for it on a device-plugin node, pods asking
+    for it on a DRA node, and pods whose own claims ask the class that names it."""
+    w = ExtendedWorld()
+    w.plugin_node("plugin", 1)
+    w.node("dra", 4)
+    w.queues = [{
+        "apiVersion": "batchsched.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team"},
+        "spec": {"resources": [{"name": GPU, "nominal": 4}]},
+    }]
+    w.session.on_queues_listed(w.queues)
+    w.claim("own", 2)
+    by_claim = w.pod("own", "own", queue="team")
+    asking = [w.gpu_pod(f"p{i}", 1, queue="team") for i in range(2)]
+    w.step()
+    assert w.node_of(by_claim) == "dra" and all(w.node_of(p) for p in asking)
+    w.restart()
+    w.claim("more", 1)
+    more = w.pod("more", "more", queue="team")
+    late = w.gpu_pod("late", 1, queue="team")
+    d = w.step(after=5)
+    assert not w.node_of(more) and not w.node_of(late), "4 of a quota of 4 GPUs in use"
+    assert "team" in w.told(d, more) and "team" in w.told(d, late)
+    w.delete(by_claim)
+    w.step(after=30)
+    assert w.node_of(more) == "dra" and w.node_of(late)

@@ -44,6 +44,7 @@ from decimal import Decimal
 from typing import Any
 
 from batchsched.core import explain
+from batchsched.core.devices import NVIDIA_GPU, CardAsk, ask_requests
 from batchsched.core.dra.allocator import (
     Allocated,
     InUse,
@@ -180,6 +181,24 @@ class DeviceBook:
         if self._served is None:
             self._served = resolve(self.classes.values()) if self.classes else {}
         return self._served
+
+    def named(self, by_class: Mapping[str, int]) -> dict[str, int]:
+        """What whole devices of classes that name an extended resource (``nvidia.com/gpu``)
+        count as under that name, so that one quota on it covers GPUs a pod's own claims
+        hold as well as those a device plugin or a claim made for the pod serves (and, for
+        ``nvidia.com/gpu``, as whole GPUs handed out by count)."""
+        out: dict[str, int] = {}
+        served = self.served()
+        for column, n in by_class.items():
+            klass = self.classes.get(column[len(CLASS_COLUMN):]) if column.startswith(CLASS_COLUMN) else None
+            if klass is None or n <= 0:
+                continue
+            name = klass.extended_resource_name
+            if not name or served.get(name) != klass.name:
+                continue
+            for k, v in (by_count(n) if name == NVIDIA_GPU else {name: n}).items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     def extended_here(self, pod: Pod, node: str) -> dict[str, str]:
         """The extended resources of ``pod`` that DRA devices serve on ``node`` (it does not
@@ -451,6 +470,7 @@ class DeviceBook:
                     asks[column] = asks.get(column, 0) + n
             elif claim.allocation.node_selector is not None:
                 terms = and_terms(terms, claim.allocation.node_selector.terms)
+        asks.update(self.named(asks))
         nodes = None
         if pending:
             where = self.feasible(pending, self._may_go(pod))
@@ -522,6 +542,7 @@ class DeviceBook:
                 continue
             for column, n in _held(claim).items():
                 counts[column] = counts.get(column, 0) + n
+        counts.update(self.named(counts))
         on_node = dict(counts)
         made = self.claims.get(self.extended_of[pod.uid]) if pod.uid in self.extended_of else None
         if made is not None and made.allocation is not None:
@@ -659,6 +680,11 @@ class DeviceCycle:
         for delta in self.made.values():
             use = use.plus(delta)
         self.use = use
+
+
+def by_count(gpus: int) -> dict[str, int]:
+    """The columns ``gpus`` whole ``nvidia.com/gpu`` handed out by count take."""
+    return {NVIDIA_GPU: gpus, **ask_requests((CardAsk("", whole=gpus),), 0)}
 
 
 def _extended_claim(
