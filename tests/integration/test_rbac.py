@@ -209,7 +209,7 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
                 with contextlib.suppress(ConflictError):
                     await kube.create(f"{RESOURCE}/deviceclasses", c)
                     classes.append(c["metadata"]["name"])
-            for body in gpudra.gpu_node_slices(node, gpus=1, node_uid=uid):
+            for body in gpudra.gpu_node_slices(node, gpus=2, node_uid=uid):
                 await kube.create(f"{RESOURCE}/resourceslices", body)
             await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
                               gpudra.resource_claim("one-gpu", "gpu.nvidia.com"))
@@ -217,6 +217,31 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
             assert await wait_for(lambda: node_of(kube, namespace, "dra"), timeout=60) == node
             claim = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/one-gpu")
             assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == node
+
+            # a pod asking a DeviceClass's implicit extended resource, with a claim made for it
+            # by an attempt that bound nothing: that claim deleted, a new one made and named
+            gpu = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+            ext = pod_body("ext", cpu="10m", spec={**in_pool, "schedulingGates": [{"name": "example.com/wait"}]})
+            ext["spec"]["containers"][0]["resources"]["requests"][gpu] = "1"
+            ext["spec"]["containers"][0]["resources"]["limits"] = {gpu: "1"}
+            await create_pods(kube, namespace, [ext])
+            ext_uid = (await kube.get(f"/api/v1/namespaces/{namespace}/pods/ext"))["metadata"]["uid"]
+            left = await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims", {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "ext-extended-resources-left",
+                             "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "ext", "uid": ext_uid,
+                                                  "controller": True}]},
+                "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+                    "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}}})
+            await kube.patch(f"/api/v1/namespaces/{namespace}/pods/ext", [{"op": "remove", "path": "/spec/schedulingGates"}],
+                             kind="json")
+            assert await wait_for(lambda: node_of(kube, namespace, "ext"), timeout=60) == node
+            status = (await kube.get(f"/api/v1/namespaces/{namespace}/pods/ext"))["status"]
+            made = status["extendedResourceClaimStatus"]["resourceClaimName"]
+            assert made != left["metadata"]["name"]
+            with pytest.raises(NotFoundError):
+                await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{left['metadata']['name']}")
 
             # the views: the caller's token reviewed, its access to the path asked of RBAC
             ask = urllib.request.Request(f"http://127.0.0.1:{sched.http_port}/debug/jobs",
