@@ -133,6 +133,9 @@ def test_each_waiting_pod_is_told_what_it_lacks_and_explain_says_it() -> None:
     out = insight.explain(w.now, kind="pod", namespace="default", name="whole-late")
     assert not out["job"].get("devices")
     assert f"insufficient {GPU}" in out["job"]["message"]
+    # the DRA pod ahead of it is said to ask its device, not only "0 GPU(s)"
+    [ahead] = [line for line in out["summary"] if "ahead: default/dra-late" in line]
+    assert "0 GPU(s) and 1 device(s) of DeviceClass gpu.nvidia.com" in ahead, ahead
 
 
 # -- fair share between queues asking DRA GPUs -----------------------------------------
