@@ -3,9 +3,10 @@
 GPUs published by DRA (:mod:`batchsched.sandbox.gpudra`) beside device-plugin GPUs
 (``nvidia.com/gpu``, ``elasticgpu.io`` card shares): each kind of pod lands only where it
 can, nothing is booked twice, and each pod left waiting is told what it lacks. Two queues
-asking DRA GPUs share them by their weights; a stopped queue's DRA pods are not placed and
-their claims stay unallocated until it runs again; and a pod whose claim a node's devices
-refuse does not keep another queue's pod from a GPU it can use.
+asking DRA GPUs share them by their weights, as two asking ``nvidia.com/gpu`` do; a stopped
+queue's DRA pods are not placed and their claims stay unallocated until it runs again; and
+a pod whose claim a node's devices refuse does not keep another queue's pod from a GPU it
+can use.
 
 What is checked is what a user reads: ``spec.nodeName``, the PodScheduled condition,
 FailedScheduling Events, a claim's ``status.allocation``, ``batchsched explain``. Every
@@ -152,23 +153,35 @@ async def test_dra_and_card_pods_land_on_their_own_kind_of_node_and_each_waiting
             assert not out["devices"] and out["gpus"] == 1 and lacks["whole"] in out["message"], out
 
 
-async def test_two_queues_share_dra_gpus_by_their_weights(
-    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: MakeNodes,
+@pytest.mark.parametrize("kind", ["dra", GPU])
+async def test_two_queues_share_dra_gpus_by_their_weights_as_they_share_device_plugin_gpus(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: MakeNodes, kind: str,
 ) -> None:
-    """Six GPUs by DRA on three nodes; queues ``a`` (weight 1) and ``b`` (weight 2) of one
-    GPU each, and an idle lender of four, under one root. Both ask six: a holds 2, b 4."""
-    nodes = await make_nodes(3, gpus=0, prefix=f"{namespace}-d", labels={POOL: namespace})
-    slices = [s for n in nodes for s in gpudra.gpu_node_slices(n, gpus=2, node_uid=await node_uid(kube, n))]
+    """Six GPUs on three nodes, by DRA (or as ``nvidia.com/gpu``); queues ``a`` (weight 1)
+    and ``b`` (weight 2) of one GPU each, and an idle lender of four, under one root. Both
+    ask six: a holds 2, b 4, either way."""
+    dra = kind == "dra"
+    nodes = await make_nodes(3, gpus=0 if dra else 2, prefix=f"{namespace}-d", labels={POOL: namespace})
+    slices = [s for n in nodes for s in gpudra.gpu_node_slices(n, gpus=2, node_uid=await node_uid(kube, n))] if dra else []
     root, a, b, lender = (f"{q}-{namespace}" for q in ("org", "a", "b", "lender"))
 
     def spec(nominal: int, weight: float = 1.0) -> dict[str, Any]:
-        return {"parent": root, "weight": weight, "resources": [{"name": COLUMN, "nominal": nominal}]}
+        return {"parent": root, "weight": weight, "resources": [{"name": COLUMN if dra else GPU, "nominal": nominal}]}
+
+    def body(name: str) -> dict[str, Any]:
+        queue = a if name[0] == "a" else b
+        if dra:
+            return dra_pod(namespace, name, "one", queue)
+        out = plugin_pod(namespace, name, **{GPU: "1"})
+        out["metadata"]["labels"] = {"batchsched.io/queue": queue}
+        return out
 
     async with published(kube, slices), queues(kube, (root, {}), (a, spec(1)), (b, spec(1, 2)), (lender, spec(4))):
         await template(kube, namespace, "one", "gpu.nvidia.com", 1)
         names = [f"{q}-{i}" for i in range(6) for q in ("a", "b")]
-        await create_pods(kube, namespace, [dra_pod(namespace, n, "one", a if n[0] == "a" else b) for n in names])
-        await claims_made(kube, namespace, names)
+        await create_pods(kube, namespace, [body(n) for n in names])
+        if dra:
+            await claims_made(kube, namespace, names)
         async with running_scheduler(sandbox, namespace):
             async def six() -> dict[str, dict[str, Any]] | None:
                 got = await pods(kube, namespace)
@@ -178,8 +191,12 @@ async def test_two_queues_share_dra_gpus_by_their_weights(
             await asyncio.sleep(2)  # a seventh bound late would show now
             got = await pods(kube, namespace)
             held = {q: sorted(n for n, p in got.items() if n[0] == q and p["spec"].get("nodeName")) for q in "ab"}
-            print(f"\nheld: a {len(held['a'])}, b {len(held['b'])} of 6 GPUs")
+            print(f"\n{kind}: a holds {len(held['a'])}, b {len(held['b'])} of 6 GPUs")
             assert (len(held["a"]), len(held["b"])) == (2, 4), held
+            for name in (n for n in names if not got[n]["spec"].get("nodeName")):
+                assert unschedulable(got[name]), name  # told why it waits
+            if not dra:
+                return
             devices = []
             for name in names:
                 alloc = await allocation(kube, namespace, name)
@@ -187,8 +204,6 @@ async def test_two_queues_share_dra_gpus_by_their_weights(
                 if alloc:
                     devices += [(r["pool"], r["device"]) for r in alloc["devices"]["results"]]
             assert len(devices) == len(set(devices)) == 6
-            for name in (n for n in names if not got[n]["spec"].get("nodeName")):
-                assert unschedulable(got[name]), name  # told why it waits
 
 
 async def test_a_stopped_queues_dra_pods_wait_with_their_claims_unallocated_until_it_runs_again(
