@@ -458,7 +458,11 @@ class _Walk:
                 break
             lay = avoided
         if refused:
-            t.reason = self.admission.refused
+            # preemption and the reservation go on without the nodes that refused its devices:
+            # their free room counted in its class column is of devices it cannot use, and a
+            # reservation holding it would keep other work from them (as later cycles do,
+            # once the book remembers the refusal)
+            t.reason, t.lay = self.admission.refused, lay
             return False
         if mc == 0:
             self._extras_left(t)

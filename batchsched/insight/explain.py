@@ -188,7 +188,8 @@ def summary(job: dict[str, Any], queue: dict[str, Any] | None, ahead: list[dict[
     if job["position"] is not None:
         lines.append("  position: " + explain.queue_position(job["position"], job["queueLength"], job["queue"]))
         for a in ahead[:5]:
-            lines.append(f"    ahead: {a['namespace']}/{a['name']} ({a['state']}, {_gpus(a['gpus'])} GPU(s), priority {a['priority']})")
+            asks = f"{_gpus(a['gpus'])} GPU(s){_devices(a.get('devices') or {})}"
+            lines.append(f"    ahead: {a['namespace']}/{a['name']} ({a['state']}, {asks}, priority {a['priority']})")
         if len(ahead) > 5:
             lines.append(f"    ... and {len(ahead) - 5} more ahead")
     e = job["estimate"]

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,38 @@ def start_process(sandbox: Any, config_file: Path, log: Path) -> subprocess.Pope
         [sys.executable, "-m", "batchsched", "run", "--kubeconfig", kubeconfig, "--config", str(config_file)],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "BATCHSCHED_LOG_LEVEL": "INFO"},
     )
+
+
+@contextlib.contextmanager
+def running_kube_scheduler(sandbox: Any, workdir: Path, *, name: str, scheduler_name: str) -> Iterator[str]:
+    """The sandbox's kube-scheduler, started as perf starts it, answering pods whose
+    ``schedulerName`` is ``scheduler_name`` (so it never meets batchsched's pods); yields
+    that name once its readiness endpoint answers, stops it after the block. ``name``
+    tells its log and workdir apart from another test's."""
+    from perf.peers import PEERS
+
+    peer = dataclasses.replace(PEERS["kube-scheduler"], name=name, scheduler_name=scheduler_name)
+    running = peer.start(sandbox.kubeconfig, workdir)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
+    try:
+        deadline = time.monotonic() + 60
+        while not _answers(running.ready_url, context):
+            if not running.alive() or time.monotonic() > deadline:
+                raise AssertionError(f"kube-scheduler was not ready:\n{running.log_tail()}")
+            time.sleep(0.2)
+        yield scheduler_name
+    finally:
+        running.stop()
+
+
+def _answers(url: str, context: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1, context=context) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 async def _ready(sched: Scheduler, task: asyncio.Task[None]) -> bool:

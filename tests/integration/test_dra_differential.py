@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import random
-import ssl
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +44,7 @@ from batchsched.sandbox.nodes import (
 )
 from tests.dra_check import problems
 from tests.dra_worlds import World, draw
-from tests.integration.helpers import running_scheduler, wait_for
+from tests.integration.helpers import running_kube_scheduler, running_scheduler, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -127,36 +124,6 @@ async def _decided(kube: KubeClient, namespace: str, copy: str) -> dict[str, dic
     return {p["metadata"]["name"][:4]: p for p in pods if p["metadata"]["name"][4] == copy}
 
 
-@contextlib.contextmanager
-def _kube_scheduler(sandbox: Any, workdir: Path) -> Any:
-    """The sandbox's kube-scheduler as perf runs it, under its own scheduler name."""
-    from perf.peers import PEERS
-
-    peer = dataclasses.replace(PEERS["kube-scheduler"], name="kube-scheduler-differential",
-                               scheduler_name=KUBE_SCHEDULER)
-    running = peer.start(sandbox.kubeconfig, workdir)
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
-    try:
-        deadline = time.monotonic() + 60
-        while not _answers(running.ready_url, context):
-            if not running.alive() or time.monotonic() > deadline:
-                raise AssertionError(f"kube-scheduler was not ready:\n{running.log_tail()}")
-            time.sleep(0.2)
-        yield
-    finally:
-        running.stop()
-
-
-def _answers(url: str, context: ssl.SSLContext) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1, context=context) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 async def _claims(kube: KubeClient, namespace: str, world: World, copy: str,
                   pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     made = {s["name"]: s["resourceClaimName"] for s in pod["status"].get("resourceClaimStatuses") or []}
@@ -183,7 +150,8 @@ async def test_batchsched_and_kube_scheduler_agree_on_random_dra_worlds(
         built = time.monotonic() - started
 
         started = time.monotonic()
-        with _kube_scheduler(sandbox, tmp_path):
+        with running_kube_scheduler(sandbox, tmp_path, name="kube-scheduler-differential",
+                                    scheduler_name=KUBE_SCHEDULER):
             theirs = await _decided(kube, namespace, KUBE)
         kube_time = time.monotonic() - started
         started = time.monotonic()

@@ -11,12 +11,8 @@ shape batchsched's own claim writes are to match.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
-import ssl
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -25,7 +21,7 @@ import pytest
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, InvalidError, NotFoundError
 from batchsched.sandbox import gpudra
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import running_kube_scheduler, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -133,32 +129,10 @@ async def test_claim_made_from_the_pods_template(kube: KubeClient, namespace: st
 
 @pytest.fixture(scope="module")
 def kube_scheduler(sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The sandbox's kube-scheduler, as perf runs it, under a scheduler name of its own;
-    yields that name."""
-    from perf.peers import PEERS
-
-    peer = dataclasses.replace(PEERS["kube-scheduler"], name="kube-scheduler-dra", scheduler_name="dra-scheduler")
-    running = peer.start(sandbox.kubeconfig, tmp_path_factory.mktemp("kube-scheduler"))
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # its own self-signed serving certificate
-    try:
-        deadline = time.monotonic() + 60
-        while not _answers(running.ready_url, context):
-            if not running.alive() or time.monotonic() > deadline:
-                raise AssertionError(f"kube-scheduler was not ready:\n{running.log_tail()}")
-            time.sleep(0.2)
-        yield peer.scheduler_name
-    finally:
-        running.stop()
-
-
-def _answers(url: str, context: ssl.SSLContext) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1, context=context) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+    """The sandbox's kube-scheduler under a scheduler name of its own; yields that name."""
+    with running_kube_scheduler(sandbox, tmp_path_factory.mktemp("kube-scheduler"), name="kube-scheduler-dra",
+                                scheduler_name="dra-scheduler") as name:
+        yield name
 
 
 async def test_kube_scheduler_allocates_a_gpu_of_the_node(kube: KubeClient, namespace: str, make_nodes: Any,
