@@ -69,6 +69,9 @@ class EventRouting:
         nodes = self.intake.devices.replace_nodes([with_health(n, self.settings.node_health) for n in nodes])
         self.holds.nodes_listed(nodes)
         self.state.replace_nodes(nodes)
+        # where a pod's claims could be allocated was found among the nodes known then (none,
+        # for a pod listed before the nodes at start): found again
+        self._read_again(self.intake.using_devices(None))
         self.wants_step = True
 
     def on_node(self, kind: str, node: Node) -> None:

@@ -166,3 +166,4 @@ def test_rules_listed_anew_replace_those_known() -> None:
     w.session.on_device_taint_rules_listed([])
     w.step(after=30)
     assert w.node_of(a) == "n0"
+
