@@ -16,7 +16,11 @@ from batchsched.core.dra.objects import (
     parse_device_taint_rule,
     parse_resource_slice,
 )
+from batchsched.kube.snapshot import COLLECTIONS
+from batchsched.sandbox import gpudra
+from batchsched.simulate import snapshot
 from tests.unit.test_dra_scheduling import DRIVER, DraWorld, gpu_slice
+from tests.unit.test_simulate_dra import named, node, pod
 
 
 def rule(name: str, *, effect: str = "NoSchedule", key: str = "example.com/broken", value: str = "",
@@ -167,3 +171,18 @@ def test_rules_listed_anew_replace_those_known() -> None:
     w.step(after=30)
     assert w.node_of(a) == "n0"
 
+
+
+def test_a_snapshot_replays_the_rules_taints() -> None:
+    """``batchsched snapshot`` lists the rules, and a replay does not hand out a GPU one taints."""
+    assert COLLECTIONS["devicetaintrules"] == "/apis/resource.k8s.io/v1/devicetaintrules"
+    bad = rule("bad", driver=gpudra.DRIVER, pool="n0", device="gpu-0")
+    snap = {"kind": snapshot.KIND, "config": {}, "objects": {
+        "nodes": [node("n0")], "pods": [pod("p", claim="c")],
+        "resourceslices": gpudra.gpu_node_slices("n0", gpus=2, node_uid="uid-n0"),
+        "deviceclasses": gpudra.device_classes(extended_resource=False), "devicetaintrules": [bad],
+        "resourceclaims": [named(gpudra.resource_claim("c", "gpu.nvidia.com"))],
+    }}
+    sim = snapshot.load(snap, now=1e9, use_jit=False)
+    sim.step(1e9)
+    assert sim.placed["uid-p"].devices == ("n0/gpu-1",)
