@@ -25,7 +25,7 @@ from batchsched.core.books.statuses import GroupReports, QueueStatuses
 from batchsched.core.books.told import ToldBook
 from batchsched.core.disruption import DisruptionBudget
 from batchsched.core.dra.book import DeviceChange
-from batchsched.core.dra.objects import DeviceClass, ResourceClaim, ResourceSlice
+from batchsched.core.dra.objects import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 from batchsched.core.gangs import GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Node, Pod, PodUID, Term
@@ -69,6 +69,9 @@ class EventRouting:
         nodes = self.intake.devices.replace_nodes([with_health(n, self.settings.node_health) for n in nodes])
         self.holds.nodes_listed(nodes)
         self.state.replace_nodes(nodes)
+        # where a pod's claims could be allocated was found among the nodes known then (none,
+        # for a pod listed before the nodes at start): found again
+        self._read_again(self.intake.using_devices(None))
         self.wants_step = True
 
     def on_node(self, kind: str, node: Node) -> None:
@@ -178,6 +181,12 @@ class EventRouting:
 
     def on_device_class(self, kind: str, dc: DeviceClass) -> None:
         self._devices_changed(self.intake.devices.class_event(kind, dc))
+
+    def on_device_taint_rules_listed(self, rules: list[DeviceTaintRule]) -> None:
+        self._devices_changed(self.intake.devices.replace_taint_rules(rules))
+
+    def on_device_taint_rule(self, kind: str, rule: DeviceTaintRule) -> None:
+        self._devices_changed(self.intake.devices.taint_rule_event(kind, rule))
 
     def on_resource_claims_listed(self, claims: list[ResourceClaim]) -> None:
         self._devices_changed(self.intake.devices.replace_claims(claims))

@@ -25,6 +25,7 @@ from batchsched.core import explain
 from batchsched.core.disruption import parse_pdb
 from batchsched.core.dra.objects import (
     parse_device_class,
+    parse_device_taint_rule,
     parse_resource_claim,
     parse_resource_slice,
 )
@@ -102,11 +103,14 @@ class Intake:
                        parse_volume, s.on_volumes_listed, s.on_volume),
             self._feed("/apis/storage.k8s.io/v1/storageclasses", "storageclasses", "StorageClass",
                        parse_storage_class, s.on_storage_classes_listed, s.on_storage_class),
-            # dynamic resource allocation: the devices drivers publish, their classes, the claims
+            # dynamic resource allocation: the devices drivers publish, their classes, the taints
+            # administrators put on devices, the claims
             self._feed(f"{DRA_API}/resourceslices", "resourceslices", "ResourceSlice",
                        parse_resource_slice, s.on_resource_slices_listed, s.on_resource_slice),
             self._feed(f"{DRA_API}/deviceclasses", "deviceclasses", "DeviceClass",
                        parse_device_class, s.on_device_classes_listed, s.on_device_class),
+            self._feed(f"{DRA_API}/devicetaintrules", "devicetaintrules", "DeviceTaintRule",
+                       parse_device_taint_rule, s.on_device_taint_rules_listed, s.on_device_taint_rule),
             self._feed(f"{DRA_API}/resourceclaims", "resourceclaims", "ResourceClaim",
                        parse_resource_claim, s.on_resource_claims_listed, s.on_resource_claim),
         ]

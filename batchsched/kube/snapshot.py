@@ -2,7 +2,7 @@
 
 ``batchsched snapshot`` and the running scheduler's ``/debug/snapshot`` both list every
 collection the scheduler watches (nodes, pods, PodGroups, Queues, PriorityClasses,
-namespaces, budgets, volumes, and DRA's ResourceSlices, DeviceClasses and ResourceClaims) and add the scheduler's configuration, so that
+namespaces, budgets, volumes, and DRA's ResourceSlices, DeviceClasses, DeviceTaintRules and ResourceClaims) and add the scheduler's configuration, so that
 ``batchsched simulate --snapshot FILE`` replays the same objects through the same session.
 A collection the cluster does not serve (a CRD not installed) is recorded as empty.
 """
@@ -33,6 +33,7 @@ COLLECTIONS: dict[str, str] = {
     "storageclasses": "/apis/storage.k8s.io/v1/storageclasses",
     "resourceslices": f"{DRA_API}/resourceslices",
     "deviceclasses": f"{DRA_API}/deviceclasses",
+    "devicetaintrules": f"{DRA_API}/devicetaintrules",
     "resourceclaims": f"{DRA_API}/resourceclaims",
     **{f"podgroups.{api}": path for api, path in PODGROUP_PATHS.items()},
 }

@@ -25,6 +25,7 @@ from typing import Any
 from batchsched.core.decisions import Decisions
 from batchsched.core.dra.objects import (
     parse_device_class,
+    parse_device_taint_rule,
     parse_resource_claim,
     parse_resource_slice,
 )
@@ -73,10 +74,12 @@ class Simulation:
         self.session.on_nodes_listed([parse_node(n) for n in nodes])
 
     def add_devices(self, *, slices: Iterable[Mapping[str, Any]] = (),
-                    classes: Iterable[Mapping[str, Any]] = ()) -> None:
-        """ResourceSlices and DeviceClasses (``resource.k8s.io/v1`` JSON), listed."""
+                    classes: Iterable[Mapping[str, Any]] = (),
+                    taint_rules: Iterable[Mapping[str, Any]] = ()) -> None:
+        """ResourceSlices, DeviceClasses and DeviceTaintRules (``resource.k8s.io/v1`` JSON), listed."""
         self.session.on_resource_slices_listed([parse_resource_slice(o) for o in slices])
         self.session.on_device_classes_listed([parse_device_class(o) for o in classes])
+        self.session.on_device_taint_rules_listed([parse_device_taint_rule(o) for o in taint_rules])
 
     def add_pod(self, obj: Mapping[str, Any]) -> Pod:
         """A pod created; the claims its templates stand for are made first (as

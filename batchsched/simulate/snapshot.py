@@ -1,7 +1,7 @@
 """Replay a cluster snapshot (:mod:`batchsched.kube.snapshot`) through the session: every
 object goes through the parser and session intake the watch uses; one step places what
 is pending, as the scheduler would with that configuration. DRA objects (ResourceSlices,
-DeviceClasses, ResourceClaims) are listed into the session before the pods; a pending pod's
+DeviceClasses, DeviceTaintRules, ResourceClaims) are listed into the session before the pods; a pending pod's
 claims are then allocated by the step and written on the simulation's claims (see
 :class:`~batchsched.simulate.engine.Claims`)."""
 
@@ -43,7 +43,8 @@ def load(snapshot: Mapping[str, Any], *, now: float, use_jit: bool = True) -> Si
             api = name.split(".", 1)[1]
             s.on_groups_listed(api, [parse_podgroup(api, o) for o in items])
     sim.add_nodes(objs.get("nodes", []))
-    sim.add_devices(slices=objs.get("resourceslices", []), classes=objs.get("deviceclasses", []))
+    sim.add_devices(slices=objs.get("resourceslices", []), classes=objs.get("deviceclasses", []),
+                    taint_rules=objs.get("devicetaintrules", []))
     sim.claims.add(objs.get("resourceclaims", []))
     pods = [parse_pod(o) for o in objs.get("pods", [])]
     for pod, o in zip(pods, objs.get("pods", []), strict=True):

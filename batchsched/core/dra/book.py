@@ -59,6 +59,7 @@ from batchsched.core.dra.objects import (
     Device,
     DeviceClass,
     DeviceId,
+    DeviceTaintRule,
     NodeDevices,
     NodeSelector,
     Pools,
@@ -117,6 +118,8 @@ class DeviceBook:
     def __init__(self) -> None:
         self.slices: dict[str, ResourceSlice] = {}
         self.classes: dict[str, DeviceClass] = {}
+        #: DeviceTaintRules by name: their taints are added to the devices they match
+        self.taint_rules: dict[str, DeviceTaintRule] = {}
         self.claims: dict[ClaimKey, ResourceClaim] = {}
         #: the nodes as last seen (their labels decide which devices they may use; their
         #: allocatable, whether an extended resource is a device plugin's there)
@@ -159,7 +162,7 @@ class DeviceBook:
     @property
     def pools(self) -> Pools:
         if self._pools is None:
-            self._pools = Pools(self.slices.values())
+            self._pools = Pools(self.slices.values(), self.taint_rules.values())
         return self._pools
 
     def confirmed(self) -> InUse:
@@ -336,6 +339,19 @@ class DeviceBook:
             self.classes.pop(dc.name, None)
         else:
             self.classes[dc.name] = dc
+        return self._devices_changed()
+
+    def replace_taint_rules(self, rules: Iterable[DeviceTaintRule]) -> DeviceChange:
+        self.taint_rules = {r.name: r for r in rules}
+        return self._devices_changed()
+
+    def taint_rule_event(self, kind: str, rule: DeviceTaintRule) -> DeviceChange:
+        """A rule added, changed or deleted: the devices it matches now carry its taint, and
+        those it no longer matches are free of it again."""
+        if kind == "DELETED":
+            self.taint_rules.pop(rule.name, None)
+        else:
+            self.taint_rules[rule.name] = rule
         return self._devices_changed()
 
     def replace_claims(self, claims: Iterable[ResourceClaim]) -> DeviceChange:
@@ -724,13 +740,14 @@ def _asks(claim: ResourceClaim, shareable: frozenset[str]) -> dict[str, int]:
     requests of ``ExactCount`` for whole devices. Not a request of capacity, nor one of a
     class of ``shareable`` (either may be served by a share of a device several claims
     use, which a count of devices cannot tell: :func:`_held` counts no share either, and
-    two requests of one claim may both be served by shares of one device)."""
+    two requests of one claim may both be served by shares of one device). Nor a request
+    with tolerations: it may get a tainted device, which the columns never count free."""
     out: dict[str, int] = {}
     for r in claim.requests:
         if r.first_available or len(r.choices) != 1:
             continue
         c = r.choices[0]
-        if c.all_devices or c.admin_access or c.capacity is not None or c.class_name in shareable:
+        if c.all_devices or c.admin_access or c.capacity is not None or c.class_name in shareable or c.tolerations:
             continue
         out[class_column(c.class_name)] = out.get(class_column(c.class_name), 0) + c.count
     return out

@@ -1,8 +1,11 @@
 """The ``resource.k8s.io/v1`` objects the structured allocator reads, as frozen values.
 
-ResourceSlices (what drivers publish), DeviceClasses (what administrators offer) and
-ResourceClaims (what pods ask for) are parsed once into dataclasses; the allocator in
-:mod:`batchsched.core.dra.allocator` works on these values only.
+ResourceSlices (what drivers publish), DeviceClasses (what administrators offer),
+DeviceTaintRules (taints an administrator puts on devices) and ResourceClaims (what pods
+ask for) are parsed once into dataclasses; the allocator in
+:mod:`batchsched.core.dra.allocator` works on these values only. A rule's taint is added
+to the devices it matches when the slices are grouped into :class:`Pools`, so the
+allocator sees it as a taint the driver published.
 
 Errors: every ``parse_*`` function raises :class:`DraError` (a ``ValueError``) whose
 message a user reads, naming the object and the field ("ResourceClaim ns/c: request
@@ -33,7 +36,7 @@ Rules taken from upstream (k8s.io/dynamic-resource-allocation/structured):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -516,6 +519,78 @@ def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     )
 
 
+# ---------------------------------------------------------------- taint rules
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceTaintRule:
+    """A ``DeviceTaintRule``: its taint on every device its selector matches, as if the
+    driver had published the taint in the device's ResourceSlice. A field of the selector
+    left unset matches any value; a rule without ``deviceSelector`` matches no device
+    (upstream's rule: only an empty selector matches every device)."""
+
+    name: str
+    taint: DeviceTaint
+    selects: bool  # False: no deviceSelector, no device is tainted
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+    def covers(self, driver: str, pool: str) -> bool:
+        """Whether some device of pool ``driver``/``pool`` may match."""
+        return self.selects and self.driver in (None, driver) and self.pool in (None, pool)
+
+    def matches(self, device: Device) -> bool:
+        return self.covers(device.driver, device.pool) and self.device in (None, device.name)
+
+
+#: fields of a rule's selector the API had once and removed in 1.35: refused if present
+#: (an older client's object), since a rule read without them would taint more devices
+_REMOVED_SELECTOR_FIELDS = ("deviceClassName", "selectors")
+
+
+def parse_device_taint_rule(obj: Mapping[str, Any]) -> DeviceTaintRule:
+    """A DeviceTaintRule; raises :class:`DraError` naming the rule and field.
+
+    Its taint's effect is kept as written: only ``NoSchedule`` and ``NoExecute`` keep a
+    device from new claims, and ``None`` or an effect this version does not know has no
+    effect on scheduling (the API asks consumers to treat unknown effects as ``None``)."""
+    name = _str(_obj(obj.get("metadata"), "metadata").get("name"), "DeviceTaintRule metadata.name")
+    where = f"DeviceTaintRule {name}"
+    spec = _obj(obj.get("spec"), f"{where}: spec")
+    taint = _taint(spec.get("taint"), f"{where}: spec.taint")
+    if not taint.effect:
+        raise DraError(f"{where}: spec.taint.effect is missing")
+    raw = spec.get("deviceSelector")
+    if raw is None:
+        return DeviceTaintRule(name=name, taint=taint, selects=False)
+    sel = _obj(raw, f"{where}: spec.deviceSelector")
+    for removed in _REMOVED_SELECTOR_FIELDS:
+        if sel.get(removed):
+            raise DraError(f"{where}: spec.deviceSelector.{removed} is not supported "
+                           "(removed from resource.k8s.io in Kubernetes 1.35)")
+
+    def one(field_name: str) -> str | None:
+        value = sel.get(field_name)
+        return None if value is None else _str(value, f"{where}: spec.deviceSelector.{field_name}", required=False)
+
+    return DeviceTaintRule(name=name, taint=taint, selects=True,
+                           driver=one("driver"), pool=one("pool"), device=one("device"))
+
+
+def tainted_by_rules(rs: ResourceSlice, rules: Sequence[DeviceTaintRule]) -> ResourceSlice:
+    """``rs`` with the taints of the ``rules`` that match its devices added to them (the
+    slice itself when none does)."""
+    here = [r for r in rules if r.covers(rs.driver, rs.pool)]
+    if not here:
+        return rs
+    devices = []
+    for d in rs.devices:
+        added = tuple(r.taint for r in here if r.matches(d) and r.taint not in d.taints)
+        devices.append(replace(d, taints=d.taints + added) if added else d)
+    return replace(rs, devices=tuple(devices))
+
+
 # ---------------------------------------------------------------- claims
 
 
@@ -791,11 +866,14 @@ class NodeDevices:
 
 
 class Pools:
-    """The slices of a cluster grouped into pools, newest generation only."""
+    """The slices of a cluster grouped into pools, newest generation only, their devices
+    carrying the taints of the DeviceTaintRules that match them."""
 
-    def __init__(self, slices: Iterable[ResourceSlice]) -> None:
+    def __init__(self, slices: Iterable[ResourceSlice], taint_rules: Iterable[DeviceTaintRule] = ()) -> None:
+        rules = sorted(taint_rules, key=lambda r: r.name)
         grouped: dict[tuple[str, str], list[ResourceSlice]] = {}
         for s in slices:
+            s = tainted_by_rules(s, rules) if rules else s
             grouped.setdefault((s.driver, s.pool), []).append(s)
         self.pools: dict[tuple[str, str], Pool] = {k: _build_pool(k, v) for k, v in sorted(grouped.items())}
         self._devices: dict[DeviceId, Device] = {
