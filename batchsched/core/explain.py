@@ -421,6 +421,11 @@ def devices_refused(pod_key: str, node: str, why: str) -> str:
     return f"the ResourceClaims of {pod_key} cannot be allocated on node {node} now: {why}"
 
 
+def extended_too_many(devices: int, most: int) -> str:
+    return (f"its extended resources ask {devices} DRA devices of one pod; a ResourceClaim holds "
+            f"at most {most}")
+
+
 def devices_refused_on(node: str, why: str) -> str:
     """A reason counted over nodes: pods like this one were refused their devices there."""
     return f"node(s) could not allocate its ResourceClaims (on {node}: {why})"

@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 GPU = "nvidia.com/gpu"
 CORE = "elasticgpu.io/gpu-core"
 MEMORY = "elasticgpu.io/gpu-memory"
-COLUMN = "deviceclass.resource.k8s.io/gpu.nvidia.com"
+COLUMN = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
 #: every node a test makes carries this label, valued with the test's namespace; its pods select it
 POOL = "dra-policies"
 MakeNodes = Callable[..., Awaitable[list[str]]]

@@ -81,7 +81,7 @@ async def test_a_gpu_tainted_no_schedule_goes_only_to_a_claim_that_tolerates_it(
 
             async def told() -> list[str] | None:
                 said = [e["message"] for e in await events_for(kube, namespace, "second", "FailedScheduling")]
-                return said if any("deviceclass.resource.k8s.io/gpu.nvidia.com" in m for m in said) else None
+                return said if any("deviceclass.resource.kubernetes.io/gpu.nvidia.com" in m for m in said) else None
 
             await wait_for(told, timeout=30)
             # a claim tolerating the taint gets the tainted GPU; the other still waits

@@ -311,3 +311,17 @@ def test_a_pods_own_claims_of_the_class_naming_nvidia_gpu_count_under_that_quota
     w.delete(by_claim)
     w.step(after=30)
     assert w.node_of(more) == "dra" and w.node_of(late)
+
+
+def test_a_pod_asking_more_devices_than_a_claim_holds_waits_told_why_and_others_go_on() -> None:
+    w = ExtendedWorld()
+    w.node("big", 48)
+    implicit = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+    huge = make_pod("huge").req(cpu="1", **{implicit: "40"}).created(w.now).obj()
+    w.pods[huge["metadata"]["uid"]] = huge
+    w.session.on_pod("ADDED", parse_pod(huge))
+    small = w.gpu_pod("small", 2)
+    d = w.step()
+    assert w.node_of(small) == "big"
+    assert not w.node_of(huge["metadata"]["uid"])
+    assert "at most 32" in w.told(d, huge["metadata"]["uid"]), w.told(d, huge["metadata"]["uid"])

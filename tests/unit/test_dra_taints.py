@@ -115,7 +115,7 @@ def test_a_new_claim_does_not_get_a_device_a_rule_taints_and_waits_told_why_when
     b = w.pod("b", "b")
     d = w.step()
     assert not w.node_of(b) and not w.devices_of("b")
-    assert "deviceclass.resource.k8s.io/gpu.nvidia.com" in w.told(d, b), w.told(d, b)
+    assert "deviceclass.resource.kubernetes.io/gpu.nvidia.com" in w.told(d, b), w.told(d, b)
     # the rule deleted: the device is handed out again
     taint_rule(w, "DELETED", rule("bad", driver=DRIVER, pool="n0", device="gpu-0"))
     w.step(after=30)

@@ -55,11 +55,13 @@ from batchsched.core.dra.allocator import (
 from batchsched.core.dra.cel import CelError, compile_selector
 from batchsched.core.dra.extended import claim_body, claim_requests, resolve
 from batchsched.core.dra.objects import (
+    MAX_RESULTS_PER_CLAIM,
     CounterId,
     Device,
     DeviceClass,
     DeviceId,
     DeviceTaintRule,
+    DraError,
     NodeDevices,
     NodeSelector,
     Pools,
@@ -408,7 +410,7 @@ class DeviceBook:
         pending = [c for c in claims if c is not None and c.allocation is None]
         served = {r: k for a in pod.extended for r, _ in a.extended if (k := self.served().get(r)) is not None}
         made = _extended_claim(pod, served)
-        if made is not None:
+        if made is not None and not isinstance(made, str):
             pending.append(made[0])
         return self.refused.get(_shape(pending), {}) if pending else {}
 
@@ -656,6 +658,8 @@ class DeviceCycle:
                 return explain.claim_missing(f"{pod.namespace}/{entry.claim}")
             claims.append(claim)
         made = _extended_claim(pod, book.extended_here(pod, node))
+        if isinstance(made, str):
+            return made
         if made is not None:
             claims.append(made[0])
         if not claims:
@@ -705,18 +709,25 @@ def by_count(gpus: int) -> dict[str, int]:
 
 def _extended_claim(
     pod: Pod, served: Mapping[str, str],
-) -> tuple[ResourceClaim, Mapping[str, Any], tuple[Mapping[str, str], ...]] | None:
+) -> tuple[ResourceClaim, Mapping[str, Any], tuple[Mapping[str, str], ...]] | str | None:
     """The claim to make for ``pod``'s extended resources that DRA devices serve
     (``served``: resource -> class), as the allocator reads it (named by its in-flight
-    key), its body to create, and the request mappings; None when none is needed."""
+    key), its body to create, and the request mappings; None when none is needed; why
+    not, when no such claim could be made (more devices than a claim may hold)."""
     if not served:
         return None
     requests, mappings = claim_requests(pod.extended, served)
     if not requests:
         return None
+    total = sum(int(r["exactly"]["count"]) for r in requests)
+    if total > MAX_RESULTS_PER_CLAIM:
+        return explain.extended_too_many(total, MAX_RESULTS_PER_CLAIM)
     body = claim_body(pod.namespace, pod.name, pod.uid, requests)
     readable = {**body, "metadata": {"name": EXTENDED_IN_FLIGHT + pod.uid, "namespace": pod.namespace}}
-    return parse_resource_claim(readable), body, tuple(mappings)
+    try:
+        return parse_resource_claim(readable), body, tuple(mappings)
+    except DraError as exc:
+        return str(exc)
 
 
 def _delta_of(delta: InUse, result: Any, book: DeviceBook, node: str) -> InUse:
