@@ -35,12 +35,14 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 
 
 @contextlib.asynccontextmanager
-async def published(kube: KubeClient, slices: list[dict[str, Any]]) -> AsyncIterator[None]:
-    """ResourceSlices and the driver's DeviceClasses, there for the block (and deleted
-    after it: other tests make the classes as they need them)."""
+async def published(kube: KubeClient, slices: list[dict[str, Any]], *,
+                    extended_resource: bool = False) -> AsyncIterator[None]:
+    """ResourceSlices and the driver's DeviceClasses (``extended_resource``: with
+    ``gpu.nvidia.com`` naming ``nvidia.com/gpu``), there for the block (and deleted after
+    it: other tests make the classes as they need them)."""
     made: list[str] = []
     try:
-        for c in gpudra.device_classes(extended_resource=False):
+        for c in gpudra.device_classes(extended_resource=extended_resource):
             await kube.create(f"{RESOURCE}/deviceclasses", c)
             made.append(f"{RESOURCE}/deviceclasses/{c['metadata']['name']}")
         for s in slices:

@@ -12,40 +12,20 @@ takes its claim with it and frees its GPUs.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import NotFoundError
 from batchsched.sandbox import gpudra
 from tests.integration.helpers import XK8S, create_group, events_for, running_scheduler, wait_for
+from tests.integration.test_dra import node_uid, published
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 GPU = "nvidia.com/gpu"
 MARK = "resource.kubernetes.io/extended-resource-claim"
-
-
-@contextlib.asynccontextmanager
-async def published(kube: KubeClient, slices: list[dict[str, Any]]) -> AsyncIterator[None]:
-    """The driver's DeviceClasses with ``nvidia.com/gpu`` mapped, and the slices, for the block."""
-    made: list[str] = []
-    try:
-        for c in gpudra.device_classes(extended_resource=True):
-            await kube.create(f"{RESOURCE}/deviceclasses", c)
-            made.append(f"{RESOURCE}/deviceclasses/{c['metadata']['name']}")
-        for s in slices:
-            stored = await kube.create(f"{RESOURCE}/resourceslices", s)
-            made.append(f"{RESOURCE}/resourceslices/{stored['metadata']['name']}")
-        yield
-    finally:
-        for path in reversed(made):
-            with contextlib.suppress(NotFoundError):
-                await kube.delete(path)
 
 
 async def gpu_pod(kube: KubeClient, namespace: str, name: str, gpus: int, **labels: str) -> None:
@@ -94,16 +74,13 @@ async def bound(kube: KubeClient, namespace: str, names: list[str]) -> dict[str,
     return out
 
 
-async def node_uid(kube: KubeClient, name: str) -> str:
-    return str((await kube.get(f"/api/v1/nodes/{name}"))["metadata"]["uid"])
-
-
 async def test_pods_asking_nvidia_gpu_get_dra_gpus_where_no_device_plugin_offers_them(
     sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any,
 ) -> None:
     [dra] = await make_nodes(1, gpus=0)
     [plugin] = await make_nodes(1, gpus=2)
-    async with published(kube, gpudra.gpu_node_slices(dra, gpus=4, node_uid=await node_uid(kube, dra))):
+    async with published(kube, gpudra.gpu_node_slices(dra, gpus=4, node_uid=await node_uid(kube, dra)),
+                         extended_resource=True):
         names = [f"p{i}" for i in range(7)]  # 7 GPUs asked of 4 (DRA) + 2 (device plugin)
         for name in names:
             await gpu_pod(kube, namespace, name, 1)
@@ -150,7 +127,7 @@ async def test_a_gang_asking_nvidia_gpu_on_dra_nodes_is_bound_whole_or_gets_noth
 ) -> None:
     nodes = await make_nodes(2, gpus=0)
     slices = [s for n in nodes for s in gpudra.gpu_node_slices(n, gpus=4, node_uid=await node_uid(kube, n))]
-    async with published(kube, slices):
+    async with published(kube, slices, extended_resource=True):
         await create_group(kube, XK8S, namespace, "trio", {"minMember": 3})
         await create_group(kube, XK8S, namespace, "pair", {"minMember": 2})
         for i in range(3):
