@@ -8,6 +8,12 @@ claim's UID and the resourceVersion it was read at: a claim deleted and made aga
 changed since (allocated for another pod meanwhile), answers 409 and nothing is
 overwritten.
 
+The claim made for a pod's extended resources (``nvidia.com/gpu`` served by DRA devices,
+:mod:`batchsched.core.dra.extended`) is created first (once: a retry after a lost answer
+could make a second), then written the same way, then named with its request mappings in
+the pod's ``status.extendedResourceClaimStatus``; if the pod is not bound it is deleted
+(with its UID as a precondition), not put back.
+
 If a later write or the Binding itself fails, the claims already written are put back as
 they were read (the allocation removed when this scheduler wrote it, ``reservedFor``
 restored), so nothing stays allocated for a pod that is not bound. When the Binding's
