@@ -157,6 +157,20 @@ def test_a_constraint_on_a_subrequest_name_applies_to_that_subrequest_only() -> 
     assert out.claims[0].allocation["devices"]["results"][1]["request"] == "acc/mig"
 
 
+def test_all_with_a_matching_device_a_constraint_excludes_is_an_error_not_a_fall_back() -> None:
+    """As upstream: a request of ``allocationMode: All`` must get every matching device; a
+    constraint of its claim excluding one makes the claim wrong as written (kube-scheduler
+    fails the pod), so the next subrequest is not tried (found by the differential test
+    against kube-scheduler: world 198 of seed 14)."""
+    every = {"name": "s0", "deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}
+    req = {"name": "r0", "firstAvailable": [every, sub("s1", MIG_CLASS)]}
+    c = claim("c", req, constraints=[{"distinctAttribute": f"{DRIVER}/pcieRoot"}])
+    why = failed(run([c], node_devices(world(gpus=2, migs=1))))
+    assert why.fatal and "allocationMode All" in why.reason, why.reason
+    # without the constraint the GPUs are all taken
+    assert devices_of(ok(run([claim("c", req)], node_devices(world(gpus=2, migs=1))))) == ["gpu-0", "gpu-1"]
+
+
 # ---------------------------------------------------------------- partitionable devices
 
 

@@ -167,6 +167,10 @@ class Unallocatable:
     reason: str  # for a user: which claim and request failed, and why
     claim: str = ""
     request: str = ""
+    #: the claim cannot be allocated as written, wherever it is tried (kube-scheduler fails
+    #: the pod's whole attempt on it, not only the node): a request of ``allocationMode:
+    #: All`` one of whose matching devices a constraint of the claim excludes
+    fatal: bool = False
 
 
 class _Stop(Exception):
@@ -307,6 +311,14 @@ class _Search:
             device, consumed = option.candidates[i]
             undo = self.take(ci, c, device, consumed)
             if undo is None:
+                if c.all_devices and self.usable(ci, c, device, consumed):  # the constraint refused it
+                    # every matching device must be allocated, and a constraint excludes
+                    # this one: upstream calls such a claim an error, not a miss
+                    claim = self.claims[ci]
+                    raise _Stop(Unallocatable(
+                        f"claim {claim.key}, request {c.name}: device {device.id} matches but a constraint "
+                        f"of the claim excludes it, and allocationMode All needs every matching device",
+                        claim.key, c.name, fatal=True))
                 continue
             if self.pick(ci, ri, option, done + 1, i + 1):
                 return True
@@ -330,6 +342,10 @@ class _Search:
         """Whether ``device`` may be taken for ``c`` now: free (or admin access, never
         twice for one claim), no untolerated taint, its counters and capacity left, and
         the claim's constraints still holding with it."""
+        return self.usable(ci, c, device, consumed) and self.constraints_allow(ci, c, device)
+
+    def usable(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> bool:
+        """:meth:`allocatable` but for the claim's constraints."""
         self.steps += 1
         if self.steps > self.max_steps:
             raise _Stop(Unallocatable(
@@ -344,9 +360,7 @@ class _Search:
             return False
         if self.charges(device) and not self.counters_fit(device):
             return False
-        if multiple and not self.capacity_fits(d, device, consumed):
-            return False
-        return self.constraints_allow(ci, c, device)
+        return not (multiple and not self.capacity_fits(d, device, consumed))
 
     def charges(self, device: Device) -> bool:
         """Whether taking ``device`` consumes its counters: a shared device's first share

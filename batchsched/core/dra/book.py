@@ -529,16 +529,20 @@ class DeviceBook:
         if known is not None:
             return known
         nodes: set[str] = set()
-        why = ""
+        why, fatal = "", ""
         for name in sorted(candidates):
             got = allocate(claims, devices=self.node_devices(name), classes=self.classes, in_use=InUse(),
                            selector_cache=self.selectors)
             if isinstance(got, Allocated):
                 nodes.add(name)
+            elif got.fatal:
+                # the claims are wrong as written: kube-scheduler fails the pod, not the node
+                fatal = got.reason
+                break
             elif not why or "no device" not in got.reason:
                 why = got.reason
         result: frozenset[str] | str = (
-            frozenset(nodes) if nodes else explain.no_devices_anywhere(len(candidates), why)
+            fatal or (frozenset(nodes) if nodes else explain.no_devices_anywhere(len(candidates), why))
         )
         self._feasible[shape] = result
         return result
