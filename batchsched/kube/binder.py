@@ -37,9 +37,11 @@ Binding that was refused, are put back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
 
 from batchsched.core.plan import Binding, ClaimWrite
@@ -62,6 +64,9 @@ from batchsched.kube.tasks import TaskSet
 __all__ = ["BOUND_BY", "Binder"]
 
 log = logging.getLogger("batchsched.binder")
+
+#: whether the running task holds a request slot of the binder (:meth:`Binder._slot`)
+_HOLDING: ContextVar[bool] = ContextVar("batchsched_binder_slot", default=False)
 
 Outcome = str
 
@@ -146,6 +151,17 @@ class Binder:
                     self.submit(b)
 
     async def _bind_gang(self, members: list[Binding]) -> None:
+        async with self._slot():
+            own = await self._gang_claims(members)
+        if own is None:
+            return
+        # spawned outside the slot: each member's Binding takes one of its own
+        for b in members:
+            self._tasks.spawn(self._bind(b, claims_written=own.get(b.uid, ())))
+
+    async def _gang_claims(self, members: list[Binding]) -> dict[str, tuple[ClaimWrite, ...]] | None:
+        """Every member's claims written, each member's as it landed; None (each member
+        told, what was written put back) when one could not be."""
         written: list[ClaimWrite] = []
         own: dict[str, tuple[ClaimWrite, ...]] = {}
         for b in members:
@@ -166,9 +182,8 @@ class Binder:
                         self.on_result(m, outcome, err)
                     else:
                         self.on_result(m, "fenced" if err is None else "failed", None if err is None else _not_bound(b, err))
-                return
-        for b in members:
-            self._tasks.spawn(self._bind(b, claims_written=own.get(b.uid, ())))
+                return None
+        return own
 
     async def drain(self, timeout: float) -> bool:
         """Wait for every binding in flight; False if some were still running at the timeout."""
@@ -186,7 +201,27 @@ class Binder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": b.node},
         }
 
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of the ``concurrency`` request slots, held by a pod's whole chain of writes
+        (claims, its status, annotations, the Binding): a chain taken up goes to its end
+        before another starts, so the first Bindings leave after a few requests, not after
+        every pod's first write (a task holding one takes no second)."""
+        if _HOLDING.get():
+            yield
+            return
+        async with self._sem:
+            token = _HOLDING.set(True)
+            try:
+                yield
+            finally:
+                _HOLDING.reset(token)
+
     async def _bind(self, b: Binding, *, claims_written: tuple[ClaimWrite, ...] | None = None) -> None:
+        async with self._slot():
+            await self._chain(b, claims_written)
+
+    async def _chain(self, b: Binding, claims_written: tuple[ClaimWrite, ...] | None) -> None:
         """Bind ``b``: its claims first (unless ``claims_written``: its gang's were, these
         its own), its annotations, then the Binding."""
         body = self.body(b)
@@ -198,11 +233,11 @@ class Binder:
         # there, or in a retry's pause, past the deadline), and again as it is written
         async def label() -> None:
             patch = metadata_patch(b.uid, b.annotations, b.labels)
-            async with self._sem:
+            async with self._slot():
                 await self.fence.send(lambda: self.client.patch(pod, patch, kind="merge"), what=what)
 
         async def send() -> None:
-            async with self._sem:
+            async with self._slot():
                 await self.fence.send(
                     lambda: self.client.request("POST", path, body=body, timeout=30), what=what
                 )
@@ -265,7 +300,7 @@ class Binder:
                                   what=what)
 
     async def _send(self, request: Callable[[], Awaitable[JSON]], what: str) -> JSON:
-        async with self._sem:
+        async with self._slot():
             got = await self.fence.send(request, what=what)
         return got if isinstance(got, dict) else {}
 
@@ -273,7 +308,7 @@ class Binder:
         path, patch = claim_status_path(w.namespace, w.name), reserve_patch(w, time.time())
 
         async def write() -> object:
-            async with self._sem:
+            async with self._slot():
                 return await self.fence.send(lambda: self.client.patch(path, patch, kind="merge"), what=what)
 
         return write
@@ -290,7 +325,7 @@ class Binder:
                 method, path, body = "PATCH", claim_status_path(w.namespace, w.name), release_patch(w)
 
             async def put_back(method: str = method, path: str = path, body: JSON = body, what: str = what) -> object:
-                async with self._sem:
+                async with self._slot():
                     if method == "DELETE":
                         return await self.fence.send(
                             lambda: self.client.request("DELETE", path, body=body), what=what)

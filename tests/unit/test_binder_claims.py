@@ -179,3 +179,35 @@ def test_a_gang_member_whose_extended_claim_cannot_be_written_leaves_the_gang_un
     assert not [c for c in kube.calls if c.path.endswith("/binding")]
     deleted = sorted(c.path for c in kube.calls if c.method == "DELETE")
     assert deleted == [claim_path("ns", first), claim_path("ns", second)]
+
+
+def test_a_pods_writes_hold_one_slot_so_the_first_bindings_leave_after_a_few_requests() -> None:
+    """Twenty pods of four writes each (claim made, its status, the pod's status, the
+    Binding) through two slots: a pod's chain goes to its end before another starts, so
+    the first Binding is among the first eight requests, not behind every pod's first
+    writes (request 41 with one queue for every write)."""
+    kube = FakeKube()
+    members = []
+    for i in range(20):
+        me = {"resource": "pods", "name": f"p{i}", "uid": f"u{i}"}
+        w = dataclasses.replace(
+            MADE, name=f"<extended-resources>/u{i}", reserved_for=(me,),
+            create={**dict(MADE.create or {}), "metadata": {"generateName": f"p{i}-extended-resources-", "namespace": "ns"}})
+        members.append(Binding(uid=f"u{i}", namespace="ns", name=f"p{i}", node="n1", unit=f"ns/p{i}", claims=(w,)))
+    results: dict[str, str] = {}
+
+    async def main() -> None:
+        from batchsched.kube.binder import Binder
+        from batchsched.kube.fake import FakeSleep
+        from tests.unit.test_binder_cards import fast
+
+        binder = Binder(kube, concurrency=2, retries=2, on_result=lambda b, o, err: results.__setitem__(b.name, o))
+        fast(binder, FakeSleep())
+        binder.submit_all(members)
+        assert await binder.drain(1.0)
+        assert kube.peak_total <= 2
+
+    asyncio.run(main())
+    assert set(results.values()) == {"bound"} and len(results) == 20
+    first = next(i for i, c in enumerate(kube.calls) if c.path.endswith("/binding"))
+    assert first < 8, [c.path for c in kube.calls[: first + 1]]
