@@ -205,13 +205,16 @@ async def device_use(client: KubeClient, namespace: str, extended: dict[str, int
     """The run's claims read back: how many, how many allocated, the devices handed out
     twice; with ``extended`` (pod name -> GPUs asked as ``nvidia.com/gpu``), the claims made
     for those pods and the bound ones not served by exactly one (:func:`extended_faults`)."""
+    # the pods first: a scheduler still running at a timeout goes on binding, and a pod bound
+    # when they were read had its claim allocated before its Binding, so the claims read after
+    # hold it (read the other way round, a pod bound in between shows no claim)
+    pods, _ = await client.list(f"/api/v1/namespaces/{namespace}/pods", page=1000) if extended else ([], None)
     items, _ = await client.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims", page=1000)
     allocated = [c for c in items if (c.get("status") or {}).get("allocation")]
     twice = overlaps(allocated)
     out: dict[str, Any] = {"claims": len(items), "allocated": len(allocated), "devices_twice": len(twice),
                            "devices_twice_first": twice[:5]}
     if extended:
-        pods, _ = await client.list(f"/api/v1/namespaces/{namespace}/pods", page=1000)
         faults = extended_faults(pods, items, extended)
         out["extended_claims"] = sum(
             1 for c in items if (c["metadata"].get("annotations") or {}).get(EXTENDED_MARK) == "true")
