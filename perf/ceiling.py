@@ -11,7 +11,11 @@ for the schedulers, each pod asks one GPU through a claim made from a template, 
 worker writes per pod what a scheduler must: a merge patch of the claim's status (one GPU
 of the node allocated, the claim reserved for the pod, under the claim's UID and
 resourceVersion), then, once it landed, the Binding. The rate is pods per second, two
-writes each.
+writes each. For a workload of extended-resource pods (``extended`` classes: the pods ask
+``nvidia.com/gpu``, the GPU DeviceClass names it), each worker makes the pod's claim
+(owned by the pod, marked as its extended-resource claim), writes its status, names it in
+the pod's ``status.extendedResourceClaimStatus``, then binds: four writes per pod, one
+after another, as a scheduler must.
 
 In a live suite (:mod:`perf.suite`) the ceiling is one more member of every round (A, B,
 ceiling, A, B, ceiling, ...) on a control plane of the same size and node shape as the
@@ -54,13 +58,27 @@ def _pod(name: str) -> dict[str, Any]:
     }
 
 
+async def _send(session: aiohttp.ClientSession, method: str, url: str, body: dict[str, Any],
+                merge: bool = False) -> dict[str, Any] | None:
+    """One write; its answer, or None when the apiserver refused it."""
+    headers = {"Content-Type": "application/merge-patch+json"} if merge else None
+    async with session.request(method, url, data=orjson.dumps(body), headers=headers) as resp:
+        raw = await resp.read()
+        if resp.status >= 300:
+            return None
+        answer = orjson.loads(raw) if raw else {}
+        return answer if isinstance(answer, dict) else {}
+
+
 async def _bind_all(
     client: KubeClient, namespace: str, pods: list[tuple[str, str]], nodes: list[str], concurrency: int,
-    claims: dict[str, dict[str, Any]] | None = None, gpus: int = 8,
+    claims: dict[str, dict[str, Any]] | None = None, gpus: int = 8, extended: bool = False,
 ) -> tuple[int, int]:
     """POST every binding; with ``claims`` (pod UID -> its ResourceClaim), PATCH the claim's
     status first (one of the node's GPUs allocated, reserved for the pod), and bind only
-    once that landed. Returns (accepted, failed)."""
+    once that landed; with ``extended``, first make the pod's extended-resource claim, write
+    its status, then name it in the pod's status, then bind (four writes, in that order).
+    Returns (accepted, failed)."""
     creds = client.creds
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if creds.token:
@@ -70,6 +88,34 @@ async def _bind_all(
     for i in range(len(pods)):
         queue.put_nowait(i)
     ok = failed = 0
+    claims_url = f"{creds.host}{dra.RESOURCE}/namespaces/{namespace}/resourceclaims"
+    pods_url = f"{creds.host}/api/v1/namespaces/{namespace}/pods"
+
+    async def one(session: aiohttp.ClientSession, i: int) -> bool:
+        name, uid = pods[i]
+        node = nodes[i % len(nodes)]
+        device = f"gpu-{(i // len(nodes)) % gpus}"
+        claim = claims[uid] if claims is not None else None
+        if extended:
+            claim = await _send(session, "POST", claims_url, dra.extended_claim(name, uid, 1))
+            if claim is None:
+                return False
+        if claim is not None:
+            request = dra.EXTENDED_REQUEST if extended else dra.CLAIM
+            patch = dra.reserve_patch(claim, name, uid, node, device, request=request)
+            url = f"{claims_url}/{claim['metadata']['name']}/status"
+            if await _send(session, "PATCH", url, patch, merge=True) is None:
+                return False
+        if extended and claim is not None:
+            patch = dra.extended_status_patch(uid, claim["metadata"]["name"])
+            if await _send(session, "PATCH", f"{pods_url}/{name}/status", patch, merge=True) is None:
+                return False
+        body = {
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        return await _send(session, "POST", f"{pods_url}/{name}/binding", body) is not None
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal ok, failed
@@ -78,30 +124,10 @@ async def _bind_all(
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            name, uid = pods[i]
-            node = nodes[i % len(nodes)]
-            if claims is not None:
-                claim = claims[uid]
-                patch = dra.reserve_patch(claim, name, uid, node, f"gpu-{(i // len(nodes)) % gpus}")
-                url = f"{creds.host}{dra.RESOURCE}/namespaces/{namespace}/resourceclaims/{claim['metadata']['name']}/status"
-                async with session.patch(url, data=orjson.dumps(patch),
-                                         headers={"Content-Type": "application/merge-patch+json"}) as resp:
-                    await resp.read()
-                    if resp.status >= 300:
-                        failed += 1
-                        continue
-            body = orjson.dumps({
-                "apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "uid": uid},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-            })
-            url = f"{creds.host}/api/v1/namespaces/{namespace}/pods/{name}/binding"
-            async with session.post(url, data=body) as resp:
-                await resp.read()
-                if resp.status < 300:
-                    ok += 1
-                else:
-                    failed += 1
+            if await one(session, i):
+                ok += 1
+            else:
+                failed += 1
 
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
@@ -122,25 +148,34 @@ async def _claim_pods(client: KubeClient, ns: str, binds: int, gpus: int) -> dic
     return dra.claims_by_pod(claims)
 
 
+def _writes(dra_nodes: bool, extended: bool) -> str:
+    if extended:
+        return "claim create + claim status + pod status + Binding"
+    return "claim status + Binding" if dra_nodes else "Binding"
+
+
 async def measure(
     kubeconfig: str, procs: dict[str, int], *, binds: int, concurrencies: list[int], node: NodeSpec | None = None,
+    extended: bool = False,
 ) -> list[dict[str, Any]]:
     """The sweep; on DRA nodes (``node.dra``), the slices published first and each pod's
-    claim status written before its Binding."""
+    claim status written before its Binding; with ``extended`` (DRA nodes), the pods ask
+    ``nvidia.com/gpu`` and each pod's claim is made by the sweep (:func:`_bind_all`)."""
     spec = node or NodeSpec()
+    extended = extended and spec.dra
     client = await KubeClient.connect(kubeconfig, max_connections=72)
     results = []
     try:
         node_items, _ = await client.list("/api/v1/nodes", page=1000)
         nodes = sorted(n["metadata"]["name"] for n in node_items)
         if spec.dra:
-            await dra.publish(client, spec)
+            await dra.publish(client, spec, extended=extended)
         for c in concurrencies:
             ns = f"ceiling-c{c}"
             await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
             path = f"/api/v1/namespaces/{ns}/pods"
             claims = None
-            if spec.dra:
+            if spec.dra and not extended:
                 claims = await _claim_pods(client, ns, binds, spec.gpus)
             else:
                 await create_all(client, ((path, _pod(f"b-{i:06d}")) for i in range(binds)))
@@ -150,13 +185,13 @@ async def measure(
             api = procstat.Window(procs["kube-apiserver"], started=time.monotonic())
             own_cpu = time.process_time()
             t0 = time.monotonic()
-            ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus)
+            ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus, extended)
             wall = time.monotonic() - t0
             own = time.process_time() - own_cpu
             usage = api.end(time.monotonic())
             results.append({
                 "concurrency": c,
-                "writes": "claim status + Binding" if spec.dra else "Binding",
+                "writes": _writes(spec.dra, extended),
                 "binds": ok,
                 "failed": failed,
                 "seconds": round(wall, 3),
@@ -180,9 +215,10 @@ def run_ceiling(
     apiserver_args: list[str],
     sandbox_name: str,
     node: NodeSpec | None = None,
+    extended: bool = False,
 ) -> dict[str, Any]:
     """The sweep on a fresh sandbox of ``nodes`` nodes shaped like ``node`` (default: 8
-    GPUs); ``best`` is the highest rate of the sweep."""
+    GPUs; ``extended``: see :func:`measure`); ``best`` is the highest rate of the sweep."""
     from batchsched.kube.errors import KubeError
     from batchsched.sandbox.cluster import Sandbox, SandboxError
     from batchsched.sandbox.nodes import NodeShape
@@ -201,7 +237,8 @@ def run_ceiling(
     up_s = time.monotonic() - t_up
     try:
         procs = {p.name: p.pid for p in state.processes}
-        sweep = asyncio.run(measure(state.kubeconfig, procs, binds=binds, concurrencies=concurrencies, node=spec))
+        sweep = asyncio.run(measure(state.kubeconfig, procs, binds=binds, concurrencies=concurrencies, node=spec,
+                                    extended=extended))
     finally:
         box.down()
     rates = [r["binds_per_s"] for r in sweep if r["binds_per_s"]]

@@ -205,6 +205,10 @@ def smoke(out: Path) -> dict[str, Path]:
     for workload in ("gang-preempt", "gang-topology"):
         run_suite(workload=workload, size="smoke", schedulers=["batchsched", "kube-scheduler-gang"], runs=1,
                   out=out, ceiling=False, strict=True)
+    # nvidia.com/gpu served by DRA devices: each scheduler makes the pods' claims; the
+    # ceiling writes what a scheduler writes for them
+    run_suite(workload="dra-gpu-extended", size="smoke", schedulers=["batchsched", "kube-scheduler"], runs=1,
+              out=out, ceiling=True, ceiling_binds=100, concurrencies=[16], strict=True)
     from perf.idle import IdleSize, run_idle
     from perf.restart import RestartSize, run_restart
 

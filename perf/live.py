@@ -252,15 +252,17 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         await asyncio.wait_for(watch.synced.wait(), 60)
         t_create = time.monotonic()
         if ex.dra:
-            m.devices["resourceslices"] = await dra.publish(client, ex.workload.node)
+            m.devices["resourceslices"] = await dra.publish(client, ex.workload.node, extended=ex.extended)
             await create_all(client, dra.templates(ex, NAMESPACE))
         await create_all(client, peer.group_objects(ex, NAMESPACE, after=False))
         pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
         first = [p for p in ex.pods if not p.stream and not p.after]
         await create_all(client, ((pod_path, peer.pod(p)) for p in first))
-        if ex.dra:
-            # every claim made by kube-controller-manager before time zero: its speed is not measured
-            m.timings["claims_made_s"] = await dra.wait_claims(client, NAMESPACE, len(first))
+        templated = sum(1 for p in first if p.claim_template)
+        if templated:
+            # every claim made by kube-controller-manager before time zero: its speed is not
+            # measured (the claims of extended-resource pods are the scheduler's to make)
+            m.timings["claims_made_s"] = await dra.wait_claims(client, NAMESPACE, templated)
         m.timings["create_s"] = time.monotonic() - t_create
 
         windows = {
@@ -314,7 +316,7 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         m.deleted = dict(watch.deleted)
         m.domains = await node_domains(client, {h.topology for h in ex.gang_heads.values() if h.topology})
         if ex.dra:
-            m.devices.update(await dra.device_use(client, NAMESPACE))
+            m.devices.update(await dra.device_use(client, NAMESPACE, {p.name: p.gpus for p in ex.pods if p.extended}))
         if running.metrics_url and running.alive():
             m.metrics = await asyncio.get_running_loop().run_in_executor(None, scrape, running.metrics_url)
     finally:
@@ -555,6 +557,7 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
             gpus_on[node] = gpus_on.get(node, 0) + by_name[name].gpu_share
     overcommitted = sorted(nd for nd, g in gpus_on.items() if g > ex.workload.node.gpus)
     twice = int(m.devices.get("devices_twice") or 0)
+    unserved = int(m.devices.get("extended_faults") or 0)
 
     latency: dict[str, list[float]] = {}
     for name, created in {**m.stream_created, **m.after_created}.items():
@@ -562,7 +565,7 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
             latency.setdefault(by_name[name].klass, []).append((bound[name][0] - created) * 1e3)
 
     ok = (not m.error and n == ex.expected_bound and not partial and not overcommitted and not gangs["spanning"]
-          and not twice)
+          and not twice and not unserved)
     error = m.error
     if not error and partial:
         error = f"{len(partial)} partly bound gangs: {', '.join(partial[:5])}"
@@ -572,6 +575,9 @@ def summarize(cfg: RunConfig, m: Measured) -> dict[str, Any]:
         error = f"{len(overcommitted)} nodes hold more GPUs than they have"
     if not error and twice:
         error = f"{twice} devices allocated to two claims: {', '.join(m.devices['devices_twice_first'])}"
+    if not error and unserved:
+        error = (f"{unserved} bound pods without one claim for their nvidia.com/gpu: "
+                 f"{'; '.join(m.devices['extended_faults_first'])}")
     return {
         "scheduler": cfg.peer.name,
         "round": cfg.round,

@@ -229,7 +229,7 @@ class Peer:
         return out
 
     def pod(self, spec: PodSpec) -> dict[str, Any]:
-        if spec.device_class:
+        if spec.claim_template:
             from perf import dra
 
             if spec.gang:

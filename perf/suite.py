@@ -197,7 +197,7 @@ def run_suite(
             log(f"{tag}: round {r + 1}/{runs}: bind ceiling on {ex.size.nodes} nodes ...")
             try:
                 c = run_ceiling(
-                    nodes=ex.size.nodes, node=wl.node, binds=binds,
+                    nodes=ex.size.nodes, node=wl.node, extended=ex.extended, binds=binds,
                     concurrencies=concurrencies or DEFAULT_CONCURRENCIES,
                     apiserver_args=args, sandbox_name=f"perf-{os.getpid()}-ceiling",
                 )

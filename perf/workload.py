@@ -76,6 +76,11 @@ class PodClass:
     #: ``nvidia.com/gpu``; needs a node with ``dra``
     device_class: str = ""
     mig_profile: str = ""
+    #: with ``device_class`` gpu.nvidia.com: ask ``gpus`` as ``nvidia.com/gpu`` in the
+    #: container's requests and limits, no claim of the pod's own; the DeviceClass names that
+    #: extended resource (``extendedResourceName``), so the scheduler makes and allocates one
+    #: claim for the pod (DRAExtendedResource)
+    extended: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -129,6 +134,13 @@ class PodSpec:
     #: the DRA claim the pod asks instead of ``nvidia.com/gpu`` (see :class:`PodClass`)
     device_class: str = ""
     mig_profile: str = ""
+    #: ``nvidia.com/gpu`` asked, served by devices of ``device_class`` (see :class:`PodClass`)
+    extended: bool = False
+
+    @property
+    def claim_template(self) -> bool:
+        """The pod asks its GPUs through a claim made from its class's template."""
+        return bool(self.device_class) and not self.extended
 
     @property
     def gpu_share(self) -> float:
@@ -171,6 +183,12 @@ class Expanded:
     def dra(self) -> bool:
         """The pods ask GPUs through ResourceClaims (the nodes publish ResourceSlices)."""
         return self.workload.node.dra
+
+    @property
+    def extended(self) -> bool:
+        """Some pods ask ``nvidia.com/gpu`` served by DRA devices: the GPU DeviceClass names
+        that extended resource."""
+        return any(c.extended for c in self.workload.classes)
 
     @property
     def gpu_capacity(self) -> int:
@@ -279,13 +297,21 @@ def _check_claim(wl: Workload, c: PodClass, where: str) -> None:
     if not c.device_class:
         if c.mig_profile:
             raise WorkloadError(f"{where}: class {c.name}: mig_profile needs device_class {MIG_CLASS}")
+        if c.extended:
+            raise WorkloadError(f"{where}: class {c.name}: extended needs device_class {GPU_CLASS}")
         return
     if not wl.node.dra:
         raise WorkloadError(f"{where}: class {c.name}: device_class needs nodes with dra: true")
     if c.device_class == GPU_CLASS:
         if c.mig_profile:
             raise WorkloadError(f"{where}: class {c.name}: mig_profile is for {MIG_CLASS}, not {GPU_CLASS}")
+        if c.extended and wl.node.mig_share:
+            # nvidia.com/gpu has no product selector: it would take the partitionable boards too
+            raise WorkloadError(f"{where}: class {c.name}: extended classes need nodes without MIG (mig_share: 0)")
         return
+    if c.extended:
+        raise WorkloadError(f"{where}: class {c.name}: extended needs device_class {GPU_CLASS} "
+                            "(the class that names nvidia.com/gpu)")
     if c.device_class != MIG_CLASS:
         raise WorkloadError(f"{where}: class {c.name}: device_class must be {GPU_CLASS} or {MIG_CLASS}, "
                             f"got {c.device_class!r}")
@@ -358,7 +384,7 @@ def expand(wl: Workload, size_name: str | None = None) -> Expanded:
         common = dict(
             klass=c.name, gpus=c.gpus, cpu=c.cpu, memory=c.memory,
             priority_class=c.priority_class, stream=c.arrival == "stream", after=c.arrival == "after",
-            device_class=c.device_class, mig_profile=c.mig_profile,
+            device_class=c.device_class, mig_profile=c.mig_profile, extended=c.extended,
         )
         if c.gang:
             quorum = c.min_count or c.gang

@@ -66,6 +66,15 @@ def test_perf_smoke(tmp_path: Path) -> None:
     assert [c["round"] for c in plain["ceilings"]] == [0]
     assert all(r["fraction_of_ceiling"] and r["fraction_of_ceiling_e2e"] for r in plain["runs"])
 
+    # pods asking nvidia.com/gpu of DRA devices: each bound pod holds one claim made for it
+    extended = orjson.loads((tmp_path / "sched" / "dra-gpu-extended@smoke.json").read_bytes())
+    assert {r["scheduler"] for r in extended["runs"]} == {"batchsched", "kube-scheduler"}
+    for run in extended["runs"]:
+        assert run["ok"], run["error"]
+        assert run["bound"] == run["pods"] == run["dra"]["extended_claims"] == run["dra"]["allocated"]
+        assert run["dra"]["extended_faults"] == 0 and run["dra"]["devices_twice"] == 0
+    assert extended["ceiling"]["best"] > 0
+
     [restart] = [orjson.loads(p.read_bytes()) for p in (tmp_path / "restart").glob("*.json")]
     assert {r["scheduler"] for r in restart["runs"]} == {"batchsched", "kube-scheduler-gang"}
     for run in restart["runs"]:
