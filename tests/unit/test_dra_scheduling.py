@@ -518,3 +518,18 @@ def test_two_requests_of_a_claim_share_the_one_gpu_that_allows_multiple_allocati
     d = w.step()
     assert w.node_of(uid) == "n0", w.told(d, uid)
     assert w.devices_of("two") == ["gpu-0", "gpu-0"]
+
+
+def test_a_slice_event_counts_again_the_devices_of_its_node_only() -> None:
+    w = DraWorld()
+    for n in ("n0", "n1", "n2"):
+        w.node(n, 4)
+    book = w.session.intake.devices
+    gone = book.slices["n1-gpu.nvidia.com"]
+    change = book.slice_event("DELETED", gone)
+    assert change.nodes == frozenset({"n1"}) and change.claims is None
+    w.session.on_resource_slice("DELETED", gone)
+    column = class_column("gpu.nvidia.com")
+    assert [free(w, n, column) for n in ("n0", "n1", "n2")] == [4, 0, 4]
+    w.session.on_resource_slice("ADDED", gone)
+    assert [free(w, n, column) for n in ("n0", "n1", "n2")] == [4, 4, 4]

@@ -309,9 +309,15 @@ class DeviceBook:
 
     # -- slices, classes, claims ---------------------------------------------------------------
 
-    def _devices_changed(self) -> DeviceChange:
+    def _devices_changed(self, nodes: frozenset[str] | None = None) -> DeviceChange:
+        """Every cache of what devices there are dropped; the nodes whose devices changed
+        (None: any) and every pod with claims to be read again."""
         self._pools = None
-        self._here.clear()
+        if nodes is None:
+            self._here.clear()
+        else:
+            for name in nodes:
+                self._here.pop(name, None)
         self._confirmed = None
         self._feasible.clear()
         self._matches.clear()
@@ -319,18 +325,23 @@ class DeviceBook:
         self._served = None
         self.selectors = SelectorCache()
         self.refused.clear()
-        return _EVERYTHING
+        return _EVERYTHING if nodes is None else DeviceChange(nodes=nodes, claims=None)
 
     def replace_slices(self, slices: Iterable[ResourceSlice]) -> DeviceChange:
         self.slices = {s.name: s for s in slices}
         return self._devices_changed()
 
     def slice_event(self, kind: str, rs: ResourceSlice) -> DeviceChange:
-        if kind == "DELETED":
-            self.slices.pop(rs.name, None)
-        else:
+        """A slice changed: only the nodes it (and the version it replaces) publishes for
+        are counted again. Walking every node's devices on every slice event made a
+        cluster's slices coming or going cost nodes x pools each (a driver restarting on
+        500 nodes stopped the replica past its lease deadline)."""
+        old = self.slices.pop(rs.name, None) if kind == "DELETED" else self.slices.get(rs.name)
+        if kind != "DELETED":
             self.slices[rs.name] = rs
-        return self._devices_changed()
+        local = [s.node_name for s in (old, rs) if s is not None]
+        nodes = frozenset(n for n in local if n is not None) if None not in local else None
+        return self._devices_changed(nodes)
 
     def replace_classes(self, classes: Iterable[DeviceClass]) -> DeviceChange:
         self.classes = {c.name: c for c in classes}
