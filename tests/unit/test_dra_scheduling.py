@@ -533,3 +533,19 @@ def test_a_slice_event_counts_again_the_devices_of_its_node_only() -> None:
     assert [free(w, n, column) for n in ("n0", "n1", "n2")] == [4, 0, 4]
     w.session.on_resource_slice("ADDED", gone)
     assert [free(w, n, column) for n in ("n0", "n1", "n2")] == [4, 4, 4]
+
+
+def test_devices_alike_in_what_a_class_reads_share_one_selector_run_and_unlike_ones_do_not() -> None:
+    """The class columns count each device by the values the class's selectors read: a
+    class on the driver and type counts every GPU; one on the index only those it names."""
+    w = DraWorld()
+    low = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "low.nvidia.com"},
+           "spec": {"selectors": [{"cel": {"expression":
+               "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].index < 2"}}]}}
+    w.session.on_device_classes_listed([parse_device_class(GPU_CLASS), parse_device_class(low)])
+    for n in ("n0", "n1"):
+        w.node(n, 4)
+    assert [free(w, n, class_column("gpu.nvidia.com")) for n in ("n0", "n1")] == [4, 4]
+    assert [free(w, n, class_column("low.nvidia.com")) for n in ("n0", "n1")] == [2, 2]
+    book = w.session.intake.devices
+    assert len(book._shapes) == 1 + 4, "one run for every GPU of the gpu class, one per index for the other"

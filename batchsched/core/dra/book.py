@@ -38,6 +38,8 @@ class changes.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -145,6 +147,9 @@ class DeviceBook:
         #: objects kept beside it: an entry holds while neither was replaced (a slice or class
         #: event elsewhere costs no selector run here; a 500-node cluster's were seconds)
         self._matches: dict[tuple[str, DeviceId], tuple[DeviceClass, Device, bool]] = {}
+        #: (class, the values its selectors read) -> whether such a device matches it: one
+        #: selector run serves every device alike in what it reads (every GPU of a model)
+        self._shapes: dict[tuple[Any, ...], tuple[DeviceClass, bool]] = {}
         #: selectors compiled, and their outcome on each device, until the devices change
         self.selectors = SelectorCache()
         #: the last cycle's allocations, read when its bindings are assumed
@@ -299,6 +304,11 @@ class DeviceBook:
         return self._shareable
 
     def _matches_class(self, c: DeviceClass, device: Device) -> bool:
+        shape = _device_shape(c, device)
+        if shape is not None:
+            seen = self._shapes.get(shape)
+            if seen is not None and seen[0] is c:
+                return seen[1]
         key = (c.name, device.id)
         known = self._matches.get(key)
         if known is not None and known[0] is c and known[1] is device:
@@ -308,6 +318,8 @@ class DeviceBook:
         except CelError:
             hit = False  # the allocator says why, for a request that asks for this class
         self._matches[key] = (c, device, hit)
+        if shape is not None:
+            self._shapes[shape] = (c, hit)
         return hit
 
     # -- slices, classes, claims ---------------------------------------------------------------
@@ -332,6 +344,7 @@ class DeviceBook:
     def replace_slices(self, slices: Iterable[ResourceSlice]) -> DeviceChange:
         self.slices = {s.name: s for s in slices}
         self._matches.clear()
+        self._shapes.clear()
         return self._devices_changed()
 
     def slice_event(self, kind: str, rs: ResourceSlice) -> DeviceChange:
@@ -793,6 +806,46 @@ def _held(claim: ResourceClaim) -> dict[str, int]:
             continue
         out[class_column(name)] = out.get(class_column(name), 0) + 1
     return out
+
+
+#: what a selector may read of a device for :func:`_shape` to know it: the driver, whether it
+#: allows multiple allocations, and attributes named in full (``device.attributes["d"].n``)
+_READ = re.compile(
+    r"""\bdevice\s*\.\s*(?:(driver|allowMultipleAllocations)\b|attributes\s*\[\s*(["'])([^"'\\]+)\2\s*\]\s*\.\s*([A-Za-z_][A-Za-z0-9_]*))"""
+)
+_DEVICE = re.compile(r"\bdevice\b")
+
+
+@functools.lru_cache(maxsize=1024)
+def _reads(expression: str) -> tuple[str, ...] | None:
+    """What ``expression`` reads of a device (``driver``, ``allowMultipleAllocations``, or a
+    fully qualified attribute name), when that is all it reads; None when it reads more
+    (capacity, the attribute maps whole, anything not named in full)."""
+    found = [m.group(1) or f"{m.group(3)}/{m.group(4)}" for m in _READ.finditer(expression)]
+    if len(found) != len(_DEVICE.findall(expression)):
+        return None
+    return tuple(sorted(set(found)))
+
+
+def _device_shape(c: DeviceClass, device: Device) -> tuple[Any, ...] | None:
+    """The class and the values of ``device`` its selectors read, or None when they read
+    what :func:`_reads` cannot tell."""
+    names: set[str] = set()
+    for e in c.selectors:
+        read = _reads(e)
+        if read is None:
+            return None
+        names.update(read)
+    values: list[Any] = [c.name]
+    for name in sorted(names):
+        if name == "driver":
+            values.append(device.driver)
+        elif name == "allowMultipleAllocations":
+            values.append(device.allow_multiple)
+        else:
+            value = device.attributes.get(name)
+            values.append(tuple(sorted(value.items())) if value is not None else None)
+    return tuple(values)
 
 
 def _counters_left(here: NodeDevices, use: InUse) -> dict[CounterId, Decimal]:
