@@ -549,3 +549,31 @@ def test_devices_alike_in_what_a_class_reads_share_one_selector_run_and_unlike_o
     assert [free(w, n, class_column("low.nvidia.com")) for n in ("n0", "n1")] == [2, 2]
     book = w.session.intake.devices
     assert len(book._shapes) == 1 + 4, "one run for every GPU of the gpu class, one per index for the other"
+
+
+def test_pools_kept_up_to_date_slice_by_slice_equal_pools_built_anew() -> None:
+    import random
+
+    from batchsched.core.dra.objects import Pools
+
+    w = DraWorld()
+    for i in range(6):
+        w.node(f"n{i}", 2, mig=i % 2 == 0)
+    book = w.session.intake.devices
+    rng = random.Random(7)
+    for step in range(40):
+        name = rng.choice(sorted(book.slices))
+        rs = book.slices[name]
+        if rng.random() < 0.4:
+            w.session.on_resource_slice("DELETED", rs)
+            w.session.on_resource_slice("ADDED", rs)
+        else:
+            newer = dataclasses.replace(rs, generation=rs.generation + 1, devices=rs.devices[: rng.randint(0, len(rs.devices))])
+            w.session.on_resource_slice("MODIFIED", newer)
+        fresh = Pools(book.slices.values())
+        kept = book.pools
+        assert kept.pools == fresh.pools, step
+        for n in (f"n{i}" for i in range(6)):
+            assert kept.for_node(n, {}) == fresh.for_node(n, {}), (step, n)
+        for d in rs.devices:
+            assert kept.device(d.id) == fresh.device(d.id), (step, d.id)

@@ -324,10 +324,12 @@ class DeviceBook:
 
     # -- slices, classes, claims ---------------------------------------------------------------
 
-    def _devices_changed(self, nodes: frozenset[str] | None = None) -> DeviceChange:
-        """Every cache of what devices there are dropped; the nodes whose devices changed
-        (None: any) and every pod with claims to be read again."""
-        self._pools = None
+    def _devices_changed(self, nodes: frozenset[str] | None = None, *, pools_kept: bool = False) -> DeviceChange:
+        """Every cache of what devices there are dropped (the pools too, unless
+        ``pools_kept``: brought up to date already); the nodes whose devices changed (None:
+        any) and every pod with claims to be read again."""
+        if not pools_kept:
+            self._pools = None
         if nodes is None:
             self._here.clear()
         else:
@@ -357,7 +359,10 @@ class DeviceBook:
             self.slices[rs.name] = rs
         local = [s.node_name for s in (old, rs) if s is not None]
         nodes = frozenset(n for n in local if n is not None) if None not in local else None
-        return self._devices_changed(nodes)
+        if self._pools is not None:
+            for key in {(s.driver, s.pool) for s in (old, rs) if s is not None}:
+                self._pools.update(key, [s for s in self.slices.values() if (s.driver, s.pool) == key])
+        return self._devices_changed(nodes, pools_kept=True)
 
     def replace_classes(self, classes: Iterable[DeviceClass]) -> DeviceChange:
         self.classes = {c.name: c for c in classes}

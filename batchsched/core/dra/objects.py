@@ -871,6 +871,7 @@ class Pools:
 
     def __init__(self, slices: Iterable[ResourceSlice], taint_rules: Iterable[DeviceTaintRule] = ()) -> None:
         rules = sorted(taint_rules, key=lambda r: r.name)
+        self._rules = rules
         grouped: dict[tuple[str, str], list[ResourceSlice]] = {}
         for s in slices:
             s = tainted_by_rules(s, rules) if rules else s
@@ -889,6 +890,32 @@ class Pools:
                     self._unpinned.add(key)
                 else:
                     self._pinned.setdefault(name, set()).add(key)
+
+    def update(self, key: tuple[str, str], slices: Sequence[ResourceSlice]) -> None:
+        """Pool ``key`` (driver, pool) made anew from its ``slices`` (none: it is gone),
+        the others kept: a slice event costs the devices of its pool, not of the cluster."""
+        old = self.pools.pop(key, None)
+        if old is not None:
+            if not old.problem:
+                for s in old.slices:
+                    for d in s.devices:
+                        self._devices.pop(d.id, None)
+            for name in _pinned_to(old):
+                if name is None:
+                    self._unpinned.discard(key)
+                else:
+                    self._pinned.get(name, set()).discard(key)
+        if not slices:
+            return
+        pool = _build_pool(key, [tainted_by_rules(s, self._rules) if self._rules else s for s in slices])
+        self.pools[key] = pool
+        if not pool.problem:
+            self._devices.update((d.id, d) for s in pool.slices for d in s.devices)
+        for name in _pinned_to(pool):
+            if name is None:
+                self._unpinned.add(key)
+            else:
+                self._pinned.setdefault(name, set()).add(key)
 
     def device(self, device: DeviceId) -> Device | None:
         """A device of a usable pool, wherever it is available."""
