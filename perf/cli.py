@@ -79,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("queues", help="cycle time with queues (50 queues, 10,000 pending groups, 5,000 nodes)")
     q.add_argument("rest", nargs=argparse.REMAINDER, help="options of perf/queuebench.py (--nodes, --groups, ...)")
     m = sub.add_parser("sim", help="card policies on the openb trace by the FGD method, against FGD's results")
-    m.add_argument("--variant", action="append", help="openb pod list (default: default, gpushare100, multigpu50)")
+    m.add_argument("--variant", action="append",
+                   help="openb pod list (default: default, gpushare100, multigpu50, gpuspec33)")
+    m.add_argument("--config", action="append", default=[],
+                   help="also run this batchsched configuration file, as a row beside the policies (repeatable)")
     m.add_argument("--seeds", type=int, default=10)
     m.add_argument("--load", type=float, default=1.3)
     m.add_argument("--trace-dir", help="folder of the openb CSV files")
@@ -288,11 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "cycle":
         cmd_cycle(out, args.quick)
     elif args.command == "sim":
+        from batchsched.config import ConfigError
+        from perf.simbench import VARIANTS, run_waits
         from perf.simbench import run as sim_run
-        from perf.simbench import run_waits
 
-        paths = sim_run(out, args.variant or ["default", "gpushare100", "multigpu50"], args.seeds, args.load,
-                        args.trace_dir, log=log) if args.seeds else []
+        try:
+            paths = sim_run(out, args.variant or list(VARIANTS), args.seeds, args.load,
+                            args.trace_dir, log=log, configs=args.config) if args.seeds else []
+        except (ConfigError, FileNotFoundError) as exc:
+            print(f"python -m perf sim: error: {exc}", file=sys.stderr)
+            return 1
         if args.replay_speedup:
             paths += run_waits(out, args.trace_dir, args.replay_speedup, args.replay_limit, log=log)
         for path in paths:

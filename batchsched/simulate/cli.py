@@ -1,13 +1,18 @@
 """``batchsched simulate``: the production session replayed on a trace, every card policy
-side by side, next to the published state of the art."""
+side by side, next to the published state of the art; or one configuration file
+(``--config``), applied as ``batchsched run --config`` applies it."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from batchsched.core.devices import POLICIES
+
+if TYPE_CHECKING:
+    from batchsched.simulate.experiment import Run
 
 SCOPES = ("sharing", "all")
 #: every policy in the scope it is meant for (fragmentation in both): what runs by default
@@ -33,32 +38,37 @@ def add_parser(sub: Any) -> None:
                    help="replay: tasks arrive this many times sooner (durations unchanged): more load")
     p.add_argument("--load", type=float, default=1.3, help="GPU asked as a share of the cluster's cards")
     p.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
+    p.add_argument("--config", help="replay with this batchsched configuration file (YAML), read as "
+                                    "`batchsched run --config` reads it; alone, it is the one run")
     p.add_argument("--policy", action="append", choices=POLICIES,
-                   help="card policies to compare (default: all)")
+                   help="card policies to compare (default: all; with --config: the file's)")
     p.add_argument("--scope", action="append", choices=SCOPES,
                    help="which pods the card policy places: sharing (shares only) or all "
-                        "(default: each policy in the scope it is meant for)")
+                        "(default: each policy in the scope it is meant for; with --config: the file's)")
     p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
 
 
 def main(args: argparse.Namespace) -> int:
+    from batchsched.config import ConfigError
     from batchsched.simulate import experiment
 
+    if args.config and (args.snapshot or args.scenario):
+        return _error("--config does not apply to --snapshot or --scenario: they carry their own configuration")
     if args.snapshot:
         return _snapshot(args)
     if args.scenario:
         return _scenario(args)
-    d = experiment.trace_dir(args.trace_dir)
-    if args.policy or args.scope:
-        policies = [(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
-    else:
-        policies = list(DEFAULT_RUNS)
+    try:
+        runs = _runs(args)
+        d = experiment.trace_dir(args.trace_dir)
+    except (ConfigError, FileNotFoundError) as exc:
+        return _error(str(exc))
     if args.mode == "replay":
-        return _replay(args, d, policies)
+        return _replay(args, d, runs)
     seeds = list(range(42, 42 + args.seeds))
     results = experiment.run_fragmentation(
-        d, args.variant, policies, seeds, args.load, workers=args.workers,
+        d, args.variant, runs, seeds, args.load, workers=args.workers,
         progress=experiment.progress_bar if args.output == "table" else None,
     )
     ours = experiment.summarise(results)
@@ -66,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps({
             "trace": args.trace, "variant": args.variant, "mode": args.mode, "load": args.load,
-            "seeds": seeds, "runs": results,
+            "config": args.config, "seeds": seeds, "runs": results,
             "summary": {k: {str(p): v for p, v in pts.items()} for k, pts in ours.items()},
             "reference": {k: {str(p): v for p, v in pts.items()} for k, pts in ref.items()},
         }, indent=1))
@@ -76,29 +86,51 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay(args: argparse.Namespace, d: Any, policies: list[tuple[str, str]]) -> int:
+def _error(message: str) -> int:
+    print(f"batchsched: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _runs(args: argparse.Namespace) -> list[Run]:
+    """What to replay: the configuration file (alone, or with its policy or scope replaced by
+    the flags), else the default configuration per policy and scope asked, else DEFAULT_RUNS.
+    A bad file raises its ConfigError."""
+    from batchsched.simulate import experiment
+
+    if args.config:
+        return experiment.config_runs(args.config, args.policy or (), args.scope or ())
+    if args.policy or args.scope:
+        return [experiment.policy_run(p, s) for p in (args.policy or POLICIES) for s in (args.scope or SCOPES)]
+    return [experiment.policy_run(p, s) for p, s in DEFAULT_RUNS]
+
+
+def _replay(args: argparse.Namespace, d: Any, runs: list[Run]) -> int:
     from batchsched.simulate import openb, replay
 
     nodes = openb.read_nodes(d / "openb_node_list_gpu_node.csv")
     tasks = openb.read_tasks(d / f"openb_pod_list_{args.variant}.csv")
     rows: list[dict[str, Any]] = []
-    for policy, scope in policies:
-        r = replay.run(nodes, tasks, policy=policy, scope=scope, limit=args.limit,
-                       arrival_speedup=args.arrival_speedup)
-        rows.append({"policy": policy, "scope": scope, "peak_allocation": r.peak_allocation(),
+    for run in runs:
+        cards = run.settings.cards
+        r = replay.run(nodes, tasks, policy=cards.policy, scope=cards.scope, settings=run.settings,
+                       limit=args.limit, arrival_speedup=args.arrival_speedup)
+        rows.append({"run": run.name, "policy": cards.policy, "scope": cards.scope,
+                     "peak_allocation": r.peak_allocation(),
                      "mean_allocation": r.mean_allocation(), "never_placed": r.never_placed,
                      "wait_s": r.percentiles("waits"), "completion_s": r.percentiles("completions")})
     if args.output == "json":
-        print(json.dumps({"trace": args.trace, "variant": args.variant, "mode": "replay", "runs": rows}, indent=1))
+        print(json.dumps({"trace": args.trace, "variant": args.variant, "mode": "replay", "config": args.config,
+                          "runs": rows}, indent=1))
         return 0
     print(f"openb {args.variant}: replay of {args.limit or len(tasks)} tasks at their trace times")
-    print(f"{'policy':<24}{'peak alloc %':>14}{'mean alloc %':>14}{'never placed':>14}{'wait p50/p90/p99 (s)':>28}")
+    width = max(24, *(len(row["run"]) + 2 for row in rows))
+    print(f"{'run':<{width}}{'peak alloc %':>14}{'mean alloc %':>14}{'never placed':>14}{'wait p50/p90/p99 (s)':>28}")
     for row in rows:
         waits = [w for w in row["wait_s"].values()]
         p50 = max((w["p50"] for w in waits), default=0.0)
         p90 = max((w["p90"] for w in waits), default=0.0)
         p99 = max((w["p99"] for w in waits), default=0.0)
-        print(f"{row['policy'] + '/' + row['scope']:<24}{row['peak_allocation']:>14.2f}{row['mean_allocation']:>14.2f}"
+        print(f"{row['run']:<{width}}{row['peak_allocation']:>14.2f}{row['mean_allocation']:>14.2f}"
               f"{row['never_placed']:>14}{f'{p50:.0f}/{p90:.0f}/{p99:.0f}':>28}")
     return 0
 

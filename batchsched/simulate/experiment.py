@@ -1,4 +1,8 @@
-"""Policies side by side on a trace: runs (in parallel processes), the table, the reference.
+"""Configurations side by side on a trace: runs (in parallel processes), the table, the reference.
+
+A run is a name and the session's settings: the default configuration with a card policy
+and scope (``fragmentation/sharing``), or a configuration file read as the scheduler reads
+it (``config:batchsched.yaml (fragmentation/sharing)``), its policy and scope replaced if asked.
 
 The FGD reference (``fgd_reference.csv``) is the published expected results of the FGD
 paper's simulator on openb (github.com/hkust-adsl/kubernetes-scheduler-simulator,
@@ -19,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchsched.config import load_config
+from batchsched.core.settings import SessionSettings
 from batchsched.simulate import fragmentation, openb
 
 REFERENCE = Path(__file__).with_name("fgd_reference.csv")
@@ -37,11 +43,40 @@ def trace_dir(given: str | None) -> Path:
 
 
 @dataclass(slots=True, frozen=True)
+class Run:
+    """One configuration under test: its name in the tables, and the settings the
+    session gets (as the scheduler would apply them: the method's changes come on top,
+    see :func:`fragmentation.method_settings`)."""
+
+    name: str
+    settings: SessionSettings
+
+
+def policy_run(policy: str, scope: str, base: SessionSettings | None = None, source: str = "") -> Run:
+    """``base`` (default: the default configuration) with this card policy and scope,
+    named ``policy/scope`` (after ``source``, the file ``base`` came from, if any)."""
+    settings = fragmentation.with_policy(base or SessionSettings(), policy, scope)
+    return Run(f"{source} ({policy}/{scope})" if source else f"{policy}/{scope}", settings)
+
+
+def config_runs(path: str, policies: Sequence[str] = (), scopes: Sequence[str] = ()) -> list[Run]:
+    """The configuration file ``path`` read as ``batchsched run --config`` reads it (a bad
+    file raises its :class:`ConfigError`): alone, or once per policy and scope given (each
+    replacing the file's gpuSharing policy or scope, every other setting kept)."""
+    settings = load_config(path).session_settings()
+    source = f"config:{Path(path).name}"
+    cards = settings.cards
+    return [policy_run(p, s, settings, source)
+            for p in (policies or [cards.policy]) for s in (scopes or [cards.scope])]
+
+
+@dataclass(slots=True, frozen=True)
 class Job:
+    """One seed of one run, as a worker process gets it (pickled)."""
+
     trace_dir: str
     trace: str
-    policy: str
-    scope: str
+    run: Run
     seed: int
     load: float
 
@@ -50,17 +85,18 @@ def _one(job: Job) -> dict[str, Any]:
     d = Path(job.trace_dir)
     nodes = openb.read_nodes(d / "openb_node_list_gpu_node.csv")
     tasks = openb.read_tasks(d / f"openb_pod_list_{job.trace}.csv")
-    curve = fragmentation.run(nodes, tasks, policy=job.policy, scope=job.scope, seed=job.seed, load=job.load)
-    return {"policy": job.policy, "scope": job.scope, "seed": job.seed, "failed": curve.failed,
-            "tasks": len(curve.arrived),
+    curve = fragmentation.run(nodes, tasks, settings=job.run.settings, seed=job.seed, load=job.load)
+    cards = job.run.settings.cards
+    return {"run": job.run.name, "policy": cards.policy, "scope": cards.scope, "seed": job.seed,
+            "failed": curve.failed, "tasks": len(curve.arrived),
             "points": {p: curve.at(p) for p in POINTS if p <= round(100 * job.load)}}
 
 
-def run_fragmentation(trace_dir_: Path, trace: str, policies: Sequence[tuple[str, str]], seeds: Sequence[int],
+def run_fragmentation(trace_dir_: Path, trace: str, runs: Sequence[Run], seeds: Sequence[int],
                       load: float, workers: int | None = None,
                       progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Every (policy, scope) x seed; results in that order."""
-    jobs = [Job(str(trace_dir_), trace, p, s, seed, load) for p, s in policies for seed in seeds]
+    """Every run x seed; results in that order."""
+    jobs = [Job(str(trace_dir_), trace, r, seed, load) for r in runs for seed in seeds]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     done = 0
     out: list[dict[str, Any]] = []
@@ -81,10 +117,10 @@ def run_fragmentation(trace_dir_: Path, trace: str, policies: Sequence[tuple[str
 
 
 def summarise(results: Sequence[dict[str, Any]]) -> dict[str, dict[int, tuple[float, float, float]]]:
-    """Per ``policy/scope``, per arrived %: (mean, min, max) over seeds."""
+    """Per run, per arrived %: (mean, min, max) over seeds."""
     by: dict[str, dict[int, list[float]]] = {}
     for r in results:
-        key = f"{r['policy']}/{r['scope']}"
+        key = r["run"]
         for p, v in r["points"].items():
             if v is not None:
                 by.setdefault(key, {}).setdefault(int(p), []).append(float(v))
@@ -104,7 +140,8 @@ def reference(trace: str) -> dict[str, dict[int, tuple[float, float, float]]]:
 def table(ours: dict[str, dict[int, tuple[float, float, float]]],
           ref: dict[str, dict[int, tuple[float, float, float]]], points: Sequence[int] = (90, 100, 110, 120, 130)) -> str:
     """GPU allocation % at each arrived %: batchsched's policies, then the reference."""
-    head = f"{'policy':<28}" + "".join(f"{p:>16}" for p in points)
+    width = max([28, *(len("batchsched " + n) + 2 for n in ours), *(len(n) + 2 for n in ref)])
+    head = f"{'run':<{width}}" + "".join(f"{p:>16}" for p in points)
     lines = ["GPU allocation % of cluster cards (mean, min-max over seeds) at arrived % of cards", head]
 
     def row(name: str, pts: dict[int, tuple[float, float, float]]) -> str:
@@ -112,7 +149,7 @@ def table(ours: dict[str, dict[int, tuple[float, float, float]]],
         for p in points:
             v = pts.get(p)
             cells.append(f"{v[0]:6.2f} ({v[1]:.1f}-{v[2]:.1f})" if v else f"{'-':>16}")
-        return f"{name:<28}" + "".join(f"{c:>16}" for c in cells)
+        return f"{name:<{width}}" + "".join(f"{c:>16}" for c in cells)
 
     for name in sorted(ours, key=lambda k: -(ours[k].get(130, ours[k].get(100, (0, 0, 0)))[0])):
         lines.append(row("batchsched " + name, ours[name]))

@@ -14,12 +14,11 @@ would.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from batchsched.core.placement.cards import CardPolicy
-from batchsched.core.reservation import ReservationSettings
 from batchsched.core.settings import SessionSettings
 from batchsched.simulate.engine import Simulation
 from batchsched.simulate.openb import Task, TraceNode
@@ -71,26 +70,42 @@ def workload(tasks: Sequence[Task], capacity_milli: int, load: float, seed: int)
     return out
 
 
-def settings_for(policy: str, scope: str = "sharing", seed: int = 0) -> SessionSettings:
-    """The session as production runs it, with the card policy under test; no reservation
-    (a task that does not fit is dropped, not waited for) and no Scheduled Events."""
-    return SessionSettings(
-        cards=CardPolicy(policy=policy, scope=scope, seed=seed),
-        reservation=ReservationSettings(enabled=False),
+def method_settings(base: SessionSettings, seed: int = 0) -> SessionSettings:
+    """``base`` (a configuration as the scheduler would apply it) with only what the method
+    needs changed: no reservation (a task that does not fit is dropped, not waited for), no
+    Scheduled Events, unschedulable pods never retried, and the random policy seeded by the
+    run's seed. Every other setting, scoring included, is the configuration's."""
+    return dataclasses.replace(
+        base,
+        cards=dataclasses.replace(base.cards, seed=seed),
+        reservation=dataclasses.replace(base.reservation, enabled=False),
         scheduled_events=False,
         retry_unschedulable=1e12,
     )
 
 
-def run(nodes: Sequence[TraceNode], tasks: Sequence[Task], *, policy: str, seed: int, load: float = 1.3,
-        scope: str = "sharing", batch: int = BATCH, use_jit: bool = True,
-        progress: Callable[[int, int], None] | None = None) -> Curve:
-    """One seed of the experiment under ``policy``."""
+def with_policy(base: SessionSettings, policy: str | None = None, scope: str | None = None) -> SessionSettings:
+    """``base`` with its card policy and scope replaced (``None`` keeps the base's)."""
+    cards = dataclasses.replace(base.cards, policy=policy or base.cards.policy, scope=scope or base.cards.scope)
+    return dataclasses.replace(base, cards=cards)
+
+
+def settings_for(policy: str, scope: str = "sharing", seed: int = 0) -> SessionSettings:
+    """The default configuration with the card policy under test, as the method runs it."""
+    return method_settings(with_policy(SessionSettings(), policy, scope), seed)
+
+
+def run(nodes: Sequence[TraceNode], tasks: Sequence[Task], *, policy: str | None = None, seed: int,
+        load: float = 1.3, scope: str | None = None, settings: SessionSettings | None = None,
+        batch: int = BATCH, use_jit: bool = True, progress: Callable[[int, int], None] | None = None) -> Curve:
+    """One seed of the experiment under ``settings`` (default: the default configuration),
+    its card policy and scope replaced by ``policy`` and ``scope`` when given."""
     capacity = sum(n.gpus for n in nodes) * 1000
     order = workload(tasks, capacity, load, seed)
-    sim = Simulation(settings_for(policy, scope, seed), use_jit=use_jit)
+    applied = method_settings(with_policy(settings or SessionSettings(), policy, scope), seed)
+    sim = Simulation(applied, use_jit=use_jit)
     sim.add_nodes(n.manifest() for n in nodes)
-    curve = Curve(policy, seed)
+    curve = Curve(applied.cards.policy, seed)
     arrived = allocated = 0
     for start in range(0, len(order), batch):
         chunk = order[start:start + batch]

@@ -15,8 +15,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from batchsched.core.settings import SessionSettings
 from batchsched.simulate.engine import Simulation
-from batchsched.simulate.fragmentation import settings_for
+from batchsched.simulate.fragmentation import method_settings, with_policy
 from batchsched.simulate.openb import Task, TraceNode
 
 ARRIVE, FINISH = 0, 1
@@ -63,12 +64,13 @@ def kind_of(t: Task) -> str:
 
 
 def run(nodes: Sequence[TraceNode], tasks: Sequence[Task], *, policy: str, scope: str = "sharing",
-        retry: float = 30.0, limit: int | None = None, arrival_speedup: float = 1.0,
-        progress: Callable[[int, int], None] | None = None) -> Replay:
-    """Replay ``tasks`` (the first ``limit`` by creation time) under ``policy``.
+        settings: SessionSettings | None = None, retry: float = 30.0, limit: int | None = None,
+        arrival_speedup: float = 1.0, progress: Callable[[int, int], None] | None = None) -> Replay:
+    """Replay ``tasks`` (the first ``limit`` by creation time) under ``policy`` and ``scope``
+    in ``settings`` (default: the default configuration).
     ``arrival_speedup``: tasks arrive that many times sooner (their durations unchanged),
     to load the cluster more than the trace did."""
-    sim = Simulation(settings_for(policy, scope))
+    sim = Simulation(method_settings(with_policy(settings or SessionSettings(), policy, scope)))
     sim.add_nodes(n.manifest() for n in nodes)
     capacity = sum(n.gpus for n in nodes) * 1000
     order = sorted(tasks, key=lambda t: (t.created, t.name))[:limit]
