@@ -16,7 +16,7 @@ from batchsched.simulate import experiment
 
 VARIANTS = ("default", "gpushare100", "multigpu50", "gpuspec33")
 POLICIES = (("fragmentation", "sharing"), ("fragmentation", "all"), ("binpack", "sharing"),
-            ("bestfit", "all"), ("spread", "sharing"))
+            ("bestfit", "all"), ("dotproduct", "all"), ("spread", "sharing"))
 REF_COLORS = {"FGD": "tab:red", "BestFit": "tab:brown", "GpuPacking": "tab:olive",
               "GpuClustering": "tab:pink", "DotProd": "tab:cyan", "Random": "tab:gray"}
 Summary = dict[str, dict[int, tuple[float, float, float]]]

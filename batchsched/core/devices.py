@@ -69,7 +69,7 @@ ASK_OUT_WHOLE = "batchsched.io/ask-out-whole-cards"
 CARDS_ANY = "batchsched.io/card-any"
 ASK_POLICY = "batchsched.io/ask-gpu-policy"
 
-POLICIES = ("fragmentation", "binpack", "spread", "random", "bestfit")
+POLICIES = ("fragmentation", "binpack", "spread", "random", "bestfit", "dotproduct")
 """Card placement policies; the kernels take their index + 1 (0 = the configured one)."""
 
 

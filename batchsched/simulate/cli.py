@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 SCOPES = ("sharing", "all")
 #: every policy in the scope it is meant for (fragmentation in both): what runs by default
 DEFAULT_RUNS = (("fragmentation", "sharing"), ("fragmentation", "all"), ("binpack", "sharing"),
-                ("spread", "sharing"), ("random", "sharing"), ("bestfit", "all"))
+                ("spread", "sharing"), ("random", "sharing"), ("bestfit", "all"), ("dotproduct", "all"))
 
 
 def add_parser(sub: Any) -> None:

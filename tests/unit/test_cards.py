@@ -236,13 +236,14 @@ def card_problems(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 
 @settings(max_examples=300, deadline=None)
-@given(card_problems(), st.sampled_from(["sharing", "all"]))
+@given(card_problems(), st.sampled_from(["sharing", "all"]), st.sampled_from([0, 1, 40, 400]))
 def test_card_placement_kernel_equals_its_twin_and_never_overfills_a_card(
-    problem: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], scope: str,
+    problem: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], scope: str, band: int,
 ) -> None:
     alloc, used, reqs, sig, policy, min_count = problem
-    mix = ((600, 1000, 1, 1000), (400, 500, 0, 500))
-    device = D.descriptor(COLUMNS, CardPolicy(policy=devices.POLICIES[policy - 1], scope=scope), mix)
+    # a whole-card kind, a share kind and a CPU-only kind; every band width, 0 (exact) too
+    mix = ((500, 1000, 1, 1000), (300, 500, 0, 500), (200, 1000, 0, 0))
+    device = D.descriptor(COLUMNS, CardPolicy(policy=devices.POLICIES[policy - 1], scope=scope, band=band), mix)
     arrays = replace(ScoringConfig().arrays(COLUMNS), device=device)
     masks = np.ones((1, alloc.shape[0]), dtype=np.bool_)
     static = np.zeros((1, alloc.shape[0]), dtype=np.int64)
@@ -356,3 +357,28 @@ def test_whole_elasticgpu_cards_are_packed_like_whole_nvidia_gpus() -> None:
                    *(make_pod(f"w{i}").uid(f"w{i}").req({"cpu": "1", CORE: "100"}).build() for i in range(3)))
     plan = run(state, "binpack")
     assert sorted(b.node for b in plan.bindings) == ["n2", "n2", "n2"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-20_000_000, 20_000_000), st.integers(-20_000_000, 20_000_000),
+       st.sampled_from([0, 1, 40, 400]), st.integers(0, 16), st.integers(0, 16_000), st.integers(0, 16_000))
+def test_fragmentation_bands_rank_as_their_twin_and_never_reverse_the_change(
+    change: int, other: int, band: int, cards: int, used: int, asked: int,
+) -> None:
+    mix = ((500, 1000, 1, 1000), (300, 500, 0, 500), (200, 1000, 0, 0))
+    device = D.descriptor(COLUMNS, CardPolicy(band=band), mix)
+    alloc = np.zeros(len(COLUMNS), dtype=np.int64)
+    alloc[COL[devices.GPU_SHARES]] = 1000 * cards
+    used_row = np.zeros(len(COLUMNS), dtype=np.int64)
+    used_row[COL[devices.GPU_SHARES]] = min(used, 1000 * cards)
+    req = np.zeros(len(COLUMNS), dtype=np.int64)
+    req[COL[devices.GPU_SHARES]] = asked
+    key = kernels.banded(change, alloc, used_row, req, device)
+    assert key == reference.banded(change, alloc, used_row, req, device)
+    # a node whose fragmentation grows less by more than a band never ranks below one where
+    # it grows more, however full that one is (use only orders the nodes of one band), and
+    # with no band the exact change ranks
+    width = int(device[D.BAND])
+    rival = reference.banded(other, alloc, alloc.copy(), req, device)
+    if change > other + width:
+        assert key > rival

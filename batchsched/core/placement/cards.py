@@ -5,7 +5,8 @@ The kernels take one int64 array, the *device descriptor*, next to the scoring a
 
 ======================  ==================================================================
 ``[POLICY]``            the configured policy: 1 fragmentation, 2 binpack, 3 spread, 4 random,
-                        5 bestfit (the FGD paper's baseline: least CPU and GPU left, half each)
+                        5 bestfit (the FGD paper's baseline: least CPU and GPU left, half each),
+                        6 dotproduct (the paper's DotProd baseline, see reference.dotproduct_key)
 ``[SCOPE_ALL]``         1: the policy also places whole-card pods (else RequestedToCapacityRatio)
 ``[N_CARDS]``           C, the card columns present (the most cards a node has)
 ``[N_SHARES]``          K, share slots per pod
@@ -15,6 +16,7 @@ The kernels take one int64 array, the *device descriptor*, next to the scoring a
 ``[CPU]``               the cpu column (the fragmentation measure looks at free CPU)
 ``[SEED]``              the seed of the random policy
 ``[N_MIX]``             T, the request kinds of the workload mix
+``[BAND]``              the fragmentation score's band width, weight x milli-GPU (0: exact)
 then                    K share columns, K share-memory columns, K output columns (card + 1),
                         C card-compute columns, C card-memory columns, and T rows of
                         ``(weight, cpu milli, whole cards, share milli)``.
@@ -50,15 +52,25 @@ OUT_WHOLE = 9
 CPU = 10
 SEED = 11
 N_MIX = 12
-HEAD = 13
+BAND = 13
+HEAD = 14
 
-FRAGMENTATION, BINPACK, SPREAD, RANDOM, BESTFIT = 1, 2, 3, 4, 5
+FRAGMENTATION, BINPACK, SPREAD, RANDOM, BESTFIT, DOTPRODUCT = 1, 2, 3, 4, 5, 6
 #: BestFit's normalisation, as the FGD paper's simulator fixes it: the largest node's CPU
 #: (milli) and GPU (milli) it assumes; a node's score is its weighted free share after
 BESTFIT_CPU, BESTFIT_GPU, BESTFIT_SCALE = 128000, 8000, 100000
+#: DotProd's score is 100 x (1 - the dot product of the node's free and the pod's asked CPU
+#: and GPU, each over the largest node above, halved), truncated: in integers, 100 minus
+#: the ceiling of (cpu free x cpu asked + DOT_GPU x gpu free x gpu asked) / DOT_DIVISOR
+DOT_GPU = (BESTFIT_CPU // BESTFIT_GPU) ** 2
+DOT_DIVISOR = 2 * BESTFIT_CPU * BESTFIT_CPU // 100
 #: a policy's key is shifted above every static score (taints, affinity preferences ...),
 #: which then only breaks its ties
 KEY_SHIFT = 4096
+#: inside a fragmentation band the node with the most of its GPU in use goes first (in
+#: 1/USED_SCALE of its GPU): the band is shifted above it
+USED_SCALE = 100000
+BAND_SHIFT = 1 << 17
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,12 +81,19 @@ class CardPolicy:
     #: "sharing": only pods that ask for a share; "all": whole-card pods too
     scope: str = "sharing"
     seed: int = 0
+    #: fragmentation: a node's change of fragmentation (milli-GPU, weighted by the mix) is
+    #: rounded to a multiple of this, so nodes within about this much of each other rank
+    #: alike and the one with the most of its GPU in use goes first; 0 ranks by the exact
+    #: change (which spreads pods over nodes that differ by a few milli-GPU)
+    band: int = 40
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"gpuSharing.policy {self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.scope not in ("sharing", "all"):
             raise ValueError(f"gpuSharing.scope {self.scope!r} is not 'sharing' or 'all'")
+        if not 0 <= self.band <= 100_000:
+            raise ValueError(f"gpuSharing.band {self.band!r} is not between 0 and 100000 (milli-GPU)")
 
     @property
     def code(self) -> int:
@@ -100,6 +119,7 @@ def descriptor(columns: Sequence[str], policy: CardPolicy,
         head[index] = col.get(name, -1)
     head[SEED] = policy.seed
     head[N_MIX] = len(mix)
+    head[BAND] = policy.band * sum(row[0] for row in mix)
     body: list[int] = []
     for names in (devices.ask_share, devices.ask_memory, devices.ask_out_card):
         body.extend(col.get(names(i), -1) for i in range(k))

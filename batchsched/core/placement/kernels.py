@@ -243,6 +243,9 @@ _D_ASK_WHOLE = D.ASK_WHOLE
 _D_ASK_ANY = D.ASK_ANY
 _D_CPU = D.CPU
 _D_SEED = D.SEED
+_D_BAND = D.BAND
+_BAND_SHIFT = D.BAND_SHIFT
+_USED_SCALE = D.USED_SCALE
 _FRAGMENTATION = D.FRAGMENTATION
 _BINPACK = D.BINPACK
 _SPREAD = D.SPREAD
@@ -250,6 +253,9 @@ _BESTFIT = D.BESTFIT
 _BESTFIT_CPU = D.BESTFIT_CPU
 _BESTFIT_GPU = D.BESTFIT_GPU
 _BESTFIT_SCALE = D.BESTFIT_SCALE
+_DOTPRODUCT = D.DOTPRODUCT
+_DOT_GPU = D.DOT_GPU
+_DOT_DIVISOR = D.DOT_DIVISOR
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -317,7 +323,7 @@ def frag(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, held_an
         cpu = device[start + 4 * t + 1]
         whole = device[start + 4 * t + 2]
         share = device[start + 4 * t + 3]
-        if cpu_free < cpu:
+        if cpu_free < cpu or (whole == 0 and share == 0):
             lost = total
         elif whole == 0:
             lost = 0
@@ -409,7 +415,7 @@ def frag_swap(x_old: int, x_new: int, total: int, whole_free: int, partial: int,
         cpu = device[start + 4 * t + 1]
         whole = device[start + 4 * t + 2]
         share = device[start + 4 * t + 3]
-        if cpu_free < cpu:
+        if cpu_free < cpu or (whole == 0 and share == 0):
             lost = total2
         elif whole == 0:
             below = sum_lt[t] - (x_old if x_old < share else 0) + (x_new if x_new < share else 0)
@@ -508,7 +514,7 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
                     continue
             if comp[i] == 0 and mem[i] == 0 and spare < 1:
                 continue
-            if policy in (_BINPACK, _BESTFIT):
+            if policy in (_BINPACK, _BESTFIT, _DOTPRODUCT):
                 val = comp[i]
             elif policy == _SPREAD:
                 val = -comp[i]
@@ -546,9 +552,31 @@ def card_place(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: I
             key = card_hash(device[_D_SEED], member, node, n_cards)
         elif policy == _BESTFIT:
             key = bestfit_key(alloc_row, used_row, req, device)
+        elif policy == _DOTPRODUCT:
+            key = dotproduct_key(alloc_row, used_row, req, device)
         else:
-            key = before - frag(comp, mem, exists, n_cards, any_after, cpu_after, device, free)
+            key = banded(before - frag(comp, mem, exists, n_cards, any_after, cpu_after, device, free),
+                         alloc_row, used_row, req, device)
     return True, key, n_adds, mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def banded(change: int, alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray) -> int:
+    """The kernel twin of reference.banded."""
+    width = device[_D_BAND]
+    if width <= 0:
+        return change
+    return int((change + width // 2) // width * _BAND_SHIFT + most_used(alloc_row, used_row, req, device))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def most_used(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray) -> int:
+    """The kernel twin of reference.most_used."""
+    gcol = device[_D_GPU]
+    if gcol < 0 or alloc_row[gcol] <= 0:
+        return 0
+    after = min(max(used_row[gcol] + req[gcol], 0), alloc_row[gcol])
+    return int(after * _USED_SCALE // alloc_row[gcol])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -561,11 +589,22 @@ def bestfit_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: 
     return -(cpu_left * _BESTFIT_SCALE // _BESTFIT_CPU + gpu_left * _BESTFIT_SCALE // _BESTFIT_GPU)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def dotproduct_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, device: IntArray) -> int:
+    """The kernel twin of reference.dotproduct_key."""
+    cpu = device[_D_CPU]
+    gpu = device[_D_GPU]
+    cpu_free = alloc_row[cpu] - used_row[cpu] if cpu >= 0 else 0
+    gpu_free = alloc_row[gpu] - used_row[gpu] if gpu >= 0 else 0
+    dot = cpu_free * (req[cpu] if cpu >= 0 else 0) + _DOT_GPU * gpu_free * (req[gpu] if gpu >= 0 else 0)
+    return -(-dot // _DOT_DIVISOR)
+
+
 @njit(cache=True, nogil=True)
 def cpu_fragments(req: IntArray, device: IntArray) -> bool:
     cpu = device[_D_CPU]
     policy = device[_D_POLICY]
-    return bool(device[_D_SCOPE_ALL] != 0 and (policy in (_FRAGMENTATION, _BESTFIT))
+    return bool(device[_D_SCOPE_ALL] != 0 and policy in (_FRAGMENTATION, _BESTFIT, _DOTPRODUCT)
                 and device[_D_N_CARDS] > 0 and cpu >= 0 and req[cpu] > 0)
 
 
@@ -575,13 +614,16 @@ def cpu_frag_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, device:
     """The kernel twin of reference.cpu_frag_key."""
     if device[_D_POLICY] == _BESTFIT:
         return bestfit_key(alloc_row, used_row, req, device)
+    if device[_D_POLICY] == _DOTPRODUCT:
+        return dotproduct_key(alloc_row, used_row, req, device)
     n_cards = device[_D_N_CARDS]
     load_cards(alloc_row, used_row, device, comp, mem, exists)
     held_any = used_row[device[_D_ANY]] if device[_D_ANY] >= 0 else 0
     cpu = device[_D_CPU]
     cpu_free = alloc_row[cpu] - used_row[cpu]
     before = frag(comp, mem, exists, n_cards, held_any, cpu_free, device, free)
-    return before - frag(comp, mem, exists, n_cards, held_any, cpu_free - req[cpu], device, free)
+    change = before - frag(comp, mem, exists, n_cards, held_any, cpu_free - req[cpu], device, free)
+    return banded(change, alloc_row, used_row, req, device)
 
 
 @njit(cache=True, nogil=True)

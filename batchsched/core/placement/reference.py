@@ -194,11 +194,12 @@ def asks_cards(req: Sequence[int], device: Sequence[int]) -> bool:
 def frag(free: Sequence[int], whole_free: int, cpu_free: int, mix: Sequence[tuple[int, int, int, int]]) -> int:
     """A node's GPU fragmentation against the workload mix, in weight x milli: per kind of
     request, the free compute it cannot use (all of it when the kind does not fit at all:
-    too little CPU, no card with room, too few whole cards), weighted by its share."""
+    too little CPU, no card with room, too few whole cards; and for a kind that asks no card,
+    as the FGD paper counts it), weighted by its share."""
     total = sum(free)
     out = 0
     for weight, cpu, whole, share in mix:
-        if cpu_free < cpu:
+        if cpu_free < cpu or (whole == 0 and share == 0):
             lost = total
         elif whole == 0:
             lost = sum(x for x in free if x < share) if any(x >= share for x in free) else total
@@ -355,7 +356,7 @@ def best_card(
         empty = comp[i] == 0 and mem[i] == 0
         if empty and spare < 1:
             continue
-        if policy == D.BINPACK or policy == D.BESTFIT:
+        if policy in (D.BINPACK, D.BESTFIT, D.DOTPRODUCT):
             val = comp[i]
         elif policy == D.SPREAD:
             val = -comp[i]
@@ -391,8 +392,36 @@ def policy_key(
         return card_hash(device[D.SEED], member, node, device[D.N_CARDS])
     if policy == D.BESTFIT:
         return bestfit_key(alloc_row, used_row, req, device)
+    if policy == D.DOTPRODUCT:
+        return dotproduct_key(alloc_row, used_row, req, device)
     free1, wf1 = _free_list(comp, mem, exists, any_after)
-    return before - frag(free1, wf1, cpu_after, _mix(device))
+    return banded(before - frag(free1, wf1, cpu_after, _mix(device)), alloc_row, used_row, req, device)
+
+
+def banded(change: int, alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
+    """The fragmentation key of a node from the ``change`` of its :func:`frag` (before minus
+    after, higher is better). With a band width B (``device[BAND]``: ``gpuSharing.band``
+    milli-GPU times the mix's weights), the change is rounded to the nearest multiple of B,
+    so nodes whose changes differ by less than about B rank alike, and among those the
+    :func:`most_used` goes first (then the lowest node). Ranking by the exact change spreads
+    pods over nodes that differ by a few milli-GPU of fragmentation; the FGD paper's score,
+    whole points of a sigmoid (about 40 milli-GPU each near no change), packs. B = 0: the
+    exact change."""
+    width = device[D.BAND]
+    if width <= 0:
+        return change
+    return (change + width // 2) // width * D.BAND_SHIFT + most_used(alloc_row, used_row, req, device)
+
+
+def most_used(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
+    """How much of a node's GPU is in use once the member is placed there, in
+    1/USED_SCALE of its GPU: inside a fragmentation band the fullest node goes first, so
+    work packs onto nodes already in use and whole nodes stay free."""
+    gcol = device[D.GPU]
+    if gcol < 0 or alloc_row[gcol] <= 0:
+        return 0
+    after = min(max(used_row[gcol] + req[gcol], 0), alloc_row[gcol])
+    return after * D.USED_SCALE // alloc_row[gcol]
 
 
 def bestfit_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
@@ -404,11 +433,26 @@ def bestfit_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence
     return -(cpu_left * D.BESTFIT_SCALE // D.BESTFIT_CPU + gpu_left * D.BESTFIT_SCALE // D.BESTFIT_GPU)
 
 
+def dotproduct_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int],
+                   device: Sequence[int]) -> int:
+    """DotProd's node score as the FGD paper's simulator runs it for its figures (GPU
+    dimensions merged, normalised by the largest node): the node's free CPU and free GPU
+    (before the pod) and the pod's CPU and GPU, each over 128 CPUs and 8 GPUs, dotted and
+    halved; the score is 100 x (1 - that), truncated to whole points, so the node with the
+    least free where the pod asks most wins and nodes in the same point tie (the lowest
+    node first). Cards are chosen as binpack chooses them (the fullest card a share fits)."""
+    cpu, gpu = device[D.CPU], device[D.GPU]
+    cpu_free = alloc_row[cpu] - used_row[cpu] if cpu >= 0 else 0
+    gpu_free = alloc_row[gpu] - used_row[gpu] if gpu >= 0 else 0
+    dot = cpu_free * (req[cpu] if cpu >= 0 else 0) + D.DOT_GPU * gpu_free * (req[gpu] if gpu >= 0 else 0)
+    return -(-dot // D.DOT_DIVISOR)
+
+
 def cpu_fragments(req: Sequence[int], device: Sequence[int]) -> bool:
     """With scope ``all``, a pod asking no card is placed by the fragmentation (or bestfit)
     policy too: the CPU it takes can leave a node's free cards unusable."""
     cpu = device[D.CPU]
-    return (device[D.SCOPE_ALL] != 0 and device[D.POLICY] in (D.FRAGMENTATION, D.BESTFIT)
+    return (device[D.SCOPE_ALL] != 0 and device[D.POLICY] in (D.FRAGMENTATION, D.BESTFIT, D.DOTPRODUCT)
             and device[D.N_CARDS] > 0 and cpu >= 0 and req[cpu] > 0)
 
 
@@ -417,12 +461,15 @@ def cpu_frag_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequenc
     (for bestfit: :func:`bestfit_key`)."""
     if device[D.POLICY] == D.BESTFIT:
         return bestfit_key(alloc_row, used_row, req, device)
+    if device[D.POLICY] == D.DOTPRODUCT:
+        return dotproduct_key(alloc_row, used_row, req, device)
     comp, mem, exists, held_any = _cards(alloc_row, used_row, device)
     free, whole_free = _free_list(comp, mem, exists, held_any)
     cpu = device[D.CPU]
     cpu_free = alloc_row[cpu] - used_row[cpu]
     mix = _mix(device)
-    return frag(free, whole_free, cpu_free, mix) - frag(free, whole_free, cpu_free - req[cpu], mix)
+    change = frag(free, whole_free, cpu_free, mix) - frag(free, whole_free, cpu_free - req[cpu], mix)
+    return banded(change, alloc_row, used_row, req, device)
 
 
 def _uses_policy(req: Sequence[int], device: Sequence[int]) -> bool:
