@@ -376,7 +376,8 @@ class ClusterState:
     def mix_gone(self) -> dict[MixKind, int]:
         """The counts of the mix that no pod present stands for (pods gone, the prior):
         what a restart could not rebuild from the pods it lists, so what is worth keeping.
-        Past a halving, present pods are taken at their full count (a slight undercount)."""
+        Past a halving, a pod present counts in full again after a restart (its kind weighs
+        a little more than it did: the mix is an estimate, not a ledger)."""
         return {k: n - self._mix_held[k] for k, n in self.mix.items() if n > self._mix_held[k]}
 
     def restore_mix(self, counts: Mapping[MixKind, int]) -> None:

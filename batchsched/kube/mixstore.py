@@ -16,8 +16,8 @@ configuration gave (``gpuSharing.mix``). That part, :meth:`ClusterState.mix_gone
 - read by every replica at start-up, before its first step: it takes the place of the
   configured prior (:meth:`ClusterState.restore_mix
   <batchsched.core.mirror.ClusterState.restore_mix>`). Absent, unreadable or malformed, it
-  is a warning and the mix starts from the prior and the listed pods: a start never fails
-  for it.
+  is a warning line and the mix starts from the prior and the listed pods: a start never
+  fails for it.
 """
 
 from __future__ import annotations
@@ -141,11 +141,12 @@ class MixStore:
         try:
             obj = await asyncio.wait_for(self.client.get(f"{self.path}/{self.name}"), READ_TIMEOUT_SECONDS)
         except NotFoundError:
-            log.info("no stored workload mix (ConfigMap %s): the mix starts from the pods listed", self.name)
+            log.warning("no stored workload mix (ConfigMap %s; a new cluster has none until the leader "
+                        "writes it): the mix starts from the prior and the pods listed", self.name)
             return False
         except (KubeError, TimeoutError) as exc:
             log.warning("the stored workload mix (ConfigMap %s) could not be read: %s; "
-                        "the mix starts from the pods listed", self.name, str(exc) or "timed out")
+                        "the mix starts from the prior and the pods listed", self.name, str(exc) or "timed out")
             return False
         text = (obj.get("data") or {}).get(DATA_KEY)
         try:
@@ -154,7 +155,7 @@ class MixStore:
             counts = read_mix_document(text)
         except MixFormatError as exc:
             log.warning("the stored workload mix (ConfigMap %s) is malformed: %s; "
-                        "the mix starts from the pods listed", self.name, exc)
+                        "the mix starts from the prior and the pods listed", self.name, exc)
             return False
         self.state.restore_mix(counts)
         self._written = counts

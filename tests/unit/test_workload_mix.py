@@ -17,7 +17,7 @@ from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Pod
 from batchsched.core.session import Session
 from batchsched.core.settings import SessionSettings
-from batchsched.kube.errors import NotFoundError
+from batchsched.kube.errors import ForbiddenError, NotFoundError
 from batchsched.kube.fake import FakeKube
 from batchsched.kube.leader import Fence
 from batchsched.kube.mixstore import (
@@ -206,13 +206,25 @@ def test_a_malformed_configmap_is_a_warning_and_the_prior_stays(
     assert "batchsched-workload-mix" in warning.getMessage() and reason in warning.getMessage()
 
 
-def test_an_absent_configmap_starts_from_the_prior_and_the_leader_creates_it() -> None:
+def test_an_unreadable_configmap_is_a_warning_and_the_start_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    kube = FakeKube()
+    kube.fail[f"GET {MIX_PATH}"] = [ForbiddenError(403, "Forbidden", "configmaps is forbidden")]
+    state = ClusterState(mix_prior=(((1000, 0, 250), 7),))
+    assert not asyncio.run(MixStore(kube, state, namespace="ns", lease_name="batchsched").restore())
+    assert dict(state.mix) == {(1000, 0, 250): 7}
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "could not be read" in warning and "forbidden" in warning
+
+
+def test_an_absent_configmap_starts_from_the_prior_and_the_leader_creates_it(caplog: pytest.LogCaptureFixture) -> None:
     kube = FakeKube()
     state = ClusterState(mix_prior=(((1000, 0, 250), 7),))
     fence = Fence()
     store = MixStore(kube, state, namespace="ns", lease_name="batchsched", fence=fence)
     assert not asyncio.run(store.restore())
     assert dict(state.mix) == {(1000, 0, 250): 7}
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("no stored workload mix (ConfigMap batchsched-workload-mix")
     # a standby writes nothing
     assert not asyncio.run(store.write())
     fence.extend(float("inf"))
