@@ -31,6 +31,7 @@ import yaml
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
+from batchsched.sandbox.cluster import grant_lease_namespace
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -228,23 +229,13 @@ async def scheduler_kube(scheduler_kubeconfig: str) -> AsyncIterator[KubeClient]
 async def namespace(kube: KubeClient) -> AsyncIterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    await grant_lease_namespace(kube, name)
+    # the tests' schedulers keep their Lease, and the workload mix's ConfigMap, here
+    await grant_lease_namespace(kube, name, RBAC)
     try:
         yield name
     finally:
         with contextlib.suppress(NotFoundError):
             await kube.delete(f"/api/v1/namespaces/{name}", gracePeriodSeconds=0)
-
-
-async def grant_lease_namespace(kube: KubeClient, namespace: str) -> None:
-    """rbac.yaml's namespaced grants (the Role and RoleBinding of the workload mix's
-    ConfigMap), made in ``namespace``: the tests' schedulers keep their Lease, and so that
-    ConfigMap, in the test's namespace, as the chart puts them in the Lease's namespace."""
-    for doc in yaml.safe_load_all(RBAC.read_text()):
-        if doc and doc["kind"] in ("Role", "RoleBinding"):
-            body = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
-            plural = "roles" if doc["kind"] == "Role" else "rolebindings"
-            await kube.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/{plural}", body)
 
 
 @pytest.fixture
