@@ -52,6 +52,7 @@ from batchsched.kube.gauges import observe_bound, slow_gauges
 from batchsched.kube.groupstatus import GroupStatusWriter
 from batchsched.kube.intake import Intake
 from batchsched.kube.leader import ENDPOINT_ANNOTATION, Fence, LeaderElector
+from batchsched.kube.mixstore import MixStore, observe_mix
 from batchsched.kube.queuestatus import QueueStatusWriter
 from batchsched.kube.snapshot import take_snapshot
 from batchsched.kube.status import StatusWriter
@@ -106,6 +107,10 @@ class Scheduler:
         )
         self.group_status = GroupStatusWriter(client, fence=fence)
         self.queue_status = QueueStatusWriter(client, fence=fence)
+        le = config.leader_election
+        #: the workload mix kept across restarts, next to the Lease (written while leading)
+        self.mix_store = MixStore(client, self.session.state, namespace=le.namespace, lease_name=le.lease_name,
+                                  fence=fence)
         #: the lease was lost (not given up): stop without sending anything more
         self.lease_lost = False
         self.ready = False
@@ -244,6 +249,7 @@ class Scheduler:
         if time.monotonic() - self._gauged >= SLOW_GAUGE_SECONDS:
             self._gauged = time.monotonic()
             slow_gauges(m, self.session)
+            observe_mix(m.workload_mix, state)
         plan = d.plan
         if plan is None:
             return
@@ -282,10 +288,13 @@ class Scheduler:
             views=self.views if self.config.explain.enabled else None, auth=RequestAuth(self.client),
         )
         loop = asyncio.get_running_loop()
+        # the mix kept from before (it takes the prior's place); the listing adds every pod to it
+        await self.mix_store.restore()
         tasks: list[asyncio.Task[Any]] = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
         tasks.append(loop.create_task(self.status.run(), name="status"))
         tasks.append(loop.create_task(self.group_status.run(), name="group-status"))
         tasks.append(loop.create_task(self.queue_status.run(), name="queue-status"))
+        tasks.append(loop.create_task(self.mix_store.run(), name="workload-mix"))
         warm = loop.run_in_executor(None, kernels.warm_up)
         try:
             await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
@@ -401,6 +410,8 @@ class Scheduler:
             log.warning("shutting down with %d evictions in flight", self.evictor.in_flight)
         await self.group_status.drain(5.0)
         await self.queue_status.drain(5.0)
+        with contextlib.suppress(TimeoutError):  # the latest mix, for the replica that starts next
+            await asyncio.wait_for(self.mix_store.write(), 5.0)
         if self.fence.is_open():  # a standby's reports wait for it to lead: none will be sent
             await self.status.drain(5.0)
 

@@ -17,10 +17,13 @@ from typing import Any
 
 import yaml
 
+from batchsched.core.devices import MILLI, MixKind
+from batchsched.core.mirror import MIX_WINDOW
 from batchsched.core.nodehealth import NodeHealthSettings
 from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.placement.topology import TopologyLevels
+from batchsched.core.quantity import QuantityError, to_units
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
 from batchsched.core.settings import SessionSettings
@@ -160,6 +163,11 @@ class GpuSharingSection:
     scope: str = _CARDS.scope
     #: seed of the random policy
     seed: int = _CARDS.seed
+    #: the workload mix a new cluster starts from, before its own pods are seen: kinds of
+    #: pods, each ``{cpu: "8", gpus: 1, weight: 10}`` (whole cards), ``{cpu: "4",
+    #: gpuShare: "0.5", weight: 30}`` (a share of one card) or ``{cpu: "2", weight: 5}``
+    #: (no card); a weight counts as that many pods arrived, and fades as real ones do
+    mix: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -251,6 +259,10 @@ class Config:
             raise ConfigError(f"config: {exc}") from None
         return policy
 
+    def mix_prior(self) -> tuple[tuple[MixKind, int], ...]:
+        """``gpuSharing.mix`` as counts of kinds (see :func:`_mix_kind`)."""
+        return tuple(_mix_entry(entry, f"gpuSharing.mix[{i}]") for i, entry in enumerate(self.gpu_sharing.mix))
+
     def queue_settings(self) -> QueueSettings:
         q, p = self.queues, self.preemption
         return QueueSettings(
@@ -287,6 +299,7 @@ class Config:
                 max_hold=self.reservation.max_hold_seconds,
             ),
             cards=self.card_policy(),
+            mix_prior=self.mix_prior(),
             node_health=NodeHealthSettings(
                 label=self.node_health.label, no_gpu_work=tuple(self.node_health.no_gpu_work),
                 lower_score=tuple(self.node_health.lower_score), evict=tuple(self.node_health.evict),
@@ -328,6 +341,53 @@ def _scoring(section: ScoringSection) -> ScoringConfig:
     except ValueError as exc:
         raise ConfigError(f"config: scoring: {exc}") from None
     return cfg
+
+
+#: whole cards one kind of the prior mix may ask for at most (a typo of a few zeros is refused)
+MAX_MIX_GPUS = 64
+#: CPUs one kind of the prior mix may ask for at most
+MAX_MIX_CPU = 4096
+_MIX_KEYS = ("cpu", "gpus", "gpuShare", "weight")
+
+
+def _mix_entry(entry: dict[str, Any], where: str) -> tuple[MixKind, int]:
+    """One kind of ``gpuSharing.mix``: ``((cpu milli, whole cards, share milli), weight)``."""
+    unknown = sorted(str(k) for k in entry if k not in _MIX_KEYS)
+    if unknown:
+        raise ConfigError(f"config: unknown key {where}.{unknown[0]!r} (known: {', '.join(_MIX_KEYS)})")
+    if "weight" not in entry:
+        raise ConfigError(f"config: {where}.weight: missing (how many pods this kind counts as)")
+    weight = entry["weight"]
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MIX_WINDOW:
+        raise ConfigError(f"config: {where}.weight: must be a whole number from 1 to {MIX_WINDOW}, got {weight!r}")
+    cpu = _mix_quantity(entry.get("cpu", 0), "cpu", f"{where}.cpu")
+    gpus = entry.get("gpus", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= MAX_MIX_GPUS:
+        raise ConfigError(f"config: {where}.gpus: must be a whole number of cards from 0 to {MAX_MIX_GPUS}, got {gpus!r}")
+    share = 0
+    if "gpuShare" in entry:
+        if gpus:
+            raise ConfigError(f"config: {where}: gives both gpus and gpuShare (whole cards or a share of one, not both)")
+        share = _mix_quantity(entry["gpuShare"], "cpu", f"{where}.gpuShare")  # thousandths, as milli-CPU
+        if not 0 < share < MILLI:
+            raise ConfigError(f"config: {where}.gpuShare: must be above 0 and below 1 (a share of one card), "
+                              f"got {entry['gpuShare']!r}")
+    if cpu == 0 and gpus == 0 and share == 0:
+        raise ConfigError(f"config: {where}: asks for nothing (give cpu, gpus or gpuShare)")
+    return (cpu, gpus, MILLI if gpus else share), weight
+
+
+def _mix_quantity(value: Any, resource: str, where: str) -> int:
+    """A quantity of the prior mix (``"8"``, ``"500m"``, ``0.5``) in thousandths."""
+    try:
+        units = to_units(resource, value)
+    except QuantityError as exc:
+        raise ConfigError(f"config: {where}: {exc}") from None
+    if units < 0:
+        raise ConfigError(f"config: {where}: must not be negative, got {value!r}")
+    if units > MAX_MIX_CPU * MILLI:
+        raise ConfigError(f"config: {where}: must be at most {MAX_MIX_CPU}, got {value!r}")
+    return units
 
 
 def _check(value: Any, typ: Any, where: str) -> Any:
@@ -445,6 +505,7 @@ def _validate(cfg: Config) -> None:
     cfg.scoring_config()
     cfg.topology_levels()
     cfg.card_policy()
+    cfg.mix_prior()
 
 
 def parse_config(data: Any) -> Config:

@@ -34,6 +34,11 @@ class Metrics:
         self.gpu_free_cards = Gauge(
             "batchsched_gpu_free_cards", "GPU cards nobody holds any share of.", registry=r
         )
+        self.workload_mix = Gauge(
+            "batchsched_workload_mix", "The kinds of pods GPU fragmentation is measured against, each "
+            "its share of the workload mix (0-1): cpu in cores, gpus whole cards, gpu_share a fraction of "
+            "one card (both 0: a pod without GPU).", ["cpu", "gpus", "gpu_share"], registry=r,
+        )
         self.gpu_allocation_ratio = Gauge(
             "batchsched_gpu_allocation_ratio",
             "GPU compute held over the cards of the mirror: kind=all, whole (cards held whole) "

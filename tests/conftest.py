@@ -31,6 +31,7 @@ import yaml
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
+from batchsched.sandbox.cluster import grant_lease_namespace
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -228,6 +229,8 @@ async def scheduler_kube(scheduler_kubeconfig: str) -> AsyncIterator[KubeClient]
 async def namespace(kube: KubeClient) -> AsyncIterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    # the tests' schedulers keep their Lease, and the workload mix's ConfigMap, here
+    await grant_lease_namespace(kube, name, RBAC)
     try:
         yield name
     finally:

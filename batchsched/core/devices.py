@@ -424,18 +424,30 @@ def stale_keys(annotations: Mapping[str, str], labels: Mapping[str, str]) -> tup
 
 
 # -- the workload mix (what the fragmentation policy measures against) -------------------
+#
+# The fragmentation policy scores a node by the GPU it leaves useless to the pods the
+# cluster runs (FGD, ATC'23): each kind of pod, weighted by how often it arrives. As in FGD,
+# pods that ask for no card count as kinds of their own (a CPU-only kind finds every free
+# GPU of a node useless, and a node whose CPU a GPU pod exhausts strands its cards for all
+# kinds), and the rare kinds are cut: the most frequent kinds that cover POPULAR_PERMILLE
+# of the arrivals are kept, :data:`MAX_MIX` at most.
 
-#: request kinds of the mix kept (the most frequent); the rest are a small tail
+#: request kinds of the mix kept at most (the most frequent); the rest are a small tail
 MAX_MIX = 24
+#: the kept kinds cover this much of the arrivals (thousandths): FGD's 95% popularity cut
+POPULAR_PERMILLE = 950
 
 MixKind = tuple[int, int, int]
-"""``(cpu milli, whole cards, share milli)`` of a pod that asks for cards."""
+"""``(cpu milli, whole cards, share milli)`` of a kind of pod; ``(cpu, 0, 0)`` for a pod
+that asks for no card (a whole-card kind has share :data:`MILLI`)."""
 
 
 def mix_kind(cpu: int, asks: Sequence[CardAsk]) -> MixKind | None:
-    """The kind of a pod in the workload mix; None for a pod that asks for no card."""
+    """The kind of a pod in the workload mix: its CPU and its cards; ``(cpu, 0, 0)`` for a
+    pod that asks for no card; None for a pod that asks for nothing the mix measures (no
+    CPU and no card, or cards by memory alone)."""
     if not asks:
-        return None
+        return (cpu, 0, 0) if cpu > 0 else None
     whole = sum(a.whole for a in asks)
     share = max((a.share for a in asks if a.shared), default=0)
     if whole == 0 and share == 0:
@@ -443,12 +455,28 @@ def mix_kind(cpu: int, asks: Sequence[CardAsk]) -> MixKind | None:
     return (cpu, whole, share if whole == 0 else MILLI)
 
 
+def popular(counts: Mapping[MixKind, int]) -> list[tuple[MixKind, int]]:
+    """The kinds of the mix kept, most frequent first: those that cover
+    :data:`POPULAR_PERMILLE` of the count (the kind that crosses it included), at most
+    :data:`MAX_MIX`. Equal counts keep their order in ``counts`` (what was counted first)."""
+    ranked = Counter({k: n for k, n in counts.items() if n > 0}).most_common()
+    total = sum(n for _, n in ranked)
+    kept: list[tuple[MixKind, int]] = []
+    covered = 0
+    for kind, n in ranked[:MAX_MIX]:
+        if covered * 1000 >= total * POPULAR_PERMILLE:
+            break
+        kept.append((kind, n))
+        covered += n
+    return kept
+
+
 def mix_rows(counts: Mapping[MixKind, int]) -> tuple[tuple[int, int, int, int], ...]:
-    """The :data:`MAX_MIX` most frequent kinds with weights in thousandths of the total."""
-    top = Counter(counts).most_common(MAX_MIX)
+    """The rows the kernels measure against: the :func:`popular` kinds, each
+    ``(weight, cpu, whole, share)`` with its weight in thousandths of the kept total (a kind
+    whose weight rounds to 0 is left out)."""
+    top = popular(counts)
     total = sum(n for _, n in top)
     if total == 0:
         return ()
     return tuple((n * 1000 // total, cpu, whole, share) for (cpu, whole, share), n in top if n * 1000 >= total)
-
-

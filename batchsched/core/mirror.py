@@ -21,7 +21,7 @@ of the pods charged to each node; a broken invariant is a bug and stops the proc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,7 +93,9 @@ _ASKS = frozenset((*ASK_COLUMNS, CARDS_ANY))
 class ClusterState:
     """Pods, nodes and per-node usage; apply events with the ``*_event`` methods only."""
 
-    def __init__(self, scheduler_names: Iterable[str] = ("batchsched",)) -> None:
+    def __init__(
+        self, scheduler_names: Iterable[str] = ("batchsched",), *, mix_prior: Iterable[tuple[MixKind, int]] = (),
+    ) -> None:
         self.scheduler_names = frozenset(scheduler_names)
         self.columns: list[str] = list(BASE_COLUMNS)
         self._col: dict[str, int] = {c: i for i, c in enumerate(self.columns)}
@@ -132,12 +134,23 @@ class ClusterState:
         #: unbound pods of ours carrying a card assignment no binding followed (see
         #: :func:`~batchsched.core.devices.stale_keys`): kept out of ``pending`` until clean
         self.stale: dict[PodUID, Pod] = {}
-        #: how many of our pods asked for cards of each kind, over the last arrivals (the
-        #: workload mix: counts are halved whenever they pass MIX_WINDOW, so old work fades)
-        self.mix: Counter[MixKind] = Counter()
         #: card_usage's last answer and the generations it was counted at (every step asks)
         self._card_usage: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
-        self._mix_seen: set[PodUID] = set()
+        #: the workload mix: how many pods of each kind arrived, over the last arrivals
+        #: (counts are halved whenever their sum passes MIX_WINDOW, so old work fades). It
+        #: starts from the configured prior (a new cluster's expected work), a stored mix
+        #: replaces that (:meth:`restore_mix`), the first listing adds every pod listed, of
+        #: any scheduler (what runs is the workload), then each pod of ours as it arrives.
+        self.mix: Counter[MixKind] = Counter()
+        self._mix_total = 0
+        for kind, count in mix_prior:
+            self._add_mix(kind, count)
+        #: the pods present that were counted, with their kind (None: counted as no kind)
+        self._mix_seen: dict[PodUID, MixKind | None] = {}
+        #: how many of the pods present were counted of each kind (what a listing rebuilds)
+        self._mix_held: Counter[MixKind] = Counter()
+        #: the first listing of the pods has seeded the mix
+        self._mix_seeded = False
 
     # -- resource columns --------------------------------------------------------------
 
@@ -277,8 +290,8 @@ class ClusterState:
         old = self.pods.get(uid)
         self.pods[uid] = pod
         self.by_name[(pod.namespace, pod.name)] = uid
-        if pod.card_asks and uid not in self._mix_seen and self.ours(pod):
-            self._count_mix(uid, mix_kind(pod.requests.get("cpu", 0), pod.card_asks))
+        if uid not in self._mix_seen and self.ours(pod):
+            self._count_mix(pod)
         if uid in self.charges:
             self._charge_changed(uid)
         if pod.holds_resources or pod.node_name or pod.terminal:
@@ -321,18 +334,62 @@ class ClusterState:
         else:
             self.pending.pop(uid, None)
 
-    def _count_mix(self, uid: PodUID, kind: MixKind | None) -> None:
+    # -- the workload mix ----------------------------------------------------------------------
+
+    def _count_mix(self, pod: Pod) -> None:
         """A pod's arrival in the workload mix (once per pod, whatever becomes of it: the
-        work that fails to fit is the work fragmentation is measured against)."""
-        self._mix_seen.add(uid)
-        if kind is None:
+        work that fails to fit is the work fragmentation is measured against). A pod with
+        DRA claims and no card ask is no kind: its devices are not cards."""
+        kind = None if pod.resource_claims and not pod.card_asks else mix_kind(pod.requests.get("cpu", 0), pod.card_asks)
+        self._mix_seen[pod.uid] = kind
+        if kind is not None:
+            self._mix_held[kind] += 1
+            self._add_mix(kind, 1)
+
+    def _add_mix(self, kind: MixKind, count: int) -> None:
+        if count <= 0:
             return
-        self.mix[kind] += 1
-        if sum(self.mix.values()) > MIX_WINDOW:
+        self.mix[kind] += count
+        self._mix_total += count
+        if self._mix_total > MIX_WINDOW:
             self.mix = Counter({k: n // 2 for k, n in self.mix.items() if n // 2 > 0})
+            self._mix_total = sum(self.mix.values())
+
+    def _seed_mix(self, pods: Iterable[Pod]) -> None:
+        """The first listing: every pod listed arrived once, whichever scheduler placed it
+        (running, pending or finished, it is work the cluster runs), so a restarted
+        scheduler does not measure against an empty mix. Later listings (a watch that
+        expired) count only pods of ours not seen before, as events do."""
+        self._mix_seeded = True
+        for pod in pods:
+            if pod.uid not in self._mix_seen:
+                self._count_mix(pod)
+
+    def _forget_mix(self, uid: PodUID) -> None:
+        """A pod gone: its count stays in the mix, but no listing shows it any more."""
+        kind = self._mix_seen.pop(uid, None)
+        if kind is not None:
+            self._mix_held[kind] -= 1
+            if self._mix_held[kind] <= 0:
+                del self._mix_held[kind]
+
+    def mix_gone(self) -> dict[MixKind, int]:
+        """The counts of the mix that no pod present stands for (pods gone, the prior):
+        what a restart could not rebuild from the pods it lists, so what is worth keeping.
+        Past a halving, a pod present counts in full again after a restart (its kind weighs
+        a little more than it did: the mix is an estimate, not a ledger)."""
+        return {k: n - self._mix_held[k] for k, n in self.mix.items() if n > self._mix_held[k]}
+
+    def restore_mix(self, counts: Mapping[MixKind, int]) -> None:
+        """Counts kept from before a restart (:meth:`mix_gone` as it was written) take the
+        place of the prior; the pods present stay counted once each."""
+        self.mix = Counter()
+        self._mix_total = 0
+        for kind, count in (*counts.items(), *self._mix_held.items()):
+            self._add_mix(kind, count)
 
     def _remove_pod(self, uid: PodUID) -> None:
-        self._mix_seen.discard(uid)
+        self._forget_mix(uid)
         pod = self.pods.pop(uid, None)
         if pod is not None and self.by_name.get((pod.namespace, pod.name)) == uid:
             del self.by_name[(pod.namespace, pod.name)]
@@ -347,6 +404,8 @@ class ClusterState:
         for uid in list(self.pods):
             if uid not in fresh:
                 self._remove_pod(uid)
+        if not self._mix_seeded:
+            self._seed_mix(fresh.values())
         for pod in fresh.values():
             self.pod_event("MODIFIED", pod)
 

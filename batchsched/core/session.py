@@ -100,7 +100,7 @@ class Session(EventRouting):
 
     def __init__(self, settings: SessionSettings | None = None, *, use_jit: bool = True) -> None:
         s = self.settings = settings or SessionSettings()
-        self.state = ClusterState(s.scheduler_names)
+        self.state = ClusterState(s.scheduler_names, mix_prior=s.mix_prior)
         self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation, cards=s.cards)
         self.groups = GroupBook(
             default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,

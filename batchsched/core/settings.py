@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchsched.core.devices import MixKind
 from batchsched.core.nodehealth import NodeHealthSettings
 from batchsched.core.placement.cards import CardPolicy
 from batchsched.core.placement.scoring import ScoringConfig
@@ -52,5 +53,9 @@ class SessionSettings:
     reservation: ReservationSettings = field(default_factory=ReservationSettings)
     #: how GPU shares are placed on cards
     cards: CardPolicy = field(default_factory=CardPolicy)
+    #: the workload mix a new cluster starts from (``gpuSharing.mix``): counts of kinds
+    #: ``(cpu milli, whole cards, share milli)``, which fade as real pods arrive; a mix kept
+    #: from before a restart takes their place (:meth:`ClusterState.restore_mix`)
+    mix_prior: tuple[tuple[MixKind, int], ...] = ()
     #: GPU node health labels (IBM Autopilot's): see :mod:`batchsched.core.nodehealth`
     node_health: NodeHealthSettings = field(default_factory=NodeHealthSettings)

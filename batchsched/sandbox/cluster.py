@@ -585,6 +585,16 @@ async def apply_manifests(client: KubeClient, files: Iterable[Path], *, only_clu
         await _wait_crd(client, name)
 
 
+async def grant_lease_namespace(client: KubeClient, namespace: str, rbac: Path = MANIFESTS / "rbac.yaml") -> None:
+    """The Roles and RoleBindings of ``rbac`` made in ``namespace`` instead of their own: what
+    a scheduler whose Lease is kept there needs (the workload mix's ConfigMap sits next to
+    it), as the chart puts them in the Lease's namespace."""
+    for obj in yaml.safe_load_all(rbac.read_text()):
+        if obj and obj.get("kind") in ("Role", "RoleBinding"):
+            body = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
+            await client.create(collection_path(body), body)
+
+
 async def _wait_crd(client: KubeClient, name: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
@@ -597,4 +607,7 @@ async def _wait_crd(client: KubeClient, name: str, timeout: float = 30.0) -> Non
     raise SandboxError(f"CRD {name} was not established within {timeout:.0f} s")
 
 
-__all__ = ["KubeError", "Sandbox", "SandboxError", "SandboxState", "apply_manifests", "free_port", "http_ok", "log_tail"]
+__all__ = [
+    "KubeError", "Sandbox", "SandboxError", "SandboxState", "apply_manifests", "free_port", "grant_lease_namespace",
+    "http_ok", "log_tail",
+]

@@ -44,7 +44,7 @@ import yaml
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, KubeError, NotFoundError
-from batchsched.sandbox.cluster import free_port
+from batchsched.sandbox.cluster import free_port, grant_lease_namespace
 from batchsched.sandbox.nodes import (
     SANDBOX_LABEL,
     NodeShape,
@@ -739,6 +739,7 @@ async def open_world(sandbox: SandboxState, *, workdir: Path, nodes: int = 8, gp
     try:
         await kube.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {WORLD_LABEL: namespace}}})
         await _default_account(kube, namespace)
+        await grant_lease_namespace(kube, namespace)  # the replicas keep their Lease here
         apis = await served_group_apis(kube, namespace)
         node_names = await create_nodes(kube, [NodeShape(count=nodes, prefix=namespace, gpus=gpus_per_node,
                                                          labels={WORLD_LABEL: namespace})])

@@ -286,7 +286,7 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
 def test_every_rule_of_the_role_says_why_it_is_needed() -> None:
     lines = RBAC.read_text().splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("- apiGroups:")]
-    roles = [d for d in yaml.safe_load_all(RBAC.read_text()) if d and d["kind"] == "ClusterRole"]
+    roles = [d for d in yaml.safe_load_all(RBAC.read_text()) if d and d["kind"] in ("ClusterRole", "Role")]
     assert len(starts) == sum(1 for role in roles for rule in role["rules"] if "apiGroups" in rule)
     unexplained = [lines[i] for i in starts if not lines[i - 1].startswith("# ")]
     assert unexplained == []

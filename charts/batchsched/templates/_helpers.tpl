@@ -47,18 +47,19 @@ The documents of a file of files/ (links to manifests/), parsed: {"docs": [...]}
 {{- end -}}
 
 {{/*
-The rules of a ClusterRole of manifests/base/rbac.yaml, by name: the chart grants exactly
-what the kustomize base grants, from the same file.
+The rules of a ClusterRole (or, with "kind", a Role) of manifests/base/rbac.yaml, by name:
+the chart grants exactly what the kustomize base grants, from the same file.
 */}}
 {{- define "batchsched.baseRules" -}}
+{{- $kind := .kind | default "ClusterRole" -}}
 {{- $found := list -}}
 {{- range (include "batchsched.documents" (dict "root" .root "file" "files/rbac.yaml") | fromYaml).docs -}}
-{{- if and (eq .kind "ClusterRole") (eq .metadata.name $.name) -}}
+{{- if and (eq .kind $kind) (eq .metadata.name $.name) -}}
 {{- $found = .rules -}}
 {{- end -}}
 {{- end -}}
 {{- if not $found -}}
-{{- fail (printf "files/rbac.yaml has no ClusterRole %s" .name) -}}
+{{- fail (printf "files/rbac.yaml has no %s %s" $kind .name) -}}
 {{- end -}}
 {{- toYaml $found -}}
 {{- end -}}
