@@ -163,6 +163,12 @@ class GpuSharingSection:
     scope: str = _CARDS.scope
     #: seed of the random policy
     seed: int = _CARDS.seed
+    #: fragmentation: milli-GPU of fragmentation change (weighted by the mix) within which
+    #: nodes rank alike, the fullest first; 0 ranks by the exact change
+    band: int = _CARDS.band
+    #: fragmentation: % of the GPU a kind of share could take on a node but the node's CPU
+    #: could not host that counts as lost; 0 is the FGD paper's measure
+    cpu_short: int = _CARDS.cpu_short
     #: the workload mix a new cluster starts from, before its own pods are seen: kinds of
     #: pods, each ``{cpu: "8", gpus: 1, weight: 10}`` (whole cards), ``{cpu: "4",
     #: gpuShare: "0.5", weight: 30}`` (a share of one card) or ``{cpu: "2", weight: 5}``
@@ -252,7 +258,7 @@ class Config:
 
     def card_policy(self) -> CardPolicy:
         g = self.gpu_sharing
-        policy = CardPolicy(policy=g.policy, scope=g.scope, seed=g.seed)
+        policy = CardPolicy(policy=g.policy, scope=g.scope, seed=g.seed, band=g.band, cpu_short=g.cpu_short)
         try:
             policy.validate()
         except ValueError as exc:

@@ -236,14 +236,18 @@ def card_problems(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 
 @settings(max_examples=300, deadline=None)
-@given(card_problems(), st.sampled_from(["sharing", "all"]), st.sampled_from([0, 1, 40, 400]))
+@given(card_problems(), st.sampled_from(["sharing", "all"]), st.sampled_from([0, 1, 40, 400]),
+       st.sampled_from([0, 50, 100]))
 def test_card_placement_kernel_equals_its_twin_and_never_overfills_a_card(
     problem: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], scope: str, band: int,
+    cpu_short: int,
 ) -> None:
     alloc, used, reqs, sig, policy, min_count = problem
-    # a whole-card kind, a share kind and a CPU-only kind; every band width, 0 (exact) too
-    mix = ((500, 1000, 1, 1000), (300, 500, 0, 500), (200, 1000, 0, 0))
-    device = D.descriptor(COLUMNS, CardPolicy(policy=devices.POLICIES[policy - 1], scope=scope, band=band), mix)
+    # a whole-card kind, two share kinds and a CPU-only kind; every band width, 0 (exact)
+    # too, and every weight of the shares the CPU cannot host
+    mix = ((400, 1000, 1, 1000), (200, 500, 0, 500), (200, 4000, 0, 250), (200, 1000, 0, 0))
+    policy_ = CardPolicy(policy=devices.POLICIES[policy - 1], scope=scope, band=band, cpu_short=cpu_short)
+    device = D.descriptor(COLUMNS, policy_, mix)
     arrays = replace(ScoringConfig().arrays(COLUMNS), device=device)
     masks = np.ones((1, alloc.shape[0]), dtype=np.bool_)
     static = np.zeros((1, alloc.shape[0]), dtype=np.int64)
@@ -382,3 +386,24 @@ def test_fragmentation_bands_rank_as_their_twin_and_never_reverse_the_change(
     rival = reference.banded(other, alloc, alloc.copy(), req, device)
     if change > other + width:
         assert key > rival
+
+
+@pytest.mark.parametrize("use_jit", [True, False])
+def test_a_cpu_hungry_share_keeps_off_the_node_whose_cpu_the_common_shares_need(use_jit: bool) -> None:
+    # Both nodes have four free cards; "a-small" has 16 CPUs, just enough for the sixteen
+    # quarter-card shares of 1 CPU the workload mostly runs, "b-big" 64. A quarter share
+    # asking 8 CPUs there would leave its cards room for 15 of them and CPU for 8: the
+    # measure that counts what the CPU left cannot host sends it to "b-big". The FGD
+    # paper's measure (cpu_short 0) sees both nodes alike and takes the lowest.
+    def node(name: str, cpus: int) -> Node:
+        return make_node(name).cap({"cpu": str(cpus), "memory": "256Gi", CORE: "400", MEM: "65536"}).build()
+
+    light = [make_pod(f"l{i}").uid(f"l{i}").req({"cpu": "1", CORE: "25"}).gate().build() for i in range(9)]
+    heavy = make_pod("heavy").uid("heavy").req({"cpu": "8", CORE: "25"}).build()
+    where = {}
+    for cpu_short in (0, 50):
+        state = mirror(node("a-small", 16), node("b-big", 64), *light, heavy)
+        cycle = Cycle(ScoringConfig(), use_jit=use_jit, cards=CardPolicy(cpu_short=cpu_short))
+        plan = cycle.run(state.snapshot(), [single_unit(heavy)])
+        where[cpu_short] = {b.name: b.node for b in plan.bindings}["heavy"]
+    assert where == {0: "a-small", 50: "b-big"}

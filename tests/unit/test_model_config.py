@@ -116,6 +116,9 @@ def test_default_config_is_the_shipped_file() -> None:
         ({"topology": {"levels": ["a.io/rack", "b.io/rack"]}}, "topology.levels: topology levels need distinct names"),
         ({"topology": {"levels": ["a.io/"]}}, "topology.levels: topology level keys must not be empty"),
         ({"topology": {"levels": [3]}}, "topology.levels[0]: expected a string"),
+        ({"gpuSharing": {"band": -1}}, "gpuSharing.band -1 is not between 0 and 100000"),
+        ({"gpuSharing": {"cpuShort": 150}}, "gpuSharing.cpuShort 150 is not between 0 and 100"),
+        ({"gpuSharing": {"band": "wide"}}, "gpuSharing.band: expected a whole number"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(data: object, fragment: str) -> None:

@@ -102,7 +102,7 @@ def test_a_bad_config_file_is_one_line_naming_the_key(tmp_path: Path, capsys: py
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == ("batchsched: error: config: unknown key 'gpuSharing.polcy' "
-                            "(known: policy, scope, seed)\n")
+                            "(known: band, cpuShort, mix, policy, scope, seed)\n")
     assert main(["simulate", "--config", str(tmp_path / "missing.yaml")]) == 1
     assert capsys.readouterr().err.startswith(f"batchsched: error: config: cannot read {tmp_path / 'missing.yaml'}:")
 

@@ -17,6 +17,8 @@ The kernels take one int64 array, the *device descriptor*, next to the scoring a
 ``[SEED]``              the seed of the random policy
 ``[N_MIX]``             T, the request kinds of the workload mix
 ``[BAND]``              the fragmentation score's band width, weight x milli-GPU (0: exact)
+``[CPU_SHORT]``         % of the GPU a share kind could take but the node's CPU could not
+                        host that the fragmentation measure counts as lost
 then                    K share columns, K share-memory columns, K output columns (card + 1),
                         C card-compute columns, C card-memory columns, and T rows of
                         ``(weight, cpu milli, whole cards, share milli)``.
@@ -53,7 +55,8 @@ CPU = 10
 SEED = 11
 N_MIX = 12
 BAND = 13
-HEAD = 14
+CPU_SHORT = 14
+HEAD = 15
 
 FRAGMENTATION, BINPACK, SPREAD, RANDOM, BESTFIT, DOTPRODUCT = 1, 2, 3, 4, 5, 6
 #: BestFit's normalisation, as the FGD paper's simulator fixes it: the largest node's CPU
@@ -86,6 +89,10 @@ class CardPolicy:
     #: alike and the one with the most of its GPU in use goes first; 0 ranks by the exact
     #: change (which spreads pods over nodes that differ by a few milli-GPU)
     band: int = 40
+    #: fragmentation: of the GPU a kind of share could take on a node but its CPU could
+    #: not host (more shares fit the cards than the CPU left lets run), this % counts as
+    #: lost; 0: only a node with no CPU for a single pod loses it (the FGD paper's measure)
+    cpu_short: int = 50
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
@@ -94,6 +101,8 @@ class CardPolicy:
             raise ValueError(f"gpuSharing.scope {self.scope!r} is not 'sharing' or 'all'")
         if not 0 <= self.band <= 100_000:
             raise ValueError(f"gpuSharing.band {self.band!r} is not between 0 and 100000 (milli-GPU)")
+        if not 0 <= self.cpu_short <= 100:
+            raise ValueError(f"gpuSharing.cpuShort {self.cpu_short!r} is not between 0 and 100 (%)")
 
     @property
     def code(self) -> int:
@@ -120,6 +129,7 @@ def descriptor(columns: Sequence[str], policy: CardPolicy,
     head[SEED] = policy.seed
     head[N_MIX] = len(mix)
     head[BAND] = policy.band * sum(row[0] for row in mix)
+    head[CPU_SHORT] = policy.cpu_short
     body: list[int] = []
     for names in (devices.ask_share, devices.ask_memory, devices.ask_out_card):
         body.extend(col.get(names(i), -1) for i in range(k))

@@ -244,6 +244,7 @@ _D_ASK_ANY = D.ASK_ANY
 _D_CPU = D.CPU
 _D_SEED = D.SEED
 _D_BAND = D.BAND
+_D_CPU_SHORT = D.CPU_SHORT
 _BAND_SHIFT = D.BAND_SHIFT
 _USED_SCALE = D.USED_SCALE
 _FRAGMENTATION = D.FRAGMENTATION
@@ -328,13 +329,17 @@ def frag(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, held_an
         elif whole == 0:
             lost = 0
             room = False
+            pods = 0
             for j in range(n):
                 if free[j] >= share:
                     room = True
+                    pods += free[j] // share
                 else:
                     lost += free[j]
             if not room:
                 lost = total
+            else:
+                lost += cpu_short(pods, share, cpu_free, cpu, device)
         else:
             if whole_free >= whole:
                 lost = 0
@@ -345,6 +350,14 @@ def frag(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int, held_an
                 lost = total
         out += weight * lost
     return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def cpu_short(pods: int, share: int, cpu_free: int, cpu: int, device: IntArray) -> int:
+    """The kernel twin of reference.cpu_short."""
+    if cpu <= 0 or pods * cpu <= cpu_free:
+        return 0
+    return int((pods - cpu_free // cpu) * share * device[_D_CPU_SHORT] // 100)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -385,17 +398,22 @@ def frag_prepare(comp: IntArray, mem: IntArray, exists: BoolArray, n_cards: int,
             partial += free[j]
     k = device[_D_N_SHARES]
     start = _D_HEAD + 3 * k + 2 * n_cards
-    for t in range(device[_D_N_MIX]):
+    n_mix = device[_D_N_MIX]
+    for t in range(n_mix):
         share = device[start + 4 * t + 3]
         below = 0
         at_least = 0
+        pods = 0
         for j in range(n):
             if free[j] >= share:
                 at_least += 1
+                if share > 0:
+                    pods += free[j] // share
             else:
                 below += free[j]
         sum_lt[t] = below
         cnt_ge[t] = at_least
+        cnt_ge[n_mix + t] = pods
     return total, whole_free, partial
 
 
@@ -409,8 +427,9 @@ def frag_swap(x_old: int, x_new: int, total: int, whole_free: int, partial: int,
     partial2 = partial - (x_old if x_old < _FULL else 0) + (x_new if x_new < _FULL else 0)
     k = device[_D_N_SHARES]
     start = _D_HEAD + 3 * k + 2 * n_cards
+    n_mix = device[_D_N_MIX]
     out = 0
-    for t in range(device[_D_N_MIX]):
+    for t in range(n_mix):
         weight = device[start + 4 * t]
         cpu = device[start + 4 * t + 1]
         whole = device[start + 4 * t + 2]
@@ -420,7 +439,12 @@ def frag_swap(x_old: int, x_new: int, total: int, whole_free: int, partial: int,
         elif whole == 0:
             below = sum_lt[t] - (x_old if x_old < share else 0) + (x_new if x_new < share else 0)
             at_least = cnt_ge[t] - (1 if x_old >= share else 0) + (1 if x_new >= share else 0)
-            lost = below if at_least > 0 else total2
+            if at_least > 0:
+                pods = (cnt_ge[n_mix + t] - (x_old // share if x_old >= share else 0)
+                        + (x_new // share if x_new >= share else 0))
+                lost = below + cpu_short(pods, share, cpu_free, cpu, device)
+            else:
+                lost = total2
         else:
             lost = partial2 if whole2 >= whole else total2
         out += weight * lost
@@ -825,7 +849,7 @@ def _place(
     add_mem = np.zeros(n_cards + 8, dtype=np.int64)
     share_cards = np.zeros(max(device[_D_N_SHARES], 1), dtype=np.int64)
     sum_lt = np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64)
-    cnt_ge = np.zeros(max(device[_D_N_MIX], 1), dtype=np.int64)
+    cnt_ge = np.zeros(max(2 * device[_D_N_MIX], 1), dtype=np.int64)
     cards = False
     policy = False
 

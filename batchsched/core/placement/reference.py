@@ -191,22 +191,39 @@ def asks_cards(req: Sequence[int], device: Sequence[int]) -> bool:
     return any(col >= 0 and req[col] > 0 for col in cols)
 
 
-def frag(free: Sequence[int], whole_free: int, cpu_free: int, mix: Sequence[tuple[int, int, int, int]]) -> int:
+def frag(free: Sequence[int], whole_free: int, cpu_free: int, mix: Sequence[tuple[int, int, int, int]],
+         short: int = 0) -> int:
     """A node's GPU fragmentation against the workload mix, in weight x milli: per kind of
-    request, the free compute it cannot use (all of it when the kind does not fit at all:
-    too little CPU, no card with room, too few whole cards; and for a kind that asks no card,
-    as the FGD paper counts it), weighted by its share."""
+    request, the free compute it cannot use, weighted by its share. All of it when the kind
+    does not fit at all (too little CPU, no card with room, too few whole cards) and for a
+    kind that asks no card, as the FGD paper counts it; else the free on cards too small for
+    it, plus for a kind of share :func:`cpu_short` of what the CPU left cannot host."""
     total = sum(free)
     out = 0
     for weight, cpu, whole, share in mix:
         if cpu_free < cpu or (whole == 0 and share == 0):
             lost = total
         elif whole == 0:
-            lost = sum(x for x in free if x < share) if any(x >= share for x in free) else total
+            if any(x >= share for x in free):
+                pods = sum(x // share for x in free if x >= share)
+                lost = sum(x for x in free if x < share) + cpu_short(pods, share, cpu_free, cpu, short)
+            else:
+                lost = total
         else:
             lost = sum(x for x in free if x < FULL) if whole_free >= whole else total
         out += weight * lost
     return out
+
+
+def cpu_short(pods: int, share: int, cpu_free: int, cpu: int, short: int) -> int:
+    """Of the GPU ``pods`` shares of one kind could take on a node's cards, what the CPU left
+    cannot host (each asks ``cpu``), as ``short`` % of it: GPU that stays idle once the CPU
+    is gone. The FGD paper's measure (``short`` 0) only sees a node without CPU for one pod;
+    a node whose cards would take eight such shares and whose CPU runs two strands the rest
+    as surely, and the kernels place shares elsewhere while it can be helped."""
+    if cpu <= 0 or pods * cpu <= cpu_free:
+        return 0
+    return (pods - cpu_free // cpu) * share * short // 100
 
 
 def _free_list(comp: Sequence[int], mem: Sequence[int], exists: Sequence[bool], held_any: int) -> tuple[list[int], int]:
@@ -272,7 +289,7 @@ def card_place(
     before = 0
     if policy == D.FRAGMENTATION and uses_policy:
         free0, wf0 = _free_list(comp, mem, exists, held_any)
-        before = frag(free0, wf0, cpu_free, _mix(device))
+        before = frag(free0, wf0, cpu_free, _mix(device), device[D.CPU_SHORT])
     adds, mask = take_whole_cards(comp, mem, exists, want_whole)
     any_after = held_any + want_any
     shares = place_shares(alloc_row, req, device, member, node, policy, spare - want_whole - want_any,
@@ -366,7 +383,7 @@ def best_card(
             comp[i] += s
             mem[i] += m
             free1, wf1 = _free_list(comp, mem, exists, any_after)
-            val = -frag(free1, wf1, cpu_after, mix)
+            val = -frag(free1, wf1, cpu_after, mix, device[D.CPU_SHORT])
             comp[i] -= s
             mem[i] -= m
         if best < 0 or val > best_val:
@@ -395,7 +412,8 @@ def policy_key(
     if policy == D.DOTPRODUCT:
         return dotproduct_key(alloc_row, used_row, req, device)
     free1, wf1 = _free_list(comp, mem, exists, any_after)
-    return banded(before - frag(free1, wf1, cpu_after, _mix(device)), alloc_row, used_row, req, device)
+    return banded(before - frag(free1, wf1, cpu_after, _mix(device), device[D.CPU_SHORT]), alloc_row, used_row,
+                  req, device)
 
 
 def banded(change: int, alloc_row: Sequence[int], used_row: Sequence[int], req: Sequence[int], device: Sequence[int]) -> int:
@@ -468,7 +486,8 @@ def cpu_frag_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Sequenc
     cpu = device[D.CPU]
     cpu_free = alloc_row[cpu] - used_row[cpu]
     mix = _mix(device)
-    change = frag(free, whole_free, cpu_free, mix) - frag(free, whole_free, cpu_free - req[cpu], mix)
+    short = device[D.CPU_SHORT]
+    change = frag(free, whole_free, cpu_free, mix, short) - frag(free, whole_free, cpu_free - req[cpu], mix, short)
     return banded(change, alloc_row, used_row, req, device)
 
 
