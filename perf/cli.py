@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--variant", action="append",
                    help="openb pod list (default: default, gpushare100, multigpu50, gpuspec33)")
     m.add_argument("--config", action="append", default=[],
-                   help="also run this batchsched configuration file, as a row beside the policies (repeatable)")
+                   help="also run this batchsched configuration file, as a row beside the policies "
+                        "(repeatable; default: the shipped config/batchsched.yaml)")
     m.add_argument("--seeds", type=int, default=10)
     m.add_argument("--load", type=float, default=1.3)
     m.add_argument("--trace-dir", help="folder of the openb CSV files")
@@ -296,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         from perf.simbench import run as sim_run
 
         try:
+            shipped = Path(__file__).parents[1] / "config" / "batchsched.yaml"
+            configs = args.config or ([str(shipped)] if shipped.exists() else [])
             paths = sim_run(out, args.variant or list(VARIANTS), args.seeds, args.load,
-                            args.trace_dir, log=log, configs=args.config) if args.seeds else []
+                            args.trace_dir, log=log, configs=configs) if args.seeds else []
         except (ConfigError, FileNotFoundError) as exc:
             print(f"python -m perf sim: error: {exc}", file=sys.stderr)
             return 1

@@ -15,8 +15,9 @@ from typing import Any
 from batchsched.simulate import experiment
 
 VARIANTS = ("default", "gpushare100", "multigpu50", "gpuspec33")
-POLICIES = (("fragmentation", "sharing"), ("fragmentation", "all"), ("binpack", "sharing"),
-            ("bestfit", "all"), ("dotproduct", "all"), ("spread", "sharing"))
+#: every card policy in both scopes: the default is chosen from this table
+POLICIES = tuple((p, s) for p in ("fragmentation", "binpack", "bestfit", "dotproduct", "spread", "random")
+                 for s in ("all", "sharing"))
 REF_COLORS = {"FGD": "tab:red", "BestFit": "tab:brown", "GpuPacking": "tab:olive",
               "GpuClustering": "tab:pink", "DotProd": "tab:cyan", "Random": "tab:gray"}
 Summary = dict[str, dict[int, tuple[float, float, float]]]

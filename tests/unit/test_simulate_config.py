@@ -64,20 +64,21 @@ def write(path: Path, text: str) -> str:
 
 def test_a_config_file_runs_its_own_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = str(small_trace(tmp_path))
-    binpack = write(tmp_path / "binpack.yaml", "gpuSharing: {policy: binpack}\n")
+    binpack = write(tmp_path / "binpack.yaml", "gpuSharing: {policy: binpack, scope: sharing}\n")
     by_file = simulate(capsys, "--trace-dir", trace, "--config", binpack, "--workers", "2")
     by_flag = simulate(capsys, "--trace-dir", trace, "--policy", "binpack", "--scope", "sharing", "--workers", "1")
     shipped = simulate(capsys, "--trace-dir", trace, "--config", str(SHIPPED), "--workers", "1")
     assert list(curves(by_file)) == ["config:binpack.yaml (binpack/sharing)"]  # the file alone, named
     assert list(curves(by_file).values()) == list(curves(by_flag).values())
-    assert list(curves(shipped)) == ["config:batchsched.yaml (fragmentation/sharing)"]
+    assert list(curves(shipped)) == ["config:batchsched.yaml (fragmentation/all)"]
     assert list(curves(shipped).values()) != list(curves(by_file).values())  # the policy made a difference
 
 
 def test_the_scoring_of_the_file_reaches_the_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = str(small_trace(tmp_path))
-    spread = write(tmp_path / "spread.yaml", "scoring: {type: LeastAllocated}\n")
-    shipped = simulate(capsys, "--trace-dir", trace, "--config", str(SHIPPED), "--workers", "1")
+    spread = write(tmp_path / "spread.yaml", "scoring: {type: LeastAllocated}\ngpuSharing: {scope: sharing}\n")
+    packed = write(tmp_path / "packed.yaml", "gpuSharing: {scope: sharing}\n")
+    shipped = simulate(capsys, "--trace-dir", trace, "--config", packed, "--workers", "1")
     least = simulate(capsys, "--trace-dir", trace, "--config", spread, "--workers", "1")
     # same card policy: whole cards are placed by the scoring strategy, and it is the file's
     assert list(curves(least)) == ["config:spread.yaml (fragmentation/sharing)"]
@@ -115,7 +116,7 @@ def test_config_with_a_scenario_is_refused(tmp_path: Path, capsys: pytest.Captur
 
 def test_the_time_replay_honours_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = str(small_trace(tmp_path))
-    binpack = write(tmp_path / "binpack.yaml", "gpuSharing: {policy: binpack}\nscoring: {type: LeastAllocated}\n")
+    binpack = write(tmp_path / "binpack.yaml", "gpuSharing: {policy: binpack, scope: sharing}\nscoring: {type: LeastAllocated}\n")
     by_file = simulate(capsys, "--trace-dir", trace, "--mode", "replay", "--config", binpack, "--arrival-speedup", "20")
     by_flag = simulate(capsys, "--trace-dir", trace, "--mode", "replay", "--policy", "binpack", "--scope", "sharing",
                        "--arrival-speedup", "20")
@@ -134,10 +135,10 @@ def test_the_shipped_config_is_what_the_default_does_on_openb(capsys: pytest.Cap
         pytest.skip("the openb trace is not beside the project (../shared/traces/openb)")
     common = ("--variant", "default", "--load", "0.15", "--workers", "1")
     shipped = simulate(capsys, "--config", str(SHIPPED), *common)
-    default = simulate(capsys, "--policy", "fragmentation", "--scope", "sharing", *common)
-    assert list(curves(shipped)) == ["config:batchsched.yaml (fragmentation/sharing)"]
+    default = simulate(capsys, "--policy", "fragmentation", "--scope", "all", *common)
+    assert list(curves(shipped)) == ["config:batchsched.yaml (fragmentation/all)"]
     assert list(curves(shipped).values()) == list(curves(default).values())
-    assert 9.5 < shipped["summary"]["config:batchsched.yaml (fragmentation/sharing)"]["10"][0] <= 10.5
+    assert 9.5 < shipped["summary"]["config:batchsched.yaml (fragmentation/all)"]["10"][0] <= 10.5
 
 
 def test_a_pod_asking_for_a_gpu_model_goes_only_to_nodes_of_that_model() -> None:
@@ -162,7 +163,7 @@ def test_perf_sim_summary_has_a_row_per_run_and_a_column_per_variant(tmp_path: P
 
     trace = small_trace(tmp_path)
     (trace / "openb_pod_list_gpuspec33.csv").write_text((trace / "openb_pod_list_default.csv").read_text())
-    cfg = write(tmp_path / "binpack.yaml", "gpuSharing: {policy: binpack}\n")
+    cfg = write(tmp_path / "binpack.yaml", "gpuSharing: {policy: binpack, scope: sharing}\n")
     simbench.run(tmp_path / "out", ["default", "gpuspec33"], 1, 1.3, str(trace), log=lambda *_: None,
                  configs=[cfg])
     folder = tmp_path / "out" / "sim"

@@ -81,14 +81,15 @@ class CardPolicy:
     """How fractional GPU asks are placed (config ``gpuSharing``)."""
 
     policy: str = "fragmentation"
-    #: "sharing": only pods that ask for a share; "all": whole-card pods too
-    scope: str = "sharing"
+    #: "all": pods asking whole cards (and pods asking none, for the CPU they take from GPU
+    #: nodes) are placed by the policy too; "sharing": only pods that ask for a share
+    scope: str = "all"
     seed: int = 0
     #: fragmentation: a node's change of fragmentation (milli-GPU, weighted by the mix) is
     #: rounded to a multiple of this, so nodes within about this much of each other rank
     #: alike and the one with the most of its GPU in use goes first; 0 ranks by the exact
     #: change (which spreads pods over nodes that differ by a few milli-GPU)
-    band: int = 40
+    band: int = 20
     #: fragmentation: of the GPU a kind of share could take on a node but its CPU could
     #: not host (more shares fit the cards than the CPU left lets run), this % counts as
     #: lost; 0: only a node with no CPU for a single pod loses it (the FGD paper's measure)
