@@ -23,7 +23,6 @@ restarted scheduler rebuilds every card's usage from the pods alone.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -459,8 +458,11 @@ def mix_kind(cpu: int, asks: Sequence[CardAsk]) -> MixKind | None:
 def popular(counts: Mapping[MixKind, int]) -> list[tuple[MixKind, int]]:
     """The kinds of the mix kept, most frequent first: those that cover
     :data:`POPULAR_PERMILLE` of the count (the kind that crosses it included), at most
-    :data:`MAX_MIX`. Equal counts keep their order in ``counts`` (what was counted first)."""
-    ranked = Counter({k: n for k, n in counts.items() if n > 0}).most_common()
+    :data:`MAX_MIX`. Equal counts go larger CPU first, then larger share, then more whole
+    cards (FGD's order), so a restart or a copy that counted in another order keeps the same
+    kinds."""
+    ranked = sorted(((k, n) for k, n in counts.items() if n > 0),
+                    key=lambda kn: (-kn[1], -kn[0][0], -kn[0][2], -kn[0][1]))
     total = sum(n for _, n in ranked)
     kept: list[tuple[MixKind, int]] = []
     covered = 0

@@ -65,6 +65,9 @@ def _copy(session: Session, use_jit: bool) -> Session:
     sim.volumes = copy.deepcopy(live.volumes)
     sim.on_nodes_listed(list(live.state.nodes.values()))
     sim.on_pods_listed([p for p in live.state.pods.values() if not p.terminal])
+    # the workload mix the live fragmentation policy measures against: what the pods listed
+    # rebuild, plus the counts of pods gone that only the live mix still holds
+    sim.state.restore_mix(live.state.mix_gone())
     return sim
 
 

@@ -172,6 +172,21 @@ def test_what_a_listing_cannot_rebuild_is_what_is_kept() -> None:
     assert dict(again.mix) == dict(state.mix)
 
 
+def test_a_start_estimate_measures_against_the_live_mix() -> None:
+    # the copy a start estimate runs forward lists the live pods; the kinds of pods gone
+    # (and of the prior) only the live mix holds, and the copy must place as the live does
+    from batchsched.insight.estimate import _copy
+
+    live = Session(SessionSettings(mix_prior=(((1000, 0, 250), 7),)), use_jit=False)
+    live.on_pods_listed([pod("a", cpu="8", gpus=1, node="n")])
+    for p in (pod("b", cpu="4", core=50), pod("c", cpu="2")):
+        live.on_pod("ADDED", p)
+    live.on_pod("DELETED", pod("c", cpu="2"))
+    copy = _copy(live, use_jit=False)
+    assert dict(copy.state.mix) == dict(live.state.mix)
+    assert mix_rows(copy.state.mix) == mix_rows(live.state.mix)
+
+
 def test_the_configmap_body_restores_the_mix_in_place_of_the_prior() -> None:
     kube = FakeKube()
     stored = {(8000, 1, 1000): 12, (4000, 0, 500): 30, (2000, 0, 0): 3}
