@@ -407,3 +407,18 @@ def test_a_cpu_hungry_share_keeps_off_the_node_whose_cpu_the_common_shares_need(
         plan = cycle.run(state.snapshot(), [single_unit(heavy)])
         where[cpu_short] = {b.name: b.node for b in plan.bindings}["heavy"]
     assert where == {0: "a-small", 50: "b-big"}
+
+
+@pytest.mark.parametrize("use_jit", [True, False])
+def test_dotproduct_packs_a_whole_card_onto_the_node_with_less_free(use_jit: bool) -> None:
+    # the FGD paper's DotProd: the node whose free CPU and GPU, dotted with the pod's ask,
+    # are least; a half-used node beats an empty one
+    def node(name: str) -> Node:
+        return make_node(name).cap({"cpu": "96", "memory": "256Gi", CORE: "800", MEM: "131072"}).build()
+
+    busy = [make_pod(f"r{i}").uid(f"r{i}").req({"cpu": "12", CORE: "100"})
+            .annotate({"elasticgpu.io/container-main": str(i)}).running("b-busy").build() for i in range(4)]
+    state = mirror(node("a-empty"), node("b-busy"), *busy,
+                   make_pod("w").uid("w").req({"cpu": "12", CORE: "100"}).build())
+    plan = run(state, "dotproduct", use_jit)
+    assert {b.name: b.node for b in plan.bindings} == {"w": "b-busy"}

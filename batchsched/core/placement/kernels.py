@@ -621,7 +621,7 @@ def dotproduct_key(alloc_row: IntArray, used_row: IntArray, req: IntArray, devic
     cpu_free = alloc_row[cpu] - used_row[cpu] if cpu >= 0 else 0
     gpu_free = alloc_row[gpu] - used_row[gpu] if gpu >= 0 else 0
     dot = cpu_free * (req[cpu] if cpu >= 0 else 0) + _DOT_GPU * gpu_free * (req[gpu] if gpu >= 0 else 0)
-    return -(-dot // _DOT_DIVISOR)
+    return (-dot) // _DOT_DIVISOR
 
 
 @njit(cache=True, nogil=True)

@@ -463,7 +463,7 @@ def dotproduct_key(alloc_row: Sequence[int], used_row: Sequence[int], req: Seque
     cpu_free = alloc_row[cpu] - used_row[cpu] if cpu >= 0 else 0
     gpu_free = alloc_row[gpu] - used_row[gpu] if gpu >= 0 else 0
     dot = cpu_free * (req[cpu] if cpu >= 0 else 0) + D.DOT_GPU * gpu_free * (req[gpu] if gpu >= 0 else 0)
-    return -(-dot // D.DOT_DIVISOR)
+    return (-dot) // D.DOT_DIVISOR  # minus the ceiling: 100 - score
 
 
 def cpu_fragments(req: Sequence[int], device: Sequence[int]) -> bool:
