@@ -190,6 +190,30 @@ def module_binary(module: str, name: str, package: str, what: str) -> Path:
     return _module_binaries(module, {name: package}, what)[name]
 
 
+def module_source(module: str, go_module: str, marker: str) -> Path:
+    """The source folder of Go module ``go_module`` in the module cache, at the version the
+    wrapper module ``gomod/<module>`` pins: where a tool's own manifests (CRDs, webhook
+    configurations) are read from, never copied into this repository. ``marker`` is a path
+    in that folder that must exist; the module is downloaded if it is not there yet (a
+    machine where only the binary is cached)."""
+    go = go_command()
+    cwd = GOMOD / module
+
+    def folder() -> Path | None:
+        out = subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", go_module], cwd=cwd,
+                             capture_output=True, text=True, check=False)
+        found = Path(out.stdout.strip())
+        return found if out.returncode == 0 and out.stdout.strip() and (found / marker).exists() else None
+
+    found = folder()
+    if found is None:
+        subprocess.run([go, "mod", "download", go_module], cwd=cwd, capture_output=True, check=False)
+        found = folder()
+    if found is None:
+        raise BuildError(f"{go_module} ({marker}) is not in the Go module cache")
+    return found
+
+
 def cached_module_binary(module: str, name: str) -> Path | None:
     """That binary if it is already built, else None (never builds)."""
     try:

@@ -9,7 +9,10 @@ also serves the API versions of :data:`RUNTIME_CONFIG`. In Kubernetes 1.37:
   ``spec.schedulingGroup``, and kube-scheduler's gang scheduling of such groups;
 * ``TopologyAwareWorkloadScheduling`` (alpha): a PodGroup's topology constraints;
 * ``PodGroupPreemptionPolicy`` (alpha): a PodGroup's ``priority`` and ``preemptionPolicy``;
-* ``DRAWorkloadResourceClaims`` (beta, off by default): ResourceClaims at PodGroup level.
+* ``DRAWorkloadResourceClaims`` (beta, off by default): ResourceClaims at PodGroup level;
+* ``WorkloadWithJob`` (alpha): kube-controller-manager's Job controller makes a Workload
+  and a PodGroup for a Job it creates pods for (a gang of ``parallelism`` pods), and its
+  pods join that group, so a batch/Job (one Kueue admits, for one) is placed whole.
   Dynamic resource allocation itself is GA and always on (``resource.k8s.io/v1`` is
   served by default).
 
@@ -26,6 +29,7 @@ FEATURE_GATES = (
     "TopologyAwareWorkloadScheduling=true",
     "PodGroupPreemptionPolicy=true",
     "DRAWorkloadResourceClaims=true",
+    "WorkloadWithJob=true",
 )
 RUNTIME_CONFIG = ("scheduling.k8s.io/v1beta1=true",)
 

@@ -82,24 +82,11 @@ def operator_binary() -> Path:
 
 
 def operator_crds() -> Path:
-    """The folder of the operator's CRDs in the Go module cache (the build downloads the
-    module; on a machine where only the binary is cached, it is downloaded here)."""
-    go = build.go_command()
-    cwd = build.GOMOD / MODULE
-
-    def folder() -> Path | None:
-        out = subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", GO_MODULE], cwd=cwd,
-                             capture_output=True, text=True, check=False)
-        found = Path(out.stdout.strip()) / "manifests" / "base" / "crds"
-        return found if out.returncode == 0 and out.stdout.strip() and (found / PYTORCHJOB_CRD).exists() else None
-
-    found = folder()
-    if found is None:
-        subprocess.run([go, "mod", "download", GO_MODULE], cwd=cwd, capture_output=True, check=False)
-        found = folder()
-    if found is None:
-        raise SandboxError(f"the CRDs of {GO_MODULE} are not in the Go module cache")
-    return found
+    """The folder of the operator's CRDs in the Go module cache."""
+    try:
+        return build.module_source(MODULE, GO_MODULE, f"manifests/base/crds/{PYTORCHJOB_CRD}") / "manifests" / "base" / "crds"
+    except build.BuildError as exc:
+        raise SandboxError(str(exc)) from exc
 
 
 class TrainingOperator:
@@ -206,7 +193,7 @@ class TrainingOperator:
             await client.close()
         CERT_DIR.mkdir(parents=True, exist_ok=True)
         for name in CERT_FILES:
-            _write_whole(CERT_DIR / name, base64.b64decode(data[name]))
+            write_whole(CERT_DIR / name, base64.b64decode(data[name]))
 
     def _wait_ready(self, deadline: float) -> None:
         url = f"http://127.0.0.1:{self.probe_port}/readyz"
@@ -223,7 +210,7 @@ async def _create(client: KubeClient, collection: str, body: dict[str, Any]) -> 
         await client.create(collection, body)
 
 
-def _write_whole(path: Path, content: bytes) -> None:
+def write_whole(path: Path, content: bytes) -> None:
     """Write ``path`` so that a reader sees the old file or the new one, never a part."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

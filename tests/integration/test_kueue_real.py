@@ -1,0 +1,206 @@
+"""Kueue v0.17.0 itself beside batchsched: Kueue admits by quota, batchsched places whole.
+
+Kueue runs out of cluster with its real webhooks (built from
+``batchsched/sandbox/gomod/kueue``, see :mod:`batchsched.sandbox.kueue`): its Job webhook
+suspends a Job until its Workload is admitted, its pod webhook gates the pods of a plain
+pod group, and it lifts either once the group fits its ClusterQueue's quota. Kueue counts
+quota, not nodes: an admitted group can still be one node short, which is where
+batchsched keeps it whole.
+
+The test namespaces carry :data:`batchsched.sandbox.kueue.NAMESPACE_LABEL`, the one
+namespace label Kueue's webhooks and integrations answer to here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from batchsched.kube.client import KubeClient
+from batchsched.kube.errors import NotFoundError
+from tests.conftest import IN_CI
+from tests.integration.helpers import create_pods, list_pods, pod_body, running_scheduler, wait_for
+
+# the first test may build Kueue (about 10 minutes on a fresh 2-core machine) in its fixture
+pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.timeout(1800)]
+
+GPU = "nvidia.com/gpu"
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+GATE = "kueue.x-k8s.io/admission"
+
+
+@pytest.fixture(scope="module")
+def kueue(sandbox: Any) -> Iterator[Any]:
+    """Kueue, running against the sandbox for this file's tests."""
+    from batchsched.sandbox.kueue import Kueue
+
+    runner = Kueue(sandbox)
+    try:
+        runner.start()
+    except Exception as exc:  # a failed build or start is reported the same way
+        message = f"Kueue could not start: {exc}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield runner
+    finally:
+        runner.stop()
+
+
+def kueue_object(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.fixture
+async def local_queue(kube: KubeClient, namespace: str, kueue: Any) -> AsyncIterator[str]:
+    """A LocalQueue ``lq`` in the test's namespace, on a ClusterQueue of 32 GPUs (and ample
+    CPU and memory) of its own; the namespace labelled for Kueue."""
+    from batchsched.sandbox.kueue import NAMESPACE_LABEL
+
+    tag = uuid.uuid4().hex[:6]
+    await kube.patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": {NAMESPACE_LABEL: "true"}}})
+    flavor, cluster_queue = f"flavor-{tag}", f"cq-{tag}"
+    await kube.create(f"{KUEUE}/resourceflavors", kueue_object("ResourceFlavor", flavor, {}))
+    await kube.create(f"{KUEUE}/clusterqueues", kueue_object("ClusterQueue", cluster_queue, {
+        "namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory", GPU],
+            "flavors": [{"name": flavor, "resources": [
+                {"name": "cpu", "nominalQuota": "100"}, {"name": "memory", "nominalQuota": "100Gi"},
+                {"name": GPU, "nominalQuota": "32"},
+            ]}],
+        }],
+    }))
+    await kube.create(f"{KUEUE}/namespaces/{namespace}/localqueues",
+                      kueue_object("LocalQueue", "lq", {"clusterQueue": cluster_queue}))
+    try:
+        yield "lq"
+    finally:
+        for path in (f"{KUEUE}/clusterqueues/{cluster_queue}", f"{KUEUE}/resourceflavors/{flavor}"):
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(path)
+
+
+def node_names(pods: list[dict[str, Any]], prefix: str) -> list[str]:
+    return [p["spec"].get("nodeName", "") for p in pods if p["metadata"]["name"].startswith(prefix)]
+
+
+async def workload_admitted(kube: KubeClient, namespace: str, owner_name: str) -> bool:
+    """Whether Kueue's Workload for the object ``owner_name`` (a Job, or a pod group's
+    name) says Admitted."""
+    items, _ = await kube.list(f"{KUEUE}/namespaces/{namespace}/workloads")
+    for wl in items:
+        owners = [o.get("name") for o in wl["metadata"].get("ownerReferences") or []]
+        if owner_name in owners or wl["metadata"]["name"] == owner_name:
+            return any(c.get("type") == "Admitted" and c.get("status") == "True"
+                       for c in (wl.get("status") or {}).get("conditions") or [])
+    return False
+
+
+async def test_kueue_job_is_admitted_by_quota_then_placed_whole(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, local_queue: str,
+) -> None:
+    """A Job of four 8-GPU pods with a gang policy (``spec.scheduling``, Kubernetes 1.37's
+    Workload API for Jobs) in a Kueue LocalQueue: Kueue suspends it, admits it (32 GPUs of
+    quota), the Job controller makes its Workload, its PodGroup and its pods, and
+    batchsched binds none of them while one of the four nodes is taken, then all four
+    when it is freed. (Without ``spec.scheduling`` the Job controller gives the group the
+    ``basic`` policy, and its pods are placed as room allows, three of four here.)"""
+    tag = uuid.uuid4().hex[:6]
+    pool = f"kueue-{tag}"
+    nodes = await make_nodes(count=4, gpus=8, labels={"pool": pool})
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train", "labels": {"kueue.x-k8s.io/queue-name": local_queue}},
+        "spec": {"parallelism": 4, "completions": 4, "completionMode": "Indexed",
+                 "scheduling": {"schedulingPolicy": {"gang": {"minCount": 4}}}, "template": {
+            "spec": {**pod_body("x", gpu=8)["spec"], "nodeSelector": {"pool": pool}, "restartPolicy": "Never"},
+        }},
+    }
+    async with running_scheduler(sandbox, namespace):
+        # a pod outside Kueue (no queue label) takes one of the four nodes
+        await create_pods(kube, namespace, [pod_body("blocker", gpu=8, spec={"nodeSelector": {"pool": pool}})])
+
+        async def blocker_bound() -> bool:
+            return bool(node_names(await list_pods(kube, namespace), "blocker")[0])
+
+        await wait_for(blocker_bound, timeout=30)
+        await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)
+        created = await kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/train")
+        assert created["spec"].get("suspend") is True  # Kueue's webhook suspended it
+
+        async def admitted_and_created() -> list[dict[str, Any]]:
+            if not await workload_admitted(kube, namespace, "train"):
+                return []
+            pods = [p for p in await list_pods(kube, namespace) if p["metadata"]["name"].startswith("train-")]
+            return pods if len(pods) == 4 else []
+
+        pods = await wait_for(admitted_and_created, timeout=60)
+        # the Job controller made the pods members of one PodGroup of the Workload API
+        groups = {(p["spec"].get("schedulingGroup") or {}).get("podGroupName") for p in pods}
+        assert len(groups) == 1 and None not in groups, groups
+        await asyncio.sleep(4.0)  # several cycles: three nodes are free, the gang needs four
+        assert node_names(await list_pods(kube, namespace), "train-") == ["", "", "", ""]
+
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods/blocker", gracePeriodSeconds=0)
+
+        async def all_bound() -> list[str]:
+            placed = node_names(await list_pods(kube, namespace), "train-")
+            return placed if len(placed) == 4 and all(placed) else []
+
+        placed = await wait_for(all_bound, timeout=60)
+        assert sorted(placed) == sorted(nodes)
+
+
+def group_pod(name: str, group: str, count: int, *, queue: str, pool: str, seconds: int = 0) -> dict[str, Any]:
+    """A pod of Kueue's plain pod group ``group`` of ``count`` members, as a user writes it."""
+    annotations = {"kueue.x-k8s.io/pod-group-total-count": str(count)}
+    if seconds:
+        annotations["batchsched.io/sim-duration"] = f"{seconds}s"
+    return pod_body(name, gpu=8, metadata={
+        "labels": {"kueue.x-k8s.io/queue-name": queue, "kueue.x-k8s.io/pod-group-name": group},
+        "annotations": annotations,
+    }, spec={"nodeSelector": {"pool": pool}, "restartPolicy": "Never"})
+
+
+async def test_kueue_pod_group_beyond_quota_waits_unadmitted_then_is_placed_whole(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, local_queue: str,
+) -> None:
+    """Two plain pod groups on a 32-GPU ClusterQueue: the first (two 8-GPU pods, ending
+    after 15 s) is admitted and bound; the second (four 8-GPU pods) is beyond the quota
+    left and stays gated by Kueue, none of it bound; when the first ends, Kueue admits it
+    and batchsched binds all four, one to each node."""
+    tag = uuid.uuid4().hex[:6]
+    pool = f"kueue-{tag}"
+    nodes = await make_nodes(count=4, gpus=8, labels={"pool": pool})
+    async with running_scheduler(sandbox, namespace):
+        await create_pods(kube, namespace, [
+            group_pod(f"first-{i}", "first", 2, queue=local_queue, pool=pool, seconds=15) for i in range(2)])
+
+        async def first_bound() -> bool:
+            placed = node_names(await list_pods(kube, namespace), "first-")
+            return len(placed) == 2 and all(placed)
+
+        await wait_for(first_bound, timeout=60)
+        await create_pods(kube, namespace, [
+            group_pod(f"second-{i}", "second", 4, queue=local_queue, pool=pool) for i in range(4)])
+        await asyncio.sleep(4.0)
+        pods = [p for p in await list_pods(kube, namespace) if p["metadata"]["name"].startswith("second-")]
+        assert len(pods) == 4
+        # Kueue's webhook gated them and has not admitted them: 16 + 32 GPUs > 32
+        assert all(GATE in [g["name"] for g in p["spec"].get("schedulingGates") or []] for p in pods)
+        assert not await workload_admitted(kube, namespace, "second")
+        assert node_names(pods, "second-") == ["", "", "", ""]
+
+        async def second_bound() -> list[dict[str, Any]]:
+            pods = await list_pods(kube, namespace)
+            placed = node_names(pods, "second-")
+            return pods if len(placed) == 4 and all(placed) else []
+
+        pods = await wait_for(second_bound, timeout=90)
+        assert sorted(node_names(pods, "second-")) == sorted(nodes)
