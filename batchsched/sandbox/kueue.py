@@ -158,6 +158,19 @@ def configuration(*, webhook_port: int, probe_port: int, metrics_port: int, cert
     }
 
 
+def embedded_kubeconfig(sandbox: SandboxState) -> str:
+    """The sandbox's admin kubeconfig with its CA written in (``certificate-authority-data``):
+    what MultiKueue's manager is given in a Secret to reach this sandbox as a worker (it
+    refuses a kubeconfig that names files)."""
+    config = yaml.safe_load(Path(sandbox.kubeconfig).read_text())
+    for entry in config.get("clusters") or []:
+        cluster = entry["cluster"]
+        path = cluster.pop("certificate-authority", None)
+        if path:
+            cluster["certificate-authority-data"] = base64.b64encode(Path(path).read_bytes()).decode()
+    return str(yaml.safe_dump(config))
+
+
 class Kueue:
     """One Kueue process against one running sandbox; a context manager."""
 

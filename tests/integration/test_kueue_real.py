@@ -204,3 +204,112 @@ async def test_kueue_pod_group_beyond_quota_waits_unadmitted_then_is_placed_whol
 
         pods = await wait_for(second_bound, timeout=90)
         assert sorted(node_names(pods, "second-")) == sorted(nodes)
+
+
+# -- MultiKueue: a manager cluster dispatches to this one --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def manager(sandbox: Any, kueue: Any) -> Iterator[Any]:
+    """A second sandbox, MultiKueue's manager, with Kueue (its pod integration) and no
+    nodes: what is submitted there runs here, in the worker."""
+    import os
+
+    from batchsched.sandbox.cluster import Sandbox
+    from batchsched.sandbox.kueue import Kueue
+
+    box = Sandbox(f"pytest-manager-{os.getpid()}")
+    try:
+        state = box.up([])
+        runner = Kueue(state, frameworks=("pod",))
+        runner.start()
+    except Exception as exc:
+        box.down()
+        message = f"MultiKueue's manager cluster could not start: {exc}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield state
+    finally:
+        runner.stop()
+        box.down()
+
+
+async def dispatching_queue(mk: KubeClient, namespace: str, worker_kubeconfig: str) -> None:
+    """In the manager: the namespace, a 32-GPU ClusterQueue whose admission check is
+    MultiKueue's, its LocalQueue ``lq``, and the worker cluster (its kubeconfig in a Secret)."""
+    from batchsched.sandbox.kueue import NAMESPACE, NAMESPACE_LABEL
+
+    await mk.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {NAMESPACE_LABEL: "true"}}})
+    await mk.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+        "metadata": {"name": "worker-kubeconfig"}, "stringData": {"kubeconfig": worker_kubeconfig}})
+    await mk.create(f"{KUEUE}/multikueueclusters", kueue_object("MultiKueueCluster", "worker", {
+        "clusterSource": {"kubeConfig": {"locationType": "Secret", "location": "worker-kubeconfig"}}}))
+    await mk.create(f"{KUEUE}/multikueueconfigs", kueue_object("MultiKueueConfig", "to-worker", {
+        "clusters": ["worker"]}))
+    await mk.create(f"{KUEUE}/admissionchecks", kueue_object("AdmissionCheck", "dispatch", {
+        "controllerName": "kueue.x-k8s.io/multikueue",
+        "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": "to-worker"}}))
+    await mk.create(f"{KUEUE}/resourceflavors", kueue_object("ResourceFlavor", "gpu", {}))
+    await mk.create(f"{KUEUE}/clusterqueues", kueue_object("ClusterQueue", "dispatching", {
+        "namespaceSelector": {},
+        "admissionChecksStrategy": {"admissionChecks": [{"name": "dispatch"}]},
+        "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU], "flavors": [{"name": "gpu", "resources": [
+            {"name": "cpu", "nominalQuota": "100"}, {"name": "memory", "nominalQuota": "100Gi"},
+            {"name": GPU, "nominalQuota": "32"}]}]}],
+    }))
+    await mk.create(f"{KUEUE}/namespaces/{namespace}/localqueues",
+                    kueue_object("LocalQueue", "lq", {"clusterQueue": "dispatching"}))
+
+    async def active() -> bool:
+        for path in (f"{KUEUE}/multikueueclusters/worker", f"{KUEUE}/admissionchecks/dispatch"):
+            conditions = ((await mk.get(path)).get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "Active" and c.get("status") == "True" for c in conditions):
+                return False
+        return True
+
+    await wait_for(active, timeout=60)
+
+
+async def test_multikueue_runs_a_pod_group_in_the_worker_whole_within_both_quotas(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, local_queue: str, manager: Any,
+) -> None:
+    """A pod group of four 8-GPU pods submitted to the manager is admitted there (32 GPUs),
+    created in the worker by MultiKueue, admitted by the worker's Kueue and placed whole by
+    batchsched: none bound while one of the worker's four nodes is taken, all four once it
+    is free. A second group, beyond the manager's quota, never reaches the worker."""
+    from batchsched.sandbox.kueue import embedded_kubeconfig
+
+    tag = uuid.uuid4().hex[:6]
+    pool = f"mk-{tag}"
+    nodes = await make_nodes(count=4, gpus=8, labels={"pool": pool})
+    async with await KubeClient.connect(manager.kubeconfig) as mk, running_scheduler(sandbox, namespace):
+        await dispatching_queue(mk, namespace, embedded_kubeconfig(sandbox))
+        await create_pods(kube, namespace, [pod_body("blocker", gpu=8, spec={"nodeSelector": {"pool": pool}})])
+        await create_pods(mk, namespace, [
+            group_pod(f"train-{i}", "train", 4, queue=local_queue, pool=pool) for i in range(4)])
+
+        async def in_worker() -> list[dict[str, Any]]:
+            pods = [p for p in await list_pods(kube, namespace) if p["metadata"]["name"].startswith("train-")]
+            return pods if len(pods) == 4 else []
+
+        await wait_for(in_worker, timeout=90)
+        assert await workload_admitted(mk, namespace, "train")
+        await asyncio.sleep(4.0)  # the worker's Kueue admits it; three nodes are free, it needs four
+        assert node_names(await list_pods(kube, namespace), "train-") == ["", "", "", ""]
+
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods/blocker", gracePeriodSeconds=0)
+
+        async def all_bound() -> list[str]:
+            placed = node_names(await list_pods(kube, namespace), "train-")
+            return placed if len(placed) == 4 and all(placed) else []
+
+        assert sorted(await wait_for(all_bound, timeout=60)) == sorted(nodes)
+
+        # the manager's quota is used up: a second group waits there and is never dispatched
+        await create_pods(mk, namespace, [
+            group_pod(f"later-{i}", "later", 4, queue=local_queue, pool=pool) for i in range(4)])
+        await asyncio.sleep(5.0)
+        assert not await workload_admitted(mk, namespace, "later")
+        assert node_names(await list_pods(kube, namespace), "later-") == []
