@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.timeout(18
 GPU = "nvidia.com/gpu"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 GATE = "kueue.x-k8s.io/admission"
+LOCAL_QUEUE = "lq"
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,10 @@ def kueue_object(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def local_queue(kube: KubeClient, namespace: str, kueue: Any) -> AsyncIterator[str]:
-    """A LocalQueue ``lq`` in the test's namespace, on a ClusterQueue of 32 GPUs (and ample
-    CPU and memory) of its own; the namespace labelled for Kueue."""
+async def cluster_queue(kube: KubeClient, namespace: str, kueue: Any) -> AsyncIterator[str]:
+    """A ClusterQueue of 32 GPUs (and ample CPU and memory) of the test's own, and its
+    LocalQueue :data:`LOCAL_QUEUE` in the test's namespace, labelled for Kueue; yields the
+    ClusterQueue's name."""
     from batchsched.sandbox.kueue import NAMESPACE_LABEL
 
     tag = uuid.uuid4().hex[:6]
@@ -77,13 +79,27 @@ async def local_queue(kube: KubeClient, namespace: str, kueue: Any) -> AsyncIter
         }],
     }))
     await kube.create(f"{KUEUE}/namespaces/{namespace}/localqueues",
-                      kueue_object("LocalQueue", "lq", {"clusterQueue": cluster_queue}))
+                      kueue_object("LocalQueue", LOCAL_QUEUE, {"clusterQueue": cluster_queue}))
     try:
-        yield "lq"
+        yield cluster_queue
     finally:
         for path in (f"{KUEUE}/clusterqueues/{cluster_queue}", f"{KUEUE}/resourceflavors/{flavor}"):
             with contextlib.suppress(NotFoundError):
                 await kube.delete(path)
+
+
+def gang_job(name: str, pods: int, pool: str, *, priority_class: str = "") -> dict[str, Any]:
+    """A Job of ``pods`` 8-GPU pods in the LocalQueue, a gang of all of them (``spec.scheduling``)."""
+    spec = {**pod_body("x", gpu=8)["spec"], "nodeSelector": {"pool": pool}, "restartPolicy": "Never"}
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE}},
+        "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed",
+                 "scheduling": {"schedulingPolicy": {"gang": {"minCount": pods}}},
+                 "template": {"spec": spec}},
+    }
 
 
 def node_names(pods: list[dict[str, Any]], prefix: str) -> list[str]:
@@ -103,7 +119,7 @@ async def workload_admitted(kube: KubeClient, namespace: str, owner_name: str) -
 
 
 async def test_kueue_job_is_admitted_by_quota_then_placed_whole(
-    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, local_queue: str,
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, cluster_queue: str,
 ) -> None:
     """A Job of four 8-GPU pods with a gang policy (``spec.scheduling``, Kubernetes 1.37's
     Workload API for Jobs) in a Kueue LocalQueue: Kueue suspends it, admits it (32 GPUs of
@@ -114,14 +130,6 @@ async def test_kueue_job_is_admitted_by_quota_then_placed_whole(
     tag = uuid.uuid4().hex[:6]
     pool = f"kueue-{tag}"
     nodes = await make_nodes(count=4, gpus=8, labels={"pool": pool})
-    job = {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "train", "labels": {"kueue.x-k8s.io/queue-name": local_queue}},
-        "spec": {"parallelism": 4, "completions": 4, "completionMode": "Indexed",
-                 "scheduling": {"schedulingPolicy": {"gang": {"minCount": 4}}}, "template": {
-            "spec": {**pod_body("x", gpu=8)["spec"], "nodeSelector": {"pool": pool}, "restartPolicy": "Never"},
-        }},
-    }
     async with running_scheduler(sandbox, namespace):
         # a pod outside Kueue (no queue label) takes one of the four nodes
         await create_pods(kube, namespace, [pod_body("blocker", gpu=8, spec={"nodeSelector": {"pool": pool}})])
@@ -130,7 +138,7 @@ async def test_kueue_job_is_admitted_by_quota_then_placed_whole(
             return bool(node_names(await list_pods(kube, namespace), "blocker")[0])
 
         await wait_for(blocker_bound, timeout=30)
-        await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)
+        await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("train", 4, pool))
         created = await kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/train")
         assert created["spec"].get("suspend") is True  # Kueue's webhook suspended it
 
@@ -169,7 +177,7 @@ def group_pod(name: str, group: str, count: int, *, queue: str, pool: str, secon
 
 
 async def test_kueue_pod_group_beyond_quota_waits_unadmitted_then_is_placed_whole(
-    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, local_queue: str,
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, cluster_queue: str,
 ) -> None:
     """Two plain pod groups on a 32-GPU ClusterQueue: the first (two 8-GPU pods, ending
     after 15 s) is admitted and bound; the second (four 8-GPU pods) is beyond the quota
@@ -180,7 +188,7 @@ async def test_kueue_pod_group_beyond_quota_waits_unadmitted_then_is_placed_whol
     nodes = await make_nodes(count=4, gpus=8, labels={"pool": pool})
     async with running_scheduler(sandbox, namespace):
         await create_pods(kube, namespace, [
-            group_pod(f"first-{i}", "first", 2, queue=local_queue, pool=pool, seconds=15) for i in range(2)])
+            group_pod(f"first-{i}", "first", 2, queue=LOCAL_QUEUE, pool=pool, seconds=15) for i in range(2)])
 
         async def first_bound() -> bool:
             placed = node_names(await list_pods(kube, namespace), "first-")
@@ -188,7 +196,7 @@ async def test_kueue_pod_group_beyond_quota_waits_unadmitted_then_is_placed_whol
 
         await wait_for(first_bound, timeout=60)
         await create_pods(kube, namespace, [
-            group_pod(f"second-{i}", "second", 4, queue=local_queue, pool=pool) for i in range(4)])
+            group_pod(f"second-{i}", "second", 4, queue=LOCAL_QUEUE, pool=pool) for i in range(4)])
         await asyncio.sleep(4.0)
         pods = [p for p in await list_pods(kube, namespace) if p["metadata"]["name"].startswith("second-")]
         assert len(pods) == 4
@@ -204,6 +212,71 @@ async def test_kueue_pod_group_beyond_quota_waits_unadmitted_then_is_placed_whol
 
         pods = await wait_for(second_bound, timeout=90)
         assert sorted(node_names(pods, "second-")) == sorted(nodes)
+
+
+async def test_kueue_preempts_its_workload_while_batchsched_preempts_in_its_queue(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, cluster_queue: str,
+) -> None:
+    """Four nodes: a low-priority pod of batchsched's Queue ``team`` on one, a low-priority
+    Kueue Job of three on the others (24 of the ClusterQueue's 32 GPUs). Then, at once, a
+    high-priority Kueue Job of three and a high-priority pod of ``team``: Kueue preempts its
+    low Job (suspends it) and admits the high one, which batchsched places whole on the
+    three nodes freed; batchsched evicts its own low pod (and none of Kueue's) for the high
+    one. Nobody preempts back: the low Job stays suspended, the high pods stay bound, and
+    ``team`` is charged its one pod only."""
+    from tests.integration.helpers import QUEUES, PodHistory, queues
+
+    tag = uuid.uuid4().hex[:6]
+    pool, team = f"kueue-{tag}", f"team-{tag}"
+    await make_nodes(count=4, gpus=8, labels={"pool": pool})
+    await kube.patch(f"{KUEUE}/clusterqueues/{cluster_queue}",
+                     {"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}})
+
+    def team_pod(name: str, priority_class: str) -> dict[str, Any]:
+        return pod_body(name, gpu=8, metadata={"labels": {"batchsched.io/queue": team}},
+                        spec={"nodeSelector": {"pool": pool}, "priorityClassName": priority_class})
+
+    def bound(pods: list[dict[str, Any]], prefix: str, count: int) -> dict[str, str]:
+        placed = {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in pods
+                  if p["metadata"]["name"].startswith(prefix) and not p["metadata"].get("deletionTimestamp")}
+        return placed if len(placed) == count and all(placed.values()) else {}
+
+    async with queues(kube, (team, {"resources": [{"name": GPU, "nominal": 8}]})), \
+            PodHistory(kube, namespace) as history, \
+            running_scheduler(sandbox, namespace, queues={"statusIntervalSeconds": 0.5}):
+        await create_pods(kube, namespace, [team_pod("team-low", "low-priority")])
+        await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs",
+                          gang_job("low", 3, pool, priority_class="low-priority"))
+
+        async def settled() -> dict[str, str]:
+            pods = await list_pods(kube, namespace)
+            low, mine = bound(pods, "low-", 3), bound(pods, "team-low", 1)
+            return {**low, **mine} if low and mine else {}
+
+        before = await wait_for(settled, timeout=60)
+        await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs",
+                          gang_job("high", 3, pool, priority_class="high-priority"))
+        await create_pods(kube, namespace, [team_pod("team-high", "high-priority")])
+
+        async def after() -> dict[str, str]:
+            pods = await list_pods(kube, namespace)
+            high, mine = bound(pods, "high-", 3), bound(pods, "team-high", 1)
+            return {**high, **mine} if high and mine else {}
+
+        placed = await wait_for(after, timeout=90)
+        assert placed["team-high"] == before["team-low"]
+        assert {v for k, v in placed.items() if k.startswith("high-")} == \
+            {v for k, v in before.items() if k.startswith("low-")}
+        await asyncio.sleep(5.0)  # no ping-pong: nothing moves back
+        assert (await kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/low"))["spec"]["suspend"] is True
+        assert not await workload_admitted(kube, namespace, "low")
+        assert await after() == placed
+        # batchsched evicted its own low pod and no pod of Kueue's
+        evicted = {obj["metadata"]["name"] for _, obj in history.events
+                   if (history.disruption(obj["metadata"]["uid"]) or {}).get("reason") == "PreemptionByScheduler"}
+        assert evicted == {"team-low"}
+        status = (await kube.get(f"{QUEUES}/{team}")).get("status") or {}
+        assert (status.get("used") or {}).get(GPU) == "8"
 
 
 # -- MultiKueue: a manager cluster dispatches to this one --------------------------------------
@@ -238,7 +311,7 @@ def manager(sandbox: Any, kueue: Any) -> Iterator[Any]:
 
 async def dispatching_queue(mk: KubeClient, namespace: str, worker_kubeconfig: str) -> None:
     """In the manager: the namespace, a 32-GPU ClusterQueue whose admission check is
-    MultiKueue's, its LocalQueue ``lq``, and the worker cluster (its kubeconfig in a Secret)."""
+    MultiKueue's, its LocalQueue :data:`LOCAL_QUEUE`, and the worker cluster (its kubeconfig in a Secret)."""
     from batchsched.sandbox.kueue import NAMESPACE, NAMESPACE_LABEL
 
     await mk.create("/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {NAMESPACE_LABEL: "true"}}})
@@ -260,7 +333,7 @@ async def dispatching_queue(mk: KubeClient, namespace: str, worker_kubeconfig: s
             {"name": GPU, "nominalQuota": "32"}]}]}],
     }))
     await mk.create(f"{KUEUE}/namespaces/{namespace}/localqueues",
-                    kueue_object("LocalQueue", "lq", {"clusterQueue": "dispatching"}))
+                    kueue_object("LocalQueue", LOCAL_QUEUE, {"clusterQueue": "dispatching"}))
 
     async def active() -> bool:
         for path in (f"{KUEUE}/multikueueclusters/worker", f"{KUEUE}/admissionchecks/dispatch"):
@@ -273,7 +346,7 @@ async def dispatching_queue(mk: KubeClient, namespace: str, worker_kubeconfig: s
 
 
 async def test_multikueue_runs_a_pod_group_in_the_worker_whole_within_both_quotas(
-    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, local_queue: str, manager: Any,
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, cluster_queue: str, manager: Any,
 ) -> None:
     """A pod group of four 8-GPU pods submitted to the manager is admitted there (32 GPUs),
     created in the worker by MultiKueue, admitted by the worker's Kueue and placed whole by
@@ -288,7 +361,7 @@ async def test_multikueue_runs_a_pod_group_in_the_worker_whole_within_both_quota
         await dispatching_queue(mk, namespace, embedded_kubeconfig(sandbox))
         await create_pods(kube, namespace, [pod_body("blocker", gpu=8, spec={"nodeSelector": {"pool": pool}})])
         await create_pods(mk, namespace, [
-            group_pod(f"train-{i}", "train", 4, queue=local_queue, pool=pool) for i in range(4)])
+            group_pod(f"train-{i}", "train", 4, queue=LOCAL_QUEUE, pool=pool) for i in range(4)])
 
         async def in_worker() -> list[dict[str, Any]]:
             pods = [p for p in await list_pods(kube, namespace) if p["metadata"]["name"].startswith("train-")]
@@ -309,7 +382,7 @@ async def test_multikueue_runs_a_pod_group_in_the_worker_whole_within_both_quota
 
         # the manager's quota is used up: a second group waits there and is never dispatched
         await create_pods(mk, namespace, [
-            group_pod(f"later-{i}", "later", 4, queue=local_queue, pool=pool) for i in range(4)])
+            group_pod(f"later-{i}", "later", 4, queue=LOCAL_QUEUE, pool=pool) for i in range(4)])
         await asyncio.sleep(5.0)
         assert not await workload_admitted(mk, namespace, "later")
         assert node_names(await list_pods(kube, namespace), "later-") == []
