@@ -12,7 +12,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--racks-per-block", type=_positive, default=4)
     up.add_argument("--port", type=_port, help="apiserver port on 127.0.0.1 (default: a free one)")
     sb.add_parser("build", help="build (or find in the cache) the control-plane binaries")
+    kueue = sb.add_parser("kueue", help="run Kueue (built from its pinned Go module) against the running "
+                                        "sandbox until interrupted")
+    kueue.add_argument("--name", default="default", help="sandbox name (default: default)")
     for name in ("status", "down"):
         p = sb.add_parser(name, help=f"{name} of the sandbox")
         p.add_argument("--name", default="default")
@@ -131,6 +134,8 @@ def _sandbox(args: argparse.Namespace) -> int:
             )
             state = box.up([shape], apiserver_port=args.port)
             print(state.kubeconfig)
+        elif args.action == "kueue":
+            return _sandbox_kueue(box)
         elif args.action == "status":
             status = box.status()
             print(json.dumps(status, indent=2))
@@ -143,6 +148,27 @@ def _sandbox(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _sandbox_kueue(box: Any) -> int:
+    """Kueue against the running sandbox ``box``, in the foreground until Ctrl-C or SIGTERM."""
+    import signal
+    import threading
+
+    from batchsched.sandbox.cluster import SandboxError
+    from batchsched.sandbox.kueue import NAMESPACE_LABEL, Kueue
+
+    state = box.state()
+    if state is None or not box.running():
+        raise SandboxError(f"sandbox {box.name!r} is not running; `batchsched sandbox up` first")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too where a shell ignores it in background jobs
+        signal.signal(sig, lambda *_: stop.set())
+    with Kueue(state) as runner:
+        print(f"Kueue is running (log: {runner.log}); its webhooks and integrations (batch/job, pod) "
+              f"answer in namespaces labelled {NAMESPACE_LABEL}. Ctrl-C stops it.", flush=True)
+        stop.wait()
     return 0
 
 

@@ -232,18 +232,19 @@ class Kueue:
 
     def stop(self, *, grace: float = 10.0) -> None:
         """Remove its webhook configurations, then SIGTERM the process (SIGKILL after
-        ``grace`` seconds)."""
-        asyncio.run(self._remove_webhooks())
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
+        ``grace`` seconds); the process is stopped even if the sandbox is already gone."""
         try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            asyncio.run(self._remove_webhooks())
+        finally:
+            proc, self.process = self.process, None
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
     # -- what its Deployment would have -------------------------------------------------------
 

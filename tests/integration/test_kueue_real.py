@@ -279,6 +279,33 @@ async def test_kueue_preempts_its_workload_while_batchsched_preempts_in_its_queu
         assert (status.get("used") or {}).get(GPU) == "8"
 
 
+async def test_the_readmes_kueue_example_runs_whole(
+    sandbox: Any, kube: KubeClient, namespace: str, make_nodes: Any, kueue: Any,
+) -> None:
+    """manifests/examples/kueue-job.yaml, applied with kubectl as the README says: its Job
+    is admitted and its four pods bound, one to each of four 8-GPU nodes."""
+    import subprocess
+    from pathlib import Path
+
+    from batchsched.sandbox import build
+
+    example = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "kueue-job.yaml"
+    nodes = await make_nodes(count=4, gpus=8)
+    kubectl = [str(build.ensure_binaries().kubectl), f"--kubeconfig={sandbox.kubeconfig}"]
+    try:
+        async with running_scheduler(sandbox, namespace):
+            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(example)], check=True, capture_output=True)
+
+            async def all_bound() -> list[str]:
+                placed = node_names(await list_pods(kube, "kueue-demo"), "train-")
+                return placed if len(placed) == 4 and all(placed) else []
+
+            assert sorted(await wait_for(all_bound, timeout=90)) == sorted(nodes)
+            assert await workload_admitted(kube, "kueue-demo", "train")
+    finally:
+        subprocess.run([*kubectl, "delete", "--wait=false", "-f", str(example)], capture_output=True)
+
+
 # -- MultiKueue: a manager cluster dispatches to this one --------------------------------------
 
 
