@@ -429,3 +429,26 @@ def extended_too_many(devices: int, most: int) -> str:
 def devices_refused_on(node: str, why: str) -> str:
     """A reason counted over nodes: pods like this one were refused their devices there."""
     return f"node(s) could not allocate its ResourceClaims (on {node}: {why})"
+
+
+# -- pods of a job that asked for no gang ------------------------------------------------------
+
+
+#: the reason of the Event on such a pod and on the RayCluster that made it
+NO_POD_GROUP = "NoPodGroup"
+
+
+def ray_pod_by_pod(cluster: str) -> str:
+    """The pods of RayCluster ``cluster`` (``namespace/name``) name no PodGroup: what that
+    means, and what to change."""
+    return (
+        f"RayCluster {cluster} has no PodGroup, so its pods are placed one by one, as room appears, "
+        "and it may run partly placed; to have it placed whole, create it with the label "
+        "ray.io/gang-scheduling-enabled: \"true\" (KubeRay, run with --batch-scheduler=scheduler-plugins, "
+        "then makes its PodGroup)"
+    )
+
+
+def with_note(message: str, note: str) -> str:
+    """A pod's condition message followed by a note about the pod itself."""
+    return f"{message.rstrip()} {note}" if message.rstrip().endswith(".") else f"{message}. {note}"

@@ -157,6 +157,17 @@ class ContainerAsk:
     extended: tuple[tuple[str, int], ...]
 
 
+@dataclass(slots=True, frozen=True)
+class Owner:
+    """The ownerReference of a pod marked ``controller: true``: the object that made it
+    (a Job, a RayCluster...), named so that what is said of the pod can be said to it."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
 #: the implicit extended resource name of a DeviceClass (``<prefix><class>``)
 DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 
@@ -233,6 +244,8 @@ class Pod:
     #: resources by an attempt that did not bind it, to be deleted before it is placed
     #: again (namespace, name, uid)
     stale_claim: tuple[str, str, str] | None = None
+    #: the ownerReference marked controller (None: it has none)
+    controller: Owner | None = None
 
     @property
     def key(self) -> str:
@@ -562,7 +575,17 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         resource_claims=_resource_claims(spec, status),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
         extended=_extended_asks(spec) if not invalid else (),
+        controller=_controller(meta.get("ownerReferences")),
     )
+
+
+def _controller(refs: Any) -> Owner | None:
+    """The ownerReference marked ``controller: true`` (the apiserver allows one), or None."""
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return Owner(api_version=str(ref.get("apiVersion") or ""), kind=str(ref.get("kind") or ""),
+                         name=str(ref.get("name") or ""), uid=str(ref.get("uid") or ""))
+    return None
 
 
 def _extended_asks(spec: Mapping[str, Any]) -> tuple[ContainerAsk, ...]:

@@ -94,6 +94,7 @@ class EventRouting:
         self.groups.replace_pods(pods)
         self.backlog.relisted(pods)
         self.told.forget_pods()
+        self.told.seen_listed(pods, self.state.ours)
         for uid in self.state.pending:
             self._sync(uid)
         self.reports.dirty.update(self.groups.groups)
@@ -109,6 +110,7 @@ class EventRouting:
         state, uid = self.state, pod.uid
         before, was_pending, group = state.capacity_generation, state.pending.get(uid), self.groups.group_of(uid)
         self._mirror_pod(kind, pod, group)
+        self.told.seen(kind, pod, ours=state.ours(pod))
         self._devices_held()
         self._sync(uid)
         now_group = self.groups.group_of(uid)

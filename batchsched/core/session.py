@@ -25,7 +25,8 @@ slow retry timer).
 A step (:meth:`Session.step`), in order:
 
 1. intake: how long the pods that succeeded since the last step ran is recorded; the
-   Events decided on intake (unreadable nodes) are written;
+   Events decided on intake (unreadable nodes, pods placed one by one though their
+   RayCluster could have been a gang) are written;
 2. the bind ledger: pods assumed bound but never confirmed are read again; stale card
    assignments are cleaned;
 3. holds: gang timers (gangs stuck below quorum evicted); suspended, drained and unhealthy
@@ -212,6 +213,7 @@ class Session(EventRouting):
         state, groups, out = self.state, self.groups, Decisions()
         self.intake.ran(now, self.runtimes)
         self.holds.notes(out)
+        self.told.notes(out)
         self.ledger.check_assumed(state, now, out)
         self.ledger.clean_stale(state, now, out)
         self.reports.dirty.update(self.holds.gang_timers(state, groups, now, out))

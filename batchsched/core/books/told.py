@@ -9,6 +9,12 @@ gang blocked for less than the report delay is not told yet).
 Pods that share another unit's outcome (the rest of a class, gangs cut as alike) are told
 a new message for the same reason at most every :data:`SHARED_REFRESH_SECONDS`; a new
 reason is told at once.
+
+A pod of a RayCluster that made no PodGroup
+(:func:`~batchsched.core.gangs.kuberay.ray_cluster_without_group`) is placed one by one:
+it is told so by a Warning Event when it is first seen waiting, and so is its RayCluster
+(once while any of its pods is known), and its condition, while it waits, ends with the
+same note.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from batchsched.core import explain
-from batchsched.core.decisions import Decisions, PodCondition, pod_ref
+from batchsched.core.decisions import Decisions, EventNote, PodCondition, pod_ref
+from batchsched.core.gangs.kuberay import ray_cluster_without_group
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import Pod, PodUID
 from batchsched.core.plan import Plan, Unit
@@ -43,6 +50,12 @@ class ToldBook:
         self._joined: set[PodUID] = set()
         #: group unit key -> when it was first found blocked (its pods are told after a delay)
         self._blocked_since: dict[str, float] = {}
+        #: pods told they are placed one by one -> their RayCluster's UID; each such
+        #: cluster's pods told (the cluster was told when the first of them was)
+        self._by_pod: dict[PodUID, str] = {}
+        self._clusters: dict[str, set[PodUID]] = {}
+        #: Events decided on intake, written at the next step
+        self._notes: list[EventNote] = []
 
     def forget_pods(self) -> None:
         """A full list of the pods: what they say is read from them again."""
@@ -59,7 +72,11 @@ class ToldBook:
     def tell(self, out: Decisions, pod: Pod, reason: str, message: str, *, shared_at: float | None = None) -> None:
         """A pending pod's ``PodScheduled`` condition, when it says something new.
         ``shared_at``: the pod shares another unit's outcome; a new message for the same
-        reason is told at most every :data:`SHARED_REFRESH_SECONDS`."""
+        reason is told at most every :data:`SHARED_REFRESH_SECONDS`. A pod of a RayCluster
+        without a PodGroup has the note that it is placed one by one after the message."""
+        cluster = ray_cluster_without_group(pod)
+        if cluster is not None:
+            message = explain.with_note(message, explain.ray_pod_by_pod(f"{cluster.namespace}/{cluster.name}"))
         before = self._told.get(pod.uid)
         if before is None and pod.shows is not None:
             before = (*pod.shows, 0.0)  # what it says since before we started (or relisted)
@@ -106,6 +123,50 @@ class ToldBook:
             # its head holds a reservation: it sleeps too, and the rest are told they wait behind it
             failed.setdefault(ckey, ("Unschedulable", explain.behind(f"pod {head.key}"), head))
         return failed, awake
+
+    # -- pods placed one by one though their maker runs gangs -------------------------------------
+
+    def seen(self, kind: str, pod: Pod, *, ours: bool) -> None:
+        """A pod event (``ours``: the pod names one of our schedulers): a waiting pod of a
+        RayCluster without a PodGroup is told so by an Event, once, and so is the cluster."""
+        if kind == "DELETED":
+            self._unseen(pod.uid)
+            return
+        if pod.uid in self._by_pod or not ours or pod.node_name or pod.terminal or pod.deleting:
+            return
+        cluster = ray_cluster_without_group(pod)
+        if cluster is None:
+            return
+        message = explain.ray_pod_by_pod(f"{cluster.namespace}/{cluster.name}")
+        members = self._clusters.setdefault(cluster.uid, set())
+        if not members:
+            self._notes.append(EventNote(cluster, "Warning", explain.NO_POD_GROUP, message))
+        members.add(pod.uid)
+        self._by_pod[pod.uid] = cluster.uid
+        self._notes.append(EventNote(pod_ref(pod), "Warning", explain.NO_POD_GROUP, message))
+
+    def seen_listed(self, pods: Iterable[Pod], ours: Callable[[Pod], bool]) -> None:
+        """A full list of the pods: those gone are forgotten, the others seen."""
+        pods = list(pods)
+        present = {p.uid for p in pods}
+        for uid in [u for u in self._by_pod if u not in present]:
+            self._unseen(uid)
+        for pod in pods:
+            self.seen("ADDED", pod, ours=ours(pod))
+
+    def _unseen(self, uid: PodUID) -> None:
+        cluster = self._by_pod.pop(uid, None)
+        if cluster is None:
+            return
+        members = self._clusters.get(cluster, set())
+        members.discard(uid)
+        if not members:
+            self._clusters.pop(cluster, None)
+
+    def notes(self, out: Decisions) -> None:
+        """The Events decided on intake since the last step."""
+        out.events.extend(self._notes)
+        self._notes.clear()
 
     def tell_joined(
         self, out: Decisions, pending: Mapping[PodUID, Pod], class_of: Callable[[PodUID], Any],

@@ -1,0 +1,192 @@
+"""The KubeRay operator, run out of cluster against a sandbox.
+
+Users of Ray on Kubernetes hand their RayClusters to the KubeRay operator, which makes the
+pods; with ``--batch-scheduler=scheduler-plugins`` it also makes the PodGroup a secondary
+scheduler places them by. Running the operator itself checks batchsched against what
+v1.5.0 really does (read in its source, ``controllers/ray/batchscheduler/scheduler-plugins``):
+
+* every pod it makes names ``schedulerName: scheduler-plugins-scheduler``
+  (:data:`SCHEDULER_NAME`), the name batchsched must claim in ``schedulerNames``;
+* only a RayCluster labelled ``ray.io/gang-scheduling-enabled`` (any value,
+  :data:`GANG_LABEL`) gets a ``scheduling.x-k8s.io/v1alpha1`` PodGroup: named after the
+  cluster, owned by it, ``minMember`` = the head + each worker group's replicas (clamped
+  to its ``minReplicas``..``maxReplicas``, times ``numOfHosts``), ``minResources`` summed
+  from the templates, and its pods labelled ``scheduling.x-k8s.io/pod-group``. The
+  PodGroup is made once, when the cluster is first reconciled, and never updated: workers
+  the autoscaler adds later are members beyond the quorum. A cluster without the label
+  gets no PodGroup, yet its pods still name the scheduler;
+* a RayJob goes through the same batch scheduler, which in v1.5.0 accepts only a
+  RayCluster: a RayJob's reconcile fails (``currently only RayCluster is supported``) and
+  it makes no cluster. RayJobs are not usable with this batch scheduler in v1.5.0.
+
+The operator is built from ``gomod/kuberay`` (pinned to v1.5.0, see its go.mod) like the
+control plane; its CRDs (RayCluster, RayJob, RayService) are read from that module in the
+Go module cache, never copied into this repository, and applied with the scheduler-plugins
+PodGroup CRD the sandbox installs from ``manifests/base`` (applied again here, so a
+sandbox started without it still gets it). Its metrics and health endpoints listen on free
+loopback ports, leader election is off, and its output goes to ``logs/kuberay-operator.log``
+in the sandbox's folder. :meth:`KubeRayOperator.start` returns once its ``/readyz`` answers
+and its RayCluster controller has started its workers; :meth:`KubeRayOperator.stop`
+stops exactly the process it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from batchsched.kube.client import KubeClient
+from batchsched.sandbox import build
+from batchsched.sandbox.cluster import (
+    MANIFESTS,
+    SandboxError,
+    SandboxState,
+    apply_manifests,
+    free_port,
+    http_ok,
+    log_tail,
+)
+
+#: the wrapper module under gomod/ that pins the operator
+MODULE = "kuberay"
+GO_MODULE = "github.com/ray-project/kuberay/ray-operator"
+BINARY = "kuberay-operator"
+#: the batch scheduler the operator is started with
+BATCH_SCHEDULER = "scheduler-plugins"
+#: what the operator writes into every pod's ``schedulerName`` with that batch scheduler
+SCHEDULER_NAME = "scheduler-plugins-scheduler"
+#: the RayCluster label (any value) that makes the operator create a PodGroup
+GANG_LABEL = "ray.io/gang-scheduling-enabled"
+CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
+PODGROUP_CRD = MANIFESTS / "crd-podgroups-x-k8s.yaml"
+#: what the operator logs once its RayCluster controller runs (controller-runtime's words)
+_STARTED = "Starting workers"
+_CONTROLLER = "raycluster"
+
+
+def operator_binary() -> Path:
+    """The KubeRay operator's binary, built once from its pinned module and cached."""
+    return build.module_binary(MODULE, BINARY, GO_MODULE, "KubeRay operator")
+
+
+def operator_crds() -> Path:
+    """The folder of the operator's CRDs in the Go module cache (the build downloads the
+    module; on a machine where only the binary is cached, it is downloaded here)."""
+    go = build.go_command()
+    cwd = build.GOMOD / MODULE
+
+    def folder() -> Path | None:
+        out = subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", GO_MODULE], cwd=cwd,
+                             capture_output=True, text=True, check=False)
+        found = Path(out.stdout.strip()) / "config" / "crd" / "bases"
+        ok = out.returncode == 0 and out.stdout.strip() and all((found / name).exists() for name in CRDS)
+        return found if ok else None
+
+    found = folder()
+    if found is None:
+        subprocess.run([go, "mod", "download", GO_MODULE], cwd=cwd, capture_output=True, check=False)
+        found = folder()
+    if found is None:
+        raise SandboxError(f"the CRDs of {GO_MODULE} are not in the Go module cache")
+    return found
+
+
+class KubeRayOperator:
+    """One KubeRay operator process against one running sandbox; a context manager."""
+
+    def __init__(self, sandbox: SandboxState, *, binary: Path | None = None,
+                 batch_scheduler: str = BATCH_SCHEDULER) -> None:
+        self.sandbox = sandbox
+        self.binary = binary
+        self.batch_scheduler = batch_scheduler
+        self.log = Path(sandbox.dir) / "logs" / "kuberay-operator.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.probe_port = 0
+
+    def __enter__(self) -> KubeRayOperator:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self, *, timeout: float = 60.0) -> None:
+        """Build (if needed), install its CRDs and the PodGroup CRD, start it and wait
+        until its RayCluster controller runs; fail with a :class:`SandboxError`, leaving
+        it stopped."""
+        if self.process is not None:
+            raise SandboxError("the KubeRay operator is already running")
+        try:
+            binary = self.binary or operator_binary()
+        except build.BuildError as exc:
+            raise SandboxError(str(exc)) from exc
+        crds = operator_crds()
+        deadline = time.monotonic() + timeout
+        asyncio.run(self._install([PODGROUP_CRD, *(crds / name for name in CRDS)]))
+        self.probe_port = free_port()
+        args = [
+            f"--batch-scheduler={self.batch_scheduler}",
+            f"--metrics-addr=127.0.0.1:{free_port()}",
+            f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+            "--enable-leader-election=false",
+            "--log-stdout-encoder=console",
+        ]
+        env = {**os.environ, "KUBECONFIG": self.sandbox.kubeconfig}
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [str(binary), *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.sandbox.dir, env=env,
+            )
+        try:
+            self._wait_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, *, grace: float = 10.0) -> None:
+        """SIGTERM the process this object started, SIGKILL it after ``grace`` seconds."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    async def _install(self, files: list[Path]) -> None:
+        client = await KubeClient.connect(self.sandbox.kubeconfig)
+        try:
+            await apply_manifests(client, files)
+        finally:
+            await client.close()
+
+    def _wait_ready(self, deadline: float) -> None:
+        """Its ``/readyz`` (answered as soon as its manager serves probes), then the line
+        its RayCluster controller logs once its caches are synced and its workers run."""
+        url = f"http://127.0.0.1:{self.probe_port}/readyz"
+        if not http_ok(url, deadline=deadline, alive=self._check_alive, interval=0.2):
+            raise SandboxError(f"the KubeRay operator was not ready in time: {log_tail(str(self.log))}")
+        while not self._controller_started():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise SandboxError(f"the KubeRay operator's RayCluster controller did not start in time: "
+                                   f"{log_tail(str(self.log))}")
+            time.sleep(0.2)
+
+    def _controller_started(self) -> bool:
+        text = self.log.read_text(errors="replace")
+        return any(_STARTED in line and _CONTROLLER in line.lower() for line in text.splitlines())
+
+    def _check_alive(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            raise SandboxError(f"the KubeRay operator exited: {log_tail(str(self.log))}")
