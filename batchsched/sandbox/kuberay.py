@@ -76,25 +76,11 @@ def operator_binary() -> Path:
 
 
 def operator_crds() -> Path:
-    """The folder of the operator's CRDs in the Go module cache (the build downloads the
-    module; on a machine where only the binary is cached, it is downloaded here)."""
-    go = build.go_command()
-    cwd = build.GOMOD / MODULE
-
-    def folder() -> Path | None:
-        out = subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", GO_MODULE], cwd=cwd,
-                             capture_output=True, text=True, check=False)
-        found = Path(out.stdout.strip()) / "config" / "crd" / "bases"
-        ok = out.returncode == 0 and out.stdout.strip() and all((found / name).exists() for name in CRDS)
-        return found if ok else None
-
-    found = folder()
-    if found is None:
-        subprocess.run([go, "mod", "download", GO_MODULE], cwd=cwd, capture_output=True, check=False)
-        found = folder()
-    if found is None:
-        raise SandboxError(f"the CRDs of {GO_MODULE} are not in the Go module cache")
-    return found
+    """The folder of the operator's CRDs in the Go module cache."""
+    try:
+        return build.module_source(MODULE, GO_MODULE, f"config/crd/bases/{CRDS[0]}") / "config" / "crd" / "bases"
+    except build.BuildError as exc:
+        raise SandboxError(str(exc)) from exc
 
 
 class KubeRayOperator:
