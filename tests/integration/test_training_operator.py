@@ -232,13 +232,14 @@ async def test_a_pytorchjob_that_cannot_fit_is_told_why_then_that_it_was_placed(
         assert waiting["type"] == "Warning"
         assert waiting["involvedObject"] == {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "gpt",
                                              "namespace": namespace, "uid": job["metadata"]["uid"]}
+        # (the operator gives the PodGroup minResources: every replica's requests summed)
         assert waiting["message"].startswith(
-            f"gang needs 2 pods (2 cpu, 2Gi memory, 16 {GPU}) placed together; only 1 fit now."
+            f"gang {namespace}/gpt needs minResources the cluster does not have free: 16 {GPU} (free: "
         ), waiting["message"]
         # what the PodGroup's condition says, and what its user reads of the job
         assert waiting["message"] == condition(await get_group(kube, XK8S, namespace, "gpt"))["message"]
         shown = await describe(sandbox, namespace, "pytorchjob", "gpt")
-        assert "FailedScheduling" in shown and "only 1 fit now" in shown, shown
+        assert "FailedScheduling" in shown and "needs minResources the cluster does not have free" in shown, shown
         # told once, though the gang is tried again while it waits
         await asyncio.sleep(3)
         assert len(await of_kind(events_for(kube, namespace, "gpt", "FailedScheduling"), "PyTorchJob")) == 1
