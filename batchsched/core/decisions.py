@@ -15,7 +15,7 @@ from batchsched.core.gangs import GroupStatus, PodGroup
 from batchsched.core.model import Pod
 from batchsched.core.plan import Binding, Eviction, ObjectRef, Plan
 
-__all__ = ["Decisions", "EventNote", "PodCondition", "PodScheduledNote", "group_ref", "pod_ref"]
+__all__ = ["Decisions", "EventNote", "PodCondition", "PodScheduledNote", "gang_refs", "group_ref", "pod_ref"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,3 +81,12 @@ def group_ref(group: PodGroup) -> ObjectRef:
         kind="Workload" if group.from_pods else "PodGroup", api_version=group.api_version,
         namespace=group.namespace, name=group.name, uid=group.uid,
     )
+
+
+def gang_refs(group: PodGroup) -> tuple[ObjectRef, ...]:
+    """Every object an Event about the gang (why it waits, that it was placed) goes to:
+    the group's own (:func:`group_ref`) and the object that made it, its controller owner
+    (a PyTorchJob, a RayCluster...), where a user of that tool looks (``kubectl describe
+    pytorchjob``). One step up only: an owner's own owner is not looked for."""
+    own = group_ref(group)
+    return (own,) if group.owner is None or group.owner == own else (own, group.owner)

@@ -116,7 +116,7 @@ class Session(EventRouting):
         self.ledger = BindLedger(assumed_timeout=s.assumed_timeout, scheduled_events=s.scheduled_events)
         self.holds = Holds(s.node_health)
         self.followup = PreemptionFollowUp()
-        self.reports = GroupReports(self.groups, s.levels)
+        self.reports = GroupReports(self.groups, s.levels, report_delay=s.gang_report_delay)
         self.queue_statuses = QueueStatuses(s.queue_status_interval)
         self.nominations = NominationBook(s.queues.nomination_timeout)
         self.cycles = 0

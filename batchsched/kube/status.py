@@ -20,6 +20,11 @@ The queue itself (latest wins, one write in flight per key, draining) is a
 :class:`~batchsched.kube.coalesce.CoalescingWriter`; Events go through it too, each under a
 key of its own, so they are never coalesced.
 
+An Event must name its object exactly, uid included, for ``kubectl describe`` to show it.
+Kueue's Workload, where Events about a Kueue pod group go, is the one object named in an
+Event that batchsched does not watch: its uid is read when such an Event is written
+(:data:`READ_UID`); a Workload not there (yet) gets the Event without it.
+
 Failures: a pod (or namespace) that is gone - 404, 409 - drops the write; temporary errors
 are retried under :func:`~batchsched.kube.retry.status_writes`, and still failing, kept and tried again later;
 anything else is logged and dropped. Nothing here raises into the scheduler.
@@ -41,6 +46,7 @@ from datetime import UTC, datetime
 from batchsched.core.plan import ObjectRef
 from batchsched.kube.api import JSON, KubeAPI
 from batchsched.kube.coalesce import CoalescingWriter, WriteLater
+from batchsched.kube.errors import PermanentError
 from batchsched.kube.leader import Fence, Fenced
 from batchsched.kube.retry import status_writes, try_write
 
@@ -52,6 +58,9 @@ MESSAGE_LIMIT = 1024
 _NAME_LIMIT = 253
 _INSTANCE_LIMIT = 128
 _EVENT_TYPES = ("Normal", "Warning")
+#: kinds of object Events are written about whose uid batchsched does not know, to their
+#: resource names: the uid is read when the Event is written
+READ_UID = {"Workload": "workloads"}
 
 
 
@@ -251,9 +260,31 @@ class StatusWriter:
         if isinstance(item, _EventWrite):
             path = f"/api/v1/namespaces/{item.namespace}/events"
             what = f"event {item.body['reason']} about {item.body['involvedObject']['name']}"
-            return await try_write(
-                self.retry, fence.guard(lambda: self.client.create(path, item.body), what=what), what=what
-            )
+
+            async def create() -> JSON:
+                return await self.client.create(path, await self._identified(item.body))
+
+            return await try_write(self.retry, fence.guard(create, what=what), what=what)
+        return await self._condition(item)
+
+    async def _identified(self, body: JSON) -> JSON:
+        """The Event ``body`` with its object's uid, read now when it has none and is of a
+        kind in :data:`READ_UID`; unchanged when the object cannot be read (gone, not yet
+        made, or not readable under the scheduler's role)."""
+        involved = body["involvedObject"]
+        resource = READ_UID.get(involved["kind"])
+        if resource is None or involved.get("uid") or not involved.get("namespace"):
+            return body
+        where = f"/apis/{involved['apiVersion']}/namespaces/{involved['namespace']}/{resource}/{involved['name']}"
+        try:
+            obj = await self.client.get(where)
+        except PermanentError as exc:  # temporary errors: the Event's write is tried again
+            log.debug("event about %s %s sent without its uid: %s", involved["kind"], involved["name"], exc)
+            return body
+        uid = (obj.get("metadata") or {}).get("uid")
+        return {**body, "involvedObject": {**involved, "uid": uid}} if isinstance(uid, str) and uid else body
+
+    async def _condition(self, item: _Condition) -> bool:
         ref = item.ref
         patch: JSON = {"metadata": {"uid": ref.uid}, "status": {"conditions": [{
             "type": "PodScheduled",
@@ -267,7 +298,7 @@ class StatusWriter:
         what = f"condition of pod {ref.namespace}/{ref.name}"
         return await try_write(
             self.retry,
-            fence.guard(lambda: self.client.patch(path, patch, kind="strategic"), what=what),
+            self.fence.guard(lambda: self.client.patch(path, patch, kind="strategic"), what=what),
             what=what,
             gone=lambda: self.forget(ref.uid),
         )

@@ -168,6 +168,18 @@ async def events_for(kube: KubeClient, namespace: str, name: str, reason: str | 
     return [e for e in items if reason is None or e.get("reason") == reason]
 
 
+async def describe(sandbox: Any, namespace: str, kind: str, name: str) -> str:
+    """What ``kubectl describe KIND NAME`` prints (the sandbox's own kubectl, admin), Events
+    included: kubectl finds an object's Events by its kind, name, namespace and uid."""
+    from batchsched.sandbox import build
+
+    cmd = [str(build.ensure_binaries().kubectl), "--kubeconfig", str(sandbox.kubeconfig),
+           "describe", kind, name, "-n", namespace]
+    out = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 async def assert_no_overcommit(kube: KubeClient) -> dict[str, dict[str, int]]:
     """Every node's bound, unfinished pods fit in its allocatable; returns usage per node."""
     nodes, _ = await kube.list("/api/v1/nodes")

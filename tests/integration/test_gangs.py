@@ -93,9 +93,14 @@ async def test_training_operator_scheduler_plugins_path_binds_whole_and_reports_
         assert st["scheduleStartTime"].endswith("Z")
         cond = condition(group)
         assert (cond["type"], cond["status"], cond["reason"]) == ("PodGroupScheduled", "True", "Scheduled")
-        [event] = await wait_for(lambda: events_for(kube, namespace, job, "Scheduled"), timeout=10)
-        assert event["involvedObject"]["kind"] == "PodGroup"
-        assert event["message"] == "placed 5 members as one gang (quorum 5)"
+        # said to the PodGroup and to the job that owns it (a ConfigMap stands in for it here)
+        async def placed() -> list[dict[str, Any]] | None:
+            found = await events_for(kube, namespace, job, "Scheduled")
+            return found if len(found) == 2 else None
+
+        events = await wait_for(placed, timeout=10)
+        assert sorted(e["involvedObject"]["kind"] for e in events) == ["ConfigMap", "PodGroup"]
+        assert {e["message"] for e in events} == {"placed 5 members as one gang (quorum 5)"}
         await assert_no_overcommit(kube)
 
 

@@ -3,8 +3,9 @@
 Every integration test runs the scheduler under its own ServiceAccount, bound to that role
 alone, and the sandbox's apiserver writes an audit log of that account's requests (see
 ``tests/conftest.py``). This test runs one scheduler along every path that talks to the
-API (a gang bound, a Volcano group admitted, a GPU share annotated, a pod that fits
-nowhere told why, a preemption, a binding that lost a race, a Queue's status, a Lease),
+API (a gang bound, a Volcano group admitted, a Kueue group's Workload read, a GPU share
+annotated, a pod that fits nowhere told why, a preemption, a binding that lost a race, a
+Queue's status, a Lease),
 then reads the log: no request of the account was refused, and every (API group,
 resource, verb) the role grants was used, by this test or by the tests before it in the
 run. A grant nobody uses is removed from the role; a refused request is a rule missing.
@@ -122,6 +123,9 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
             pod_body("vc-0", gpu=1, spec=in_pool,
                      metadata={"annotations": {"scheduling.k8s.io/group-name": "vc"}}),
             pod_body("share", spec=in_pool, metadata={"annotations": {"gpu-fraction": "0.5"}}),
+            # a Kueue pod group of one: its Events go to Kueue's Workload, whose uid is read
+            pod_body("kq-0", spec=in_pool, metadata={"labels": {"kueue.x-k8s.io/pod-group-name": "kq"},
+                                                     "annotations": {"kueue.x-k8s.io/pod-group-total-count": "1"}}),
             pod_body("huge", gpu=64, spec=in_pool),
             pod_body("low", gpu=2, spec={"nodeSelector": {SANDBOX_LABEL: spare},
                                          "priorityClassName": "low-priority"}),
@@ -148,6 +152,8 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
                            for c in (group.get("status") or {}).get("conditions") or [])
 
             await wait_for(up_scheduled, timeout=60)
+            # the Kueue group placed: its Workload (not made here) is looked for, the Event written
+            await wait_for(lambda: events_for(kube, namespace, "kq", "Scheduled"), timeout=60)
             # a share of a card: the card is written on the pod before it is bound
             await wait_for(lambda: node_of(kube, namespace, "share"), timeout=60)
             share = await pod(kube, namespace, "share")

@@ -20,8 +20,9 @@ it happened (:class:`PodHistory`): every version of every pod, in the apiserver'
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from tests.integration.helpers import (
     PodHistory,
     assert_no_overcommit,
     condition,
+    describe,
     events_for,
     get_group,
     list_pods,
@@ -205,9 +207,53 @@ async def test_two_pytorchjobs_that_each_need_every_gpu_run_one_after_the_other_
         # the operator made one PodGroup per job, for all four replicas, and batchsched said
         # it placed the four as one gang
         for name in jobs:
-            [ev] = await wait_for(lambda name=name: events_for(kube, namespace, name, "Scheduled"), timeout=10)
-            assert ev["involvedObject"]["kind"] == "PodGroup"
+            [ev] = await wait_for(lambda name=name: of_kind(events_for(kube, namespace, name, "Scheduled"), "PodGroup"),
+                                  timeout=10)
             assert ev["message"] == "placed 4 members as one gang (quorum 4)"
+
+
+async def of_kind(events: Awaitable[list[dict[str, Any]]], kind: str) -> list[dict[str, Any]]:
+    """The ``events`` about an object of ``kind`` (a job and its PodGroup share a name)."""
+    return [e for e in await events if e["involvedObject"]["kind"] == kind]
+
+
+async def test_a_pytorchjob_that_cannot_fit_is_told_why_then_that_it_was_placed(
+    sandbox, training_operator, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+) -> None:
+    started = time.perf_counter()
+    pool = uuid.uuid4().hex[:6]
+    await make_nodes(count=1, gpus=8, labels={"pool": pool})
+    async with running_scheduler(sandbox, namespace):
+        # a master and a worker of 8 GPUs each: one node of 8 GPUs holds only one of them
+        await create_job(kube, namespace, pytorchjob("gpt", pool=pool, workers=1))
+        job = await kube.get(f"{PYTORCHJOBS.format(namespace=namespace)}/gpt")
+        [waiting] = await wait_for(lambda: of_kind(events_for(kube, namespace, "gpt", "FailedScheduling"), "PyTorchJob"),
+                                   timeout=60)
+        assert waiting["type"] == "Warning"
+        assert waiting["involvedObject"] == {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "gpt",
+                                             "namespace": namespace, "uid": job["metadata"]["uid"]}
+        # (the operator gives the PodGroup minResources: every replica's requests summed)
+        assert waiting["message"].startswith(
+            f"gang {namespace}/gpt needs minResources the cluster does not have free: 16 {GPU} (free: "
+        ), waiting["message"]
+        # what the PodGroup's condition says, and what its user reads of the job
+        assert waiting["message"] == condition(await get_group(kube, XK8S, namespace, "gpt"))["message"]
+        shown = await describe(sandbox, namespace, "pytorchjob", "gpt")
+        assert "FailedScheduling" in shown and "needs minResources the cluster does not have free" in shown, shown
+        # told once, though the gang is tried again while it waits
+        await asyncio.sleep(3)
+        assert len(await of_kind(events_for(kube, namespace, "gpt", "FailedScheduling"), "PyTorchJob")) == 1
+        assert not [p for p in live(await list_pods(kube, namespace), "gpt") if p["spec"].get("nodeName")]
+
+        # a second node: the job fits, and is told it was placed, as one gang
+        await make_nodes(count=1, gpus=8, labels={"pool": pool})
+        await wait_for(lambda: whole(kube, namespace, "gpt", 2), timeout=60)
+        [placed] = await wait_for(lambda: of_kind(events_for(kube, namespace, "gpt", "Scheduled"), "PyTorchJob"),
+                                  timeout=30)
+        assert placed["involvedObject"]["uid"] == job["metadata"]["uid"]
+        assert placed["message"] == "placed 2 members as one gang (quorum 2)"
+        assert "placed 2 members as one gang (quorum 2)" in await describe(sandbox, namespace, "pytorchjob", "gpt")
+    print(f"\nPyTorchJob Events: {time.perf_counter() - started:.1f} s")
 
 
 def _where(pods: list[dict[str, Any]]) -> str:

@@ -9,6 +9,15 @@ message, but a waiting gang's message changes with every change of capacity ("on
 now"), so they are told a new one at most every :data:`POD_MESSAGE_SECONDS` (a write per
 member), while the PodGroup condition follows each change (one write).
 
+Why a gang waits, as its condition says it, is also said by a ``FailedScheduling`` Event
+to the objects its users read (:func:`~batchsched.core.decisions.gang_refs`: the PodGroup,
+or Kueue's Workload, and the job that owns the group), while a member of it waits for
+batchsched (not while all are gated: the gate's owner says why), under the pods' rule: a new reason at once, a new message
+for the same reason at most every :data:`POD_MESSAGE_SECONDS`. A reason is said only once
+it held for the gang report delay (members and PodGroups usually arrive together, so a
+job that is being created is not reported as missing its pods); until then the group is
+looked at again at every step.
+
 The Queue statuses are written at most every ``queue_status_interval`` (at once after the
 queues changed), from the queue tree as the last cycle charged it.
 """
@@ -18,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from batchsched.core import explain
-from batchsched.core.decisions import Decisions, EventNote, group_ref
+from batchsched.core.decisions import Decisions, EventNote, gang_refs, group_ref
 from batchsched.core.gangs import VOLCANO, GroupBook, GroupKey, PodGroup, Room, desired_status
 from batchsched.core.gangs.units import refusal
 from batchsched.core.mirror import ClusterState
@@ -39,9 +48,11 @@ POD_MESSAGE_SECONDS = 30.0
 class GroupReports:
     """The books of what was told to each group and its pods."""
 
-    def __init__(self, groups: GroupBook, levels: TopologyLevels) -> None:
+    def __init__(self, groups: GroupBook, levels: TopologyLevels, *, report_delay: float = 1.0) -> None:
         self.groups = groups
         self.levels = levels
+        #: a gang's reason is told its objects by Event once it held this long
+        self.report_delay = report_delay
         #: groups whose status is to be written in the next step
         self.dirty: set[GroupKey] = set()
         #: group unit key -> (reason, message) of why it was not placed in the last cycle
@@ -55,6 +66,12 @@ class GroupReports:
         self._disruption: dict[GroupKey, str] = {}
         #: gang unit key -> (reason, message, time) last told its pods
         self._pods_told: dict[str, tuple[str, str, float]] = {}
+        #: group -> (reason, message, time) last told its objects by Event, and the reason
+        #: it waits for with when that reason was first seen
+        self._objects_told: dict[GroupKey, tuple[str, str, float]] = {}
+        self._reason_since: dict[GroupKey, tuple[str, float]] = {}
+        #: groups whose reason is still too new to tell: looked at again at the next step
+        self._recheck: set[GroupKey] = set()
         self._last_sweep = -1e18
         #: the groups of the current sweep, and how far it went
         self._sweep: list[GroupKey] = []
@@ -71,6 +88,7 @@ class GroupReports:
             self._pods_told.pop(group.key, None)
             self._initially.discard(group.key)
             self._disruption.pop(group.key, None)
+            self._forget_objects_told(group.key)
         else:
             self.dirty.add(group.key)
 
@@ -95,10 +113,10 @@ class GroupReports:
         last one if it was told less than :data:`POD_MESSAGE_SECONDS` ago (a new reason is
         always told at once, so reason and message never disagree)."""
         told = self._pods_told.get(key)
-        if told is None or told[0] != reason or (told[1] != message and now - told[2] >= POD_MESSAGE_SECONDS):
-            self._pods_told[key] = (reason, message, now)
-            return message
-        return told[1]
+        if told is not None and not _due(told, reason, message, now):
+            return told[1]
+        self._pods_told[key] = (reason, message, now)
+        return message
 
     def result(
         self, unit: Unit, result: UnitResult | None, *, holding: bool, now: float, out: Decisions,
@@ -114,13 +132,14 @@ class GroupReports:
             self._message.pop(key, None)
             self._pods_told.pop(key, None)
             self._disruption.pop(key, None)
+            self._forget_objects_told(key)
             group = self.groups.groups.get(key)
             if group is not None:
                 message = explain.gang_placed(
                     quorum=unit.min_count, min_member=group.min_member,
                     extra=result.placed - unit.min_count, where=self._placed_where(unit, result.where),
                 )
-                out.events.append(EventNote(group_ref(group), "Normal", "Scheduled", message))
+                out.events.extend(EventNote(ref, "Normal", "Scheduled", message) for ref in gang_refs(group))
         elif holding:
             self._message[key] = ("WaitingForPreemption", result.message)
         elif result.failed or result.reason == RESERVED:
@@ -150,6 +169,31 @@ class GroupReports:
         self.dirty.update(self._sweep[self._swept:self._swept + count])
         self._swept += count
 
+    def _tell_objects(self, group: PodGroup, reason: str, message: str, now: float, out: Decisions) -> None:
+        """Why the gang waits (``reason`` "": it does not), said by a ``FailedScheduling``
+        Event to each of :func:`~batchsched.core.decisions.gang_refs`, when it says something
+        new (the pods' rule, :func:`_due`) and its reason held for :attr:`report_delay`."""
+        key = group.key
+        if not reason:
+            self._forget_objects_told(key)
+            return
+        since = self._reason_since.get(key)
+        if since is None or since[0] != reason:
+            since = self._reason_since[key] = (reason, now)
+        if now - since[1] < self.report_delay:
+            self._recheck.add(key)
+            return
+        if not _due(self._objects_told.get(key), reason, message, now):
+            return
+        self._objects_told[key] = (reason, message, now)
+        out.events.extend(EventNote(ref, "Warning", "FailedScheduling", message) for ref in gang_refs(group))
+
+    def _forget_objects_told(self, key: GroupKey) -> None:
+        """The gang was placed, stopped waiting or went: a later wait is told afresh."""
+        self._objects_told.pop(key, None)
+        self._reason_since.pop(key, None)
+        self._recheck.discard(key)
+
     def _placed_where(self, unit: Unit, where: str) -> str:
         """`` within rack r-3``: the end of a placed gang's message (empty without a domain)."""
         if not where:
@@ -167,6 +211,8 @@ class GroupReports:
         ``room()``: what groups could have, for Volcano's admission (built when needed)."""
         self._sweep_slice(now)
         self.dirty.update(self.groups.timed())
+        self.dirty.update(self._recheck)
+        self._recheck.clear()
         dirty, self.dirty = self.dirty, set()
         admission: Room | None = None
         for key in sorted(dirty):
@@ -194,14 +240,17 @@ class GroupReports:
             elif backing_off:
                 reason = "GangBackoff"
                 message = self.groups.blocked_message(group, now)
-            if group.from_pods:
-                continue  # no object of its own: its pods are told (a status has nowhere to go)
             status = desired_status(
                 group, tally, waiting=message, reason=reason, admitted=admitted,
                 schedule_start=self._schedule_start.get(key, ""), refused=refused,
                 scheduled_before=key in self._initially or group.observed.scheduled,
                 disruption=self._disruption.get(key, ""),
             )
+            # members gated by another controller (Kueue before it admits) are its to explain
+            waits = tally.schedulable and not status.scheduled
+            self._tell_objects(group, status.reason if waits else "", status.message, now, out)
+            if group.from_pods:
+                continue  # no object of its own: its pods are told (a status has nowhere to go)
             if group.upstream is not None and status.scheduled:
                 self._initially.add(key)
             out.group_statuses.append((group, status))
@@ -244,6 +293,13 @@ class QueueStatuses:
             return _has_pending(key, state, groups)
 
         out.queue_statuses.extend(queues.statuses(charged.tree, pending).items())
+
+
+def _due(told: tuple[str, str, float] | None, reason: str, message: str, now: float) -> bool:
+    """Whether a waiting gang is told ``reason`` and ``message`` again, having been told
+    ``told`` (reason, message, when) last: a new reason at once, a new message for the same
+    reason at most every :data:`POD_MESSAGE_SECONDS`, the same words never."""
+    return told is None or told[0] != reason or (told[1] != message and now - told[2] >= POD_MESSAGE_SECONDS)
 
 
 def _has_pending(key: str, state: ClusterState, groups: GroupBook) -> bool:

@@ -31,6 +31,7 @@ from typing import Any, NewType
 
 from batchsched.core.gangs.upstream import K8S, UpstreamPolicy, read_conditions, read_spec
 from batchsched.core.model import Pod, arrival_of, parse_time
+from batchsched.core.plan import ObjectRef
 from batchsched.core.quantity import QuantityError, QuantityRangeError, to_units
 
 __all__ = [
@@ -138,6 +139,10 @@ class PodGroup:
     annotations: Mapping[str, str] = field(default_factory=dict)
     #: what a ``scheduling.k8s.io`` PodGroup asks beyond its quorum (None for other APIs)
     upstream: UpstreamPolicy | None = None
+    #: the object that made the group, its ``ownerReferences`` entry marked ``controller``
+    #: (a PyTorchJob, a RayCluster, a JobSet...): where its users look, so Events about the
+    #: gang go there too; None when no controller owns it
+    owner: ObjectRef | None = None
 
     @property
     def key(self) -> GroupKey:
@@ -302,7 +307,28 @@ def parse_podgroup(api: str, obj: Mapping[str, Any]) -> PodGroup:
         labels=_strings(meta.get("labels")),
         annotations=annotations,
         upstream=upstream,
+        owner=controller_of(meta),
     )
+
+
+def controller_of(meta: Mapping[str, Any]) -> ObjectRef | None:
+    """The object's controller: its ``ownerReferences`` entry with ``controller: true``
+    (the API allows one at most), in the object's namespace (owners of namespaced objects
+    are in the same one); None when there is none or it lacks its kind, version, name or
+    uid (an Event must name its object exactly for ``kubectl describe`` to show it)."""
+    refs = meta.get("ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if not isinstance(ref, Mapping) or ref.get("controller") is not True:
+            continue
+        fields = [ref.get(k) for k in ("kind", "apiVersion", "name", "uid")]
+        if not all(isinstance(f, str) and f for f in fields):
+            return None
+        kind, api_version, name, uid = (str(f) for f in fields)
+        return ObjectRef(kind=kind, api_version=api_version, namespace=str(meta.get("namespace") or ""),
+                         name=name, uid=uid)
+    return None
 
 
 def _observed_upstream(status: Mapping[str, Any]) -> GroupStatus:
