@@ -24,7 +24,14 @@ import pytest
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
 from tests.conftest import IN_CI
-from tests.integration.helpers import create_pods, list_pods, pod_body, running_scheduler, wait_for
+from tests.integration.helpers import (
+    create_pods,
+    events_for,
+    list_pods,
+    pod_body,
+    running_scheduler,
+    wait_for,
+)
 
 # the first test may build Kueue (about 10 minutes on a fresh 2-core machine) in its fixture
 pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.timeout(1800)]
@@ -398,6 +405,15 @@ async def test_multikueue_runs_a_pod_group_in_the_worker_whole_within_both_quota
         assert await workload_admitted(mk, namespace, "train")
         await asyncio.sleep(4.0)  # the worker's Kueue admits it; three nodes are free, it needs four
         assert node_names(await list_pods(kube, namespace), "train-") == ["", "", "", ""]
+
+        async def told() -> list[dict[str, Any]]:
+            return [e for e in await events_for(kube, namespace, "train", "FailedScheduling")
+                    if e["involvedObject"].get("kind") == "Workload"]
+
+        # why it waits is told on the worker's Workload of the group, where Kueue's users look
+        [event] = await wait_for(told, timeout=30)
+        assert event["involvedObject"]["apiVersion"].startswith("kueue.x-k8s.io/") and event["involvedObject"]["uid"]
+        assert "4 pods" in event["message"], event["message"]
 
         await kube.delete(f"/api/v1/namespaces/{namespace}/pods/blocker", gracePeriodSeconds=0)
 
