@@ -33,13 +33,8 @@ stops exactly the process it started.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 from batchsched.kube.client import KubeClient
 from batchsched.sandbox import build
@@ -49,9 +44,9 @@ from batchsched.sandbox.cluster import (
     SandboxState,
     apply_manifests,
     free_port,
-    http_ok,
     log_tail,
 )
+from batchsched.sandbox.tool import ToolProcess
 
 #: the wrapper module under gomod/ that pins the operator
 MODULE = "kuberay"
@@ -83,71 +78,39 @@ def operator_crds() -> Path:
         raise SandboxError(str(exc)) from exc
 
 
-class KubeRayOperator:
+class KubeRayOperator(ToolProcess):
     """One KubeRay operator process against one running sandbox; a context manager."""
+
+    what = "the KubeRay operator"
+    log_name = "kuberay-operator.log"
 
     def __init__(self, sandbox: SandboxState, *, binary: Path | None = None,
                  batch_scheduler: str = BATCH_SCHEDULER) -> None:
-        self.sandbox = sandbox
-        self.binary = binary
+        super().__init__(sandbox, binary=binary)
         self.batch_scheduler = batch_scheduler
-        self.log = Path(sandbox.dir) / "logs" / "kuberay-operator.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.probe_port = 0
-
-    def __enter__(self) -> KubeRayOperator:
-        self.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def start(self, *, timeout: float = 60.0) -> None:
         """Build (if needed), install its CRDs and the PodGroup CRD, start it and wait
         until its RayCluster controller runs; fail with a :class:`SandboxError`, leaving
         it stopped."""
-        if self.process is not None:
-            raise SandboxError("the KubeRay operator is already running")
-        try:
-            binary = self.binary or operator_binary()
-        except build.BuildError as exc:
-            raise SandboxError(str(exc)) from exc
+        binary = self._binary(operator_binary)
         crds = operator_crds()
         deadline = time.monotonic() + timeout
         asyncio.run(self._install([PODGROUP_CRD, *(crds / name for name in CRDS)]))
-        self.probe_port = free_port()
+        probe_port = free_port()
         args = [
             f"--batch-scheduler={self.batch_scheduler}",
             f"--metrics-addr=127.0.0.1:{free_port()}",
-            f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+            f"--health-probe-bind-address=127.0.0.1:{probe_port}",
             "--enable-leader-election=false",
             "--log-stdout-encoder=console",
         ]
-        env = {**os.environ, "KUBECONFIG": self.sandbox.kubeconfig}
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [str(binary), *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.sandbox.dir, env=env,
-            )
+        self._spawn(binary, args)
         try:
-            self._wait_ready(deadline)
+            self._wait_ready(probe_port, deadline)
         except BaseException:
             self.stop()
             raise
-
-    def stop(self, *, grace: float = 10.0) -> None:
-        """SIGTERM the process this object started, SIGKILL it after ``grace`` seconds."""
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
     async def _install(self, files: list[Path]) -> None:
         client = await KubeClient.connect(self.sandbox.kubeconfig)
@@ -156,12 +119,10 @@ class KubeRayOperator:
         finally:
             await client.close()
 
-    def _wait_ready(self, deadline: float) -> None:
+    def _wait_ready(self, probe_port: int, deadline: float) -> None:
         """Its ``/readyz`` (answered as soon as its manager serves probes), then the line
         its RayCluster controller logs once its caches are synced and its workers run."""
-        url = f"http://127.0.0.1:{self.probe_port}/readyz"
-        if not http_ok(url, deadline=deadline, alive=self._check_alive, interval=0.2):
-            raise SandboxError(f"the KubeRay operator was not ready in time: {log_tail(str(self.log))}")
+        self._wait_http(f"http://127.0.0.1:{probe_port}/readyz", deadline)
         while not self._controller_started():
             self._check_alive()
             if time.monotonic() > deadline:
@@ -172,7 +133,3 @@ class KubeRayOperator:
     def _controller_started(self) -> bool:
         text = self.log.read_text(errors="replace")
         return any(_STARTED in line and _CONTROLLER in line.lower() for line in text.splitlines())
-
-    def _check_alive(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            raise SandboxError(f"the KubeRay operator exited: {log_tail(str(self.log))}")

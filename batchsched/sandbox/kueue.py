@@ -37,12 +37,8 @@ import asyncio
 import base64
 import contextlib
 import copy
-import os
-import signal
-import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
@@ -55,10 +51,9 @@ from batchsched.sandbox.cluster import (
     SandboxState,
     apply_manifests,
     free_port,
-    http_ok,
     log_tail,
 )
-from batchsched.sandbox.operators import write_whole
+from batchsched.sandbox.tool import ToolProcess, create_once
 
 #: the wrapper module under gomod/ that pins Kueue
 MODULE = "kueue"
@@ -171,88 +166,54 @@ def embedded_kubeconfig(sandbox: SandboxState) -> str:
     return str(yaml.safe_dump(config))
 
 
-class Kueue:
+class Kueue(ToolProcess):
     """One Kueue process against one running sandbox; a context manager."""
+
+    what = "Kueue"
+    log_name = "kueue.log"
 
     def __init__(self, sandbox: SandboxState, *, binary: Path | None = None,
                  frameworks: tuple[str, ...] = FRAMEWORKS) -> None:
-        self.sandbox = sandbox
-        self.binary = binary
+        super().__init__(sandbox, binary=binary)
         self.frameworks = frameworks
         self.dir = Path(sandbox.dir) / "kueue"
-        self.log = Path(sandbox.dir) / "logs" / "kueue.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.probe_port = 0
-
-    def __enter__(self) -> Kueue:
-        self.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def start(self, *, timeout: float = 180.0) -> None:
         """Build (if needed), install its CRDs, Service, Secret and webhook configurations,
         start it and wait until its webhooks answer; fail with a :class:`SandboxError`,
         leaving it stopped and its webhooks removed."""
-        if self.process is not None:
-            raise SandboxError("Kueue is already running")
-        try:
-            binary = self.binary or kueue_binary()
-        except build.BuildError as exc:
-            raise SandboxError(str(exc)) from exc
+        binary = self._binary(kueue_binary)
         source = kueue_source()
         deadline = time.monotonic() + timeout
-        webhook_port, self.probe_port = free_port(), free_port()
+        webhook_port, probe_port = free_port(), free_port()
         cert_dir = self.dir / "certs"
         cert_dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "config.yaml"
         config.write_text(yaml.safe_dump(configuration(
-            webhook_port=webhook_port, probe_port=self.probe_port, metrics_port=free_port(),
+            webhook_port=webhook_port, probe_port=probe_port, metrics_port=free_port(),
             cert_dir=cert_dir, frameworks=self.frameworks)))
         asyncio.run(self._install(source, webhook_port))
-        args = [f"--config={config}", "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"]
-        env = {**os.environ, "KUBECONFIG": self.sandbox.kubeconfig}
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [str(binary), *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.sandbox.dir, env=env,
-            )
+        self._spawn(binary, [f"--config={config}", "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"])
         try:
-            asyncio.run(self._mount_certs(cert_dir, deadline))
-            if not http_ok(f"http://127.0.0.1:{self.probe_port}/readyz", deadline=deadline,
-                           alive=self._check_alive, interval=0.2):
-                raise SandboxError(f"Kueue was not ready in time: {log_tail(str(self.log))}")
+            asyncio.run(self._mount_secret(NAMESPACE, SECRET, CERT_FILES, cert_dir, deadline))
+            self._wait_http(f"http://127.0.0.1:{probe_port}/readyz", deadline)
             asyncio.run(self._wait_webhooks(deadline))
         except BaseException:
             self.stop()
             raise
 
-    def stop(self, *, grace: float = 10.0) -> None:
-        """Remove its webhook configurations, then SIGTERM the process (SIGKILL after
-        ``grace`` seconds); the process is stopped even if the sandbox is already gone."""
-        try:
-            asyncio.run(self._remove_webhooks())
-        finally:
-            proc, self.process = self.process, None
-            if proc is not None and proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    def _before_stop(self) -> None:
+        """Its webhook configurations go first: with ``failurePolicy: Fail`` and Kueue gone,
+        they would refuse every pod of the namespaces they select."""
+        asyncio.run(self._remove_webhooks())
 
     # -- what its Deployment would have -------------------------------------------------------
 
     async def _install(self, source: Path, port: int) -> None:
         async with await KubeClient.connect(self.sandbox.kubeconfig) as client:
-            await _create(client, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+            await create_once(client, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
             # empty: Kueue's certificate rotator fills it (one left by an earlier start is reused)
-            await _create(client, f"/api/v1/namespaces/{NAMESPACE}/secrets", {"metadata": {"name": SECRET}})
+            await create_once(client, f"/api/v1/namespaces/{NAMESPACE}/secrets", {"metadata": {"name": SECRET}})
             await _replace(client, f"/api/v1/namespaces/{NAMESPACE}/services", {
                 "metadata": {"name": SERVICE},
                 "spec": {"type": "ExternalName", "externalName": "localhost",
@@ -266,22 +227,6 @@ class Kueue:
             for doc in webhook_documents(source, port):
                 kind = doc["kind"].lower() + "s"
                 await _replace(client, f"{WEBHOOK_API}/{kind}", doc)
-
-    async def _mount_certs(self, cert_dir: Path, deadline: float) -> None:
-        """Copy the certificates Kueue writes into its Secret where it expects the Secret mounted."""
-        async with await KubeClient.connect(self.sandbox.kubeconfig) as client:
-            while True:
-                self._check_alive()
-                secret = await client.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{SECRET}")
-                data: dict[str, str] = secret.get("data") or {}
-                if all(data.get(name) for name in CERT_FILES):
-                    break
-                if time.monotonic() > deadline:
-                    raise SandboxError(f"Kueue wrote no certificates into {NAMESPACE}/{SECRET}: "
-                                       f"{log_tail(str(self.log))}")
-                await asyncio.sleep(0.2)
-        for name in CERT_FILES:
-            write_whole(cert_dir / name, base64.b64decode(data[name]))
 
     async def _wait_webhooks(self, deadline: float) -> None:
         """Until the apiserver reaches Kueue's webhooks with the CA injected: a dry-run
@@ -309,15 +254,6 @@ class Kueue:
                 for kind, name in WEBHOOKS.items():
                     with contextlib.suppress(NotFoundError):
                         await client.delete(f"{WEBHOOK_API}/{kind.lower()}s/{name}")
-
-    def _check_alive(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            raise SandboxError(f"Kueue exited: {log_tail(str(self.log))}")
-
-
-async def _create(client: KubeClient, collection: str, body: dict[str, Any]) -> None:
-    with contextlib.suppress(ConflictError):
-        await client.create(collection, body)
 
 
 async def _replace(client: KubeClient, collection: str, body: dict[str, Any]) -> None:

@@ -36,28 +36,13 @@ webhook server started; its controllers start right after);
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import os
-import signal
-import subprocess
-import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import ConflictError
 from batchsched.sandbox import build
-from batchsched.sandbox.cluster import (
-    SandboxError,
-    SandboxState,
-    apply_manifests,
-    free_port,
-    http_ok,
-    log_tail,
-)
+from batchsched.sandbox.cluster import SandboxError, SandboxState, apply_manifests, free_port
+from batchsched.sandbox.tool import ToolProcess, create_once
 
 #: the wrapper module under gomod/ that pins the operator
 MODULE = "training-operator"
@@ -89,75 +74,44 @@ def operator_crds() -> Path:
         raise SandboxError(str(exc)) from exc
 
 
-class TrainingOperator:
-    """One training operator process against one running sandbox; a context manager."""
+class TrainingOperator(ToolProcess):
+    """One training operator process against one running sandbox; a context manager.
+
+    (v1.8.1 exits with a panic, "close of closed channel", once it has shut down: its main
+    closes the channel its certificate rotator already closed. Harmless.)"""
+
+    what = "the training operator"
+    log_name = "training-operator.log"
 
     def __init__(self, sandbox: SandboxState, *, binary: Path | None = None,
                  gang_scheduler: str = GANG_SCHEDULER) -> None:
-        self.sandbox = sandbox
-        self.binary = binary
+        super().__init__(sandbox, binary=binary)
         self.gang_scheduler = gang_scheduler
-        self.log = Path(sandbox.dir) / "logs" / "training-operator.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.probe_port = 0
-
-    def __enter__(self) -> TrainingOperator:
-        self.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def start(self, *, timeout: float = 120.0) -> None:
         """Build (if needed), install its CRD and the objects its pod would have, start it
         and wait until it is ready; fail with a :class:`SandboxError`, leaving it stopped."""
-        if self.process is not None:
-            raise SandboxError("the training operator is already running")
-        try:
-            binary = self.binary or operator_binary()
-        except build.BuildError as exc:
-            raise SandboxError(str(exc)) from exc
+        binary = self._binary(operator_binary)
         crds = operator_crds()
         deadline = time.monotonic() + timeout
         asyncio.run(self._install(crds / PYTORCHJOB_CRD))
-        self.probe_port = free_port()
+        probe_port = free_port()
         args = [
             f"--gang-scheduler-name={self.gang_scheduler}",
             "--enable-scheme=pytorchjob",
             f"--metrics-bind-address=127.0.0.1:{free_port()}",
-            f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+            f"--health-probe-bind-address=127.0.0.1:{probe_port}",
             f"--webhook-server-port={free_port()}",
             "--zap-log-level=info",
         ]
-        env = {**os.environ, "KUBECONFIG": self.sandbox.kubeconfig, "MY_POD_NAMESPACE": NAMESPACE}
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [str(binary), *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.sandbox.dir, env=env,
-            )
+        self._spawn(binary, args, {"MY_POD_NAMESPACE": NAMESPACE})
         try:
-            asyncio.run(self._mount_certs(deadline))
-            self._wait_ready(deadline)
+            # the operator waits until the Secret its rotator fills is mounted at CERT_DIR
+            asyncio.run(self._mount_secret(NAMESPACE, WEBHOOK_SECRET, CERT_FILES, CERT_DIR, deadline))
+            self._wait_http(f"http://127.0.0.1:{probe_port}/readyz", deadline)
         except BaseException:
             self.stop()
             raise
-
-    def stop(self, *, grace: float = 10.0) -> None:
-        """SIGTERM the process this object started, SIGKILL it after ``grace`` seconds.
-
-        (v1.8.1 exits with a panic, "close of closed channel", once it has shut down: its
-        main closes the channel its certificate rotator already closed. Harmless.)"""
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
     # -- what its pod would have ----------------------------------------------------------
 
@@ -165,60 +119,11 @@ class TrainingOperator:
         client = await KubeClient.connect(self.sandbox.kubeconfig)
         try:
             await apply_manifests(client, [crd])
-            await _create(client, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+            await create_once(client, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
             # empty: the rotator fills it (and a Secret left by an earlier start is reused)
-            await _create(client, f"/api/v1/namespaces/{NAMESPACE}/secrets",
-                          {"metadata": {"name": WEBHOOK_SECRET}})
-            await _create(client, "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
-                          {"metadata": {"name": WEBHOOK_CONFIGURATION}})
+            await create_once(client, f"/api/v1/namespaces/{NAMESPACE}/secrets",
+                              {"metadata": {"name": WEBHOOK_SECRET}})
+            await create_once(client, "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+                              {"metadata": {"name": WEBHOOK_CONFIGURATION}})
         finally:
             await client.close()
-
-    async def _mount_certs(self, deadline: float) -> None:
-        """Copy the certificates the rotator writes into its Secret where the operator
-        expects the Secret mounted."""
-        client = await KubeClient.connect(self.sandbox.kubeconfig)
-        try:
-            while True:
-                self._check_alive()
-                secret = await client.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{WEBHOOK_SECRET}")
-                data: dict[str, str] = secret.get("data") or {}
-                if all(data.get(name) for name in CERT_FILES):
-                    break
-                if time.monotonic() > deadline:
-                    raise SandboxError("the training operator wrote no certificates into its Secret "
-                                       f"{NAMESPACE}/{WEBHOOK_SECRET}: {log_tail(str(self.log))}")
-                await asyncio.sleep(0.2)
-        finally:
-            await client.close()
-        CERT_DIR.mkdir(parents=True, exist_ok=True)
-        for name in CERT_FILES:
-            write_whole(CERT_DIR / name, base64.b64decode(data[name]))
-
-    def _wait_ready(self, deadline: float) -> None:
-        url = f"http://127.0.0.1:{self.probe_port}/readyz"
-        if not http_ok(url, deadline=deadline, alive=self._check_alive, interval=0.2):
-            raise SandboxError(f"the training operator was not ready in time: {log_tail(str(self.log))}")
-
-    def _check_alive(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            raise SandboxError(f"the training operator exited: {log_tail(str(self.log))}")
-
-
-async def _create(client: KubeClient, collection: str, body: dict[str, Any]) -> None:
-    with contextlib.suppress(ConflictError):
-        await client.create(collection, body)
-
-
-def write_whole(path: Path, content: bytes) -> None:
-    """Write ``path`` so that a reader sees the old file or the new one, never a part."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(content)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -18,14 +18,49 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
+
+import pytest
 
 from batchsched.app import Scheduler
 from batchsched.config import parse_config
 from batchsched.core.quantity import to_units
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ExpiredError, NotFoundError
-from tests.conftest import SCHEDULER_USER
+from tests.conftest import IN_CI, SCHEDULER_USER
+
+T = TypeVar("T")
+
+
+def unavailable(message: str) -> NoReturn:
+    """A test whose real parts cannot be had: it fails under CI=true, is skipped elsewhere."""
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def built(build_it: Callable[[], T], what: str) -> T:
+    """``build_it()`` (a tool built from its pinned Go module), or :func:`unavailable`."""
+    from batchsched.sandbox.build import BuildError
+
+    try:
+        return build_it()
+    except (BuildError, OSError) as exc:
+        unavailable(f"{what} could not be built: {exc}")
+
+
+@contextlib.contextmanager
+def started(tool: T, what: str) -> Iterator[T]:
+    """A tool process (:class:`batchsched.sandbox.tool.ToolProcess`) started for the
+    tests in the ``with`` block and stopped after them, or :func:`unavailable`."""
+    try:
+        tool.start()  # type: ignore[attr-defined]
+    except Exception as exc:  # any failure to start is reported the same way
+        unavailable(f"{what} could not start: {exc}")
+    try:
+        yield tool
+    finally:
+        tool.stop()  # type: ignore[attr-defined]
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, interval: float = 0.2) -> Any:

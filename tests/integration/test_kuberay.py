@@ -28,16 +28,17 @@ import yaml
 from batchsched.core import explain
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
-from tests.conftest import IN_CI
 from tests.integration.helpers import (
     XK8S,
     PodHistory,
     assert_no_overcommit,
+    built,
     condition,
     events_for,
     get_group,
     list_pods,
     running_scheduler,
+    started,
     wait_for,
 )
 
@@ -59,16 +60,9 @@ GANG_LABEL = "ray.io/gang-scheduling-enabled"
 def kuberay_binary() -> Any:
     """The operator's binary, built once from its pinned module (a few minutes the first
     time on a machine, cached after)."""
-    from batchsched.sandbox.build import BuildError
     from batchsched.sandbox.kuberay import operator_binary
 
-    try:
-        return operator_binary()
-    except (BuildError, OSError) as exc:
-        message = f"the KubeRay operator could not be built: {exc}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    return built(operator_binary, "the KubeRay operator")
 
 
 @pytest.fixture(scope="module")
@@ -76,20 +70,10 @@ def kuberay(sandbox: Any, kuberay_binary: Any) -> Iterator[Any]:
     """The operator, running against the sandbox for this file's tests."""
     from batchsched.sandbox.kuberay import KubeRayOperator
 
-    operator = KubeRayOperator(sandbox, binary=kuberay_binary)
-    started = time.monotonic()
-    try:
-        operator.start()
-    except Exception as exc:  # any failure to start is reported the same way
-        message = f"the KubeRay operator could not start: {exc}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    print(f"\nKubeRay operator ready in {time.monotonic() - started:.1f} s")
-    try:
+    begun = time.monotonic()
+    with started(KubeRayOperator(sandbox, binary=kuberay_binary), "the KubeRay operator") as operator:
+        print(f"\nKubeRay operator ready in {time.monotonic() - begun:.1f} s")
         yield operator
-    finally:
-        operator.stop()
 
 
 @pytest.fixture(autouse=True)

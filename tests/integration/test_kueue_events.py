@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -25,52 +24,38 @@ import pytest
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
-from tests.conftest import IN_CI
 from tests.integration.helpers import (
     create_pods,
     describe,
     events_for,
     pod_body,
     running_scheduler,
+    unavailable,
     wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-KUEUE_MODULE = "sigs.k8s.io/kueue"
-WORKLOAD_CRD = Path("config/components/crd/bases/kueue.x-k8s.io_workloads.yaml")
 WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads"
 
 
 def workload_crd() -> Path:
     """Kueue's Workload CRD, from the pinned module in the Go module cache (downloaded
     through the module proxy when it is not there yet)."""
-    from batchsched.sandbox import build
+    from batchsched.sandbox.kueue import CRD_FOLDER, kueue_source
 
-    go, cwd = build.go_command(), build.GOMOD / "kueue"
-    for fetch in (False, True):
-        if fetch:
-            subprocess.run([go, "mod", "download", KUEUE_MODULE], cwd=cwd, capture_output=True, check=False)
-        out = subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", KUEUE_MODULE], cwd=cwd,
-                             capture_output=True, text=True, check=False)
-        found = Path(out.stdout.strip()) / WORKLOAD_CRD
-        if out.returncode == 0 and out.stdout.strip() and found.exists():
-            return found
-    raise FileNotFoundError(f"{WORKLOAD_CRD} of {KUEUE_MODULE} is not in the Go module cache")
+    return kueue_source() / CRD_FOLDER / "kueue.x-k8s.io_workloads.yaml"
 
 
 @pytest.fixture
 async def workloads(kube: KubeClient) -> None:
     """Kueue's Workload API served by the sandbox (created, or updated to the pinned one)."""
-    from batchsched.sandbox.cluster import apply_manifests
+    from batchsched.sandbox.cluster import SandboxError, apply_manifests
 
     try:
         crd = await asyncio.to_thread(workload_crd)
-    except (OSError, subprocess.SubprocessError) as exc:
-        message = f"Kueue's Workload CRD could not be read: {exc}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    except (OSError, SandboxError) as exc:
+        unavailable(f"Kueue's Workload CRD could not be read: {exc}")
     await apply_manifests(kube, [crd])
 
 

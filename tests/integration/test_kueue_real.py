@@ -23,13 +23,15 @@ import pytest
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
-from tests.conftest import IN_CI
 from tests.integration.helpers import (
+    built,
     create_pods,
     events_for,
     list_pods,
     pod_body,
     running_scheduler,
+    started,
+    unavailable,
     wait_for,
 )
 
@@ -45,20 +47,10 @@ LOCAL_QUEUE = "lq"
 @pytest.fixture(scope="module")
 def kueue(sandbox: Any) -> Iterator[Any]:
     """Kueue, running against the sandbox for this file's tests."""
-    from batchsched.sandbox.kueue import Kueue
+    from batchsched.sandbox.kueue import Kueue, kueue_binary
 
-    runner = Kueue(sandbox)
-    try:
-        runner.start()
-    except Exception as exc:  # a failed build or start is reported the same way
-        message = f"Kueue could not start: {exc}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
+    with started(Kueue(sandbox, binary=built(kueue_binary, "Kueue")), "Kueue") as runner:
         yield runner
-    finally:
-        runner.stop()
 
 
 def kueue_object(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -227,9 +219,9 @@ async def test_kueue_preempts_its_workload_while_batchsched_preempts_in_its_queu
     """Four nodes: a low-priority pod of batchsched's Queue ``team`` on one, a low-priority
     Kueue Job of three on the others (24 of the ClusterQueue's 32 GPUs). Then, at once, a
     high-priority Kueue Job of three and a high-priority pod of ``team``: Kueue preempts its
-    low Job (suspends it) and admits the high one, which batchsched places whole on the
-    three nodes freed; batchsched evicts its own low pod (and none of Kueue's) for the high
-    one. Nobody preempts back: the low Job stays suspended, the high pods stay bound, and
+    low Job (suspends it) and admits the high one, which batchsched places whole;
+    batchsched evicts its own low pod (and none of Kueue's) for the high one (``team``
+    may hold 8 GPUs). Nobody preempts back: the low Job stays suspended, the high pods stay bound, and
     ``team`` is charged its one pod only."""
     from tests.integration.helpers import QUEUES, PodHistory, queues
 
@@ -271,9 +263,9 @@ async def test_kueue_preempts_its_workload_while_batchsched_preempts_in_its_queu
             return {**high, **mine} if high and mine else {}
 
         placed = await wait_for(after, timeout=90)
-        assert placed["team-high"] == before["team-low"]
-        assert {v for k, v in placed.items() if k.startswith("high-")} == \
-            {v for k, v in before.items() if k.startswith("low-")}
+        # one node each (the high pod may go to the node its eviction freed, or to one of
+        # those Kueue's freed first, while the freed one goes to the Job)
+        assert len(set(placed.values())) == 4 and set(placed.values()) == set(before.values())
         await asyncio.sleep(5.0)  # no ping-pong: nothing moves back
         assert (await kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/low"))["spec"]["suspend"] is True
         assert not await workload_admitted(kube, namespace, "low")
@@ -327,19 +319,13 @@ def manager(sandbox: Any, kueue: Any) -> Iterator[Any]:
 
     box = Sandbox(f"pytest-manager-{os.getpid()}")
     try:
-        state = box.up([])
-        runner = Kueue(state, frameworks=("pod",))
-        runner.start()
-    except Exception as exc:
-        box.down()
-        message = f"MultiKueue's manager cluster could not start: {exc}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
-        yield state
+        try:
+            state = box.up([])
+        except Exception as exc:
+            unavailable(f"MultiKueue's manager cluster could not start: {exc}")
+        with started(Kueue(state, binary=kueue.binary, frameworks=("pod",)), "Kueue in the manager cluster"):
+            yield state
     finally:
-        runner.stop()
         box.down()
 
 

@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 
 from batchsched.kube.client import KubeClient
-from tests.conftest import IN_CI
 from tests.integration.helpers import (
     QUEUES,
     XK8S,
     PodHistory,
     assert_no_overcommit,
+    built,
     condition,
     describe,
     events_for,
@@ -41,6 +41,7 @@ from tests.integration.helpers import (
     list_pods,
     queues,
     running_scheduler,
+    started,
     wait_for,
 )
 
@@ -58,16 +59,9 @@ ROLE_LABEL = "training.kubeflow.org/replica-type"
 def training_operator_binary() -> Any:
     """The operator's binary, built once from its pinned module (a few minutes the first
     time on a machine, cached after)."""
-    from batchsched.sandbox.build import BuildError
     from batchsched.sandbox.operators import operator_binary
 
-    try:
-        return operator_binary()
-    except (BuildError, OSError) as exc:
-        message = f"the Kubeflow training operator could not be built: {exc}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    return built(operator_binary, "the Kubeflow training operator")
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +69,9 @@ def training_operator(sandbox: Any, training_operator_binary: Any) -> Iterator[A
     """The operator, running against the sandbox for this file's tests."""
     from batchsched.sandbox.operators import TrainingOperator
 
-    operator = TrainingOperator(sandbox, binary=training_operator_binary)
-    try:
-        operator.start()
-    except Exception as exc:  # any failure to start is reported the same way
-        message = f"the Kubeflow training operator could not start: {exc}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
+    with started(TrainingOperator(sandbox, binary=training_operator_binary),
+                 "the Kubeflow training operator") as operator:
         yield operator
-    finally:
-        operator.stop()
 
 
 def pytorchjob(name: str, *, pool: str, workers: int, gpus: int = 8, priority_class: str = "",
