@@ -7,7 +7,9 @@ loaded the way a user opens it (the URL the dashboard prints, no token in the br
 read as they would: the queues with their counts and quota, the waiting gang with why it
 waits, the running gang, a square for every GPU card. The numbers it shows are compared with
 what the apiserver holds (Queue status, nodes' allocatable, the pods bound). A user allowed
-the page but not the views it reads sees an error line that says so.
+the page but not the views it reads sees an error line that says so. The dashboard reaches
+the scheduler over TLS, verified with the CA its Lease publishes (or ``--ca-file``), and a
+browser opening the views directly accepts them only with that CA's key pinned.
 
 ``BATCHSCHED_SCREENSHOT=1`` also writes the screenshot to ``docs/images/web-view.png``
 (the README's picture); otherwise it goes to the test's temporary folder only.
