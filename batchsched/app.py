@@ -410,10 +410,10 @@ class Scheduler:
         """Where the views are and the CA that signed their certificate, for the Lease."""
         if not self.config.explain.enabled or self.tls is None:
             return None
-        out = {ENDPOINT_ANNOTATION: self.advertised(), CA_ANNOTATION: self.tls.ca_pem}
-        if self.config.explain.tls.server_name:
-            out[SERVER_NAME_ANNOTATION] = self.config.explain.tls.server_name
-        return out
+        # the server name written empty too: the Lease keeps the annotations a previous
+        # holder wrote, and a name this replica's certificate lacks must not outlive it
+        return {ENDPOINT_ANNOTATION: self.advertised(), CA_ANNOTATION: self.tls.ca_pem,
+                SERVER_NAME_ANNOTATION: self.config.explain.tls.server_name}
 
     async def _reload_certificate(self) -> None:
         """A certificate from files is read again when they change (cert-manager renews the

@@ -217,3 +217,28 @@ async def test_the_cli_reaches_the_views_over_tls_verified_with_the_ca_on_the_le
         plain = await cli(sandbox, namespace, "queues", "--server", f"http://127.0.0.1:{sched.views_port}")
         assert plain.returncode == 1 and plain.stdout == ""
         assert "the views are served over HTTPS only" in plain.stderr, plain.stderr
+
+
+async def test_a_certificate_of_ones_own_is_served_and_checked_for_its_server_name(
+    sandbox, kube: KubeClient, namespace: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """A certificate from files, as a cert-manager Certificate's Secret mounts them
+    (tls.crt, tls.key, ca.crt), naming a Service's DNS name and none of the addresses the
+    CLI connects to: the leader publishes that CA and ``serverName``, and the CLI checks
+    the certificate for that name."""
+    made = make_self_signed([f"batchsched-views.{namespace}.svc"])
+    (tmp_path / "tls.crt").write_bytes(made.cert_pem)
+    (tmp_path / "tls.key").write_bytes(made.key_pem)
+    (tmp_path / "ca.crt").write_bytes(made.ca_pem)
+    tls = {"certFile": str(tmp_path / "tls.crt"), "keyFile": str(tmp_path / "tls.key"),
+           "caFile": str(tmp_path / "ca.crt"), "serverName": f"batchsched-views.{namespace}.svc"}
+    async with running_scheduler(sandbox, namespace, explain={"tls": tls}):
+        lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")
+        annotations = lease["metadata"]["annotations"]
+        assert annotations["batchsched.io/views-ca"] == made.ca_pem.decode()
+        assert annotations["batchsched.io/views-server-name"] == f"batchsched-views.{namespace}.svc"
+        found = await cli(sandbox, namespace, "queues")
+        assert found.returncode == 0, found.stderr
+        # checked for the address's own host instead, the certificate does not name it
+        misnamed = await cli(sandbox, namespace, "queues", "--tls-server-name", "127.0.0.1")
+        assert misnamed.returncode == 1 and "does not verify" in misnamed.stderr, misnamed.stderr
