@@ -33,6 +33,8 @@ import time
 import uuid
 from typing import Any
 
+from aiohttp import web
+
 from batchsched import procmem
 from batchsched.config import Config, ConfigError, load_config
 from batchsched.core.decisions import Decisions
@@ -45,7 +47,7 @@ from batchsched.kube.auth import RequestAuth
 from batchsched.kube.binder import Binder
 from batchsched.kube.cleanup import CleanupWriter
 from batchsched.kube.client import KubeClient
-from batchsched.kube.endpoints import serve_endpoints
+from batchsched.kube.endpoints import serve_endpoints, serve_views
 from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.gauges import observe_bound, slow_gauges
@@ -56,6 +58,13 @@ from batchsched.kube.mixstore import MixStore, observe_mix
 from batchsched.kube.queuestatus import QueueStatusWriter
 from batchsched.kube.snapshot import take_snapshot
 from batchsched.kube.status import StatusWriter
+from batchsched.kube.tls import (
+    CA_ANNOTATION,
+    SERVER_NAME_ANNOTATION,
+    CertificateError,
+    ServingTls,
+    serving_names,
+)
 from batchsched.kube.views import SessionViews
 from batchsched.metrics import Metrics
 
@@ -70,6 +79,8 @@ TRIM_EVERY_SECONDS = 30.0
 CATCH_UP_MARGIN_SECONDS = 2.0
 #: the gauges that walk every queue, group and node are set at most this often
 SLOW_GAUGE_SECONDS = 5.0
+#: how often a views certificate from files is checked for a renewal
+CERTIFICATE_CHECK_SECONDS = 60.0
 
 class SchedulerFailed(RuntimeError):
     """The replica stopped on an unexpected error (it was reported and the lease released)."""
@@ -115,7 +126,12 @@ class Scheduler:
         self.lease_lost = False
         self.ready = False
         self.leading = asyncio.Event()
+        #: the plain port of /metrics, /healthz, /readyz
         self.http_port: int | None = None
+        #: the HTTPS port of the views (None when neither views nor snapshot are served)
+        self.views_port: int | None = None
+        #: the views' certificate and the CA published on the Lease
+        self.tls: ServingTls | None = None
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -282,15 +298,22 @@ class Scheduler:
         self._wake.set()
 
     async def run(self) -> None:
-        runner, self.http_port = await serve_endpoints(
-            self.config.metrics_address, self.metrics.registry, ready=lambda: self.ready,
-            snapshot=(lambda: take_snapshot(self.client, self.config.document())) if self.config.debug_snapshot else None,
-            views=self.views if self.config.explain.enabled else None, auth=RequestAuth(self.client),
-        )
+        runner, self.http_port = await serve_endpoints(self.config.metrics_address, self.metrics.registry,
+                                                       ready=lambda: self.ready)
+        runners = [runner]
         loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[Any]] = []
+        if self.config.explain.enabled or self.config.debug_snapshot:
+            try:
+                runners.append(await self._serve_views())
+            except BaseException:
+                await runner.cleanup()
+                raise
+            if self.tls is not None and self.config.explain.tls.cert_file:
+                tasks.append(loop.create_task(self._reload_certificate(), name="views-certificate"))
         # the mix kept from before (it takes the prior's place); the listing adds every pod to it
         await self.mix_store.restore()
-        tasks: list[asyncio.Task[Any]] = [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
+        tasks += [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
         tasks.append(loop.create_task(self.status.run(), name="status"))
         tasks.append(loop.create_task(self.group_status.run(), name="group-status"))
         tasks.append(loop.create_task(self.queue_status.run(), name="queue-status"))
@@ -308,7 +331,7 @@ class Scheduler:
                     client=self.client, namespace=le.namespace, name=le.lease_name, identity=self.identity,
                     lease_duration=le.lease_duration_seconds, renew_deadline=le.renew_deadline_seconds,
                     retry_period=le.retry_period_seconds, fence=self.fence,
-                    annotations={ENDPOINT_ANNOTATION: self.advertised()} if self.config.explain.enabled else None,
+                    annotations=self._lease_annotations(),
                 )
 
                 def started() -> None:
@@ -354,22 +377,71 @@ class Scheduler:
             for t in tasks + self._tasks:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
-            await runner.cleanup()
+            for r in runners:
+                await r.cleanup()
         if self._failure is not None:
             raise SchedulerFailed(str(self._failure)) from self._failure
 
+
+    def views_address(self) -> str:
+        """host:port the views are served on: ``explain.address``, else the metrics
+        address's host on any free port."""
+        given = self.config.explain.address
+        return given or f"{self.config.metrics_address.rpartition(':')[0]}:0"
+
+    async def _serve_views(self) -> web.AppRunner:
+        """The certificate (from files, else made now for the names this replica answers
+        to), then the HTTPS listener of the views."""
+        ex = self.config.explain
+        if ex.tls.cert_file:
+            self.tls = ServingTls.from_files(ex.tls.cert_file, ex.tls.key_file, ex.tls.ca_file)
+        else:
+            self.tls = ServingTls.self_signed(serving_names(
+                bind_host=self.views_address().rpartition(":")[0], advertise=ex.advertise_address,
+                extra=[ex.tls.server_name] if ex.tls.server_name else []))
+        runner, self.views_port = await serve_views(
+            self.views_address(), self.tls.context, auth=RequestAuth(self.client),
+            snapshot=(lambda: take_snapshot(self.client, self.config.document())) if self.config.debug_snapshot else None,
+            views=self.views if ex.enabled else None,
+        )
+        return runner
+
+    def _lease_annotations(self) -> dict[str, str] | None:
+        """Where the views are and the CA that signed their certificate, for the Lease."""
+        if not self.config.explain.enabled or self.tls is None:
+            return None
+        # the server name written empty too: the Lease keeps the annotations a previous
+        # holder wrote, and a name this replica's certificate lacks must not outlive it
+        return {ENDPOINT_ANNOTATION: self.advertised(), CA_ANNOTATION: self.tls.ca_pem,
+                SERVER_NAME_ANNOTATION: self.config.explain.tls.server_name}
+
+    async def _reload_certificate(self) -> None:
+        """A certificate from files is read again when they change (cert-manager renews the
+        Secret, the kubelet updates the mounted files); the CA on the Lease follows."""
+        while True:
+            await asyncio.sleep(CERTIFICATE_CHECK_SECONDS)
+            assert self.tls is not None
+            try:
+                changed = self.tls.reload()
+            except CertificateError as exc:
+                log.warning("the views' certificate was not replaced: %s", exc)
+                continue
+            if changed:
+                log.info("the views' certificate was read again from %s", self.config.explain.tls.cert_file)
+                if self.elector is not None and self.config.explain.enabled:
+                    self.elector.annotations[CA_ANNOTATION] = self.tls.ca_pem
 
     def advertised(self) -> str:
         """Where `batchsched explain` reaches this replica (written on the Lease it holds)."""
         given = self.config.explain.advertise_address
         if given:
             return given
-        host = self.config.metrics_address.rpartition(":")[0].strip("[]")
+        host = self.views_address().rpartition(":")[0].strip("[]")
         if host in ("", "0.0.0.0", "::"):
             host = os.environ.get("POD_IP") or socket.gethostname()
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.http_port}"
+        return f"https://{host}:{self.views_port}"
 
     async def _estimate(self) -> None:
         """Start estimates now and then while leading, so their error is measured even when
@@ -453,7 +525,7 @@ def run_from_cli(*, kubeconfig: str | None, config_path: str | None) -> int:
         asyncio.run(serve(kubeconfig, config))
     except KeyboardInterrupt:
         return 130
-    except (KubeError, OSError, SchedulerFailed) as exc:
+    except (KubeError, OSError, SchedulerFailed, CertificateError) as exc:
         print(f"batchsched: error: {exc}", file=__import__("sys").stderr)
         return 1
     return 0

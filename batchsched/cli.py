@@ -114,7 +114,7 @@ def _sandbox(args: argparse.Namespace) -> int:
         for field in dataclasses.fields(bins):
             print(f"{field.name}: {getattr(bins, field.name)}")
         return 0
-    # the running sandbox makes its TLS material: the sandbox extra
+    # the running sandbox makes its TLS material (cryptography)
     from batchsched.sandbox.cluster import Sandbox, SandboxError
     from batchsched.sandbox.nodes import NodeShape
 
@@ -210,7 +210,7 @@ def kubectl_main() -> int:
 
 
 #: modules of the optional extras, and the extra that brings each
-EXTRAS = {"cryptography": "sandbox", "matplotlib": "perf"}
+EXTRAS = {"matplotlib": "perf"}
 
 
 def main(argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:

@@ -205,6 +205,22 @@ class KueueSection:
 
 
 @dataclass(slots=True, frozen=True)
+class ViewsTlsSection:
+    #: the views' serving certificate (PEM, with any intermediates after it) and its key,
+    #: e.g. tls.crt and tls.key of a cert-manager Certificate's Secret mounted in the pod;
+    #: both empty: the scheduler makes a CA and a serving certificate at start
+    cert_file: str = ""
+    key_file: str = ""
+    #: the CA the CLI is to trust, published on the Lease (a cert-manager Secret's ca.crt);
+    #: empty with cert_file: the certificates of cert_file are published
+    ca_file: str = ""
+    #: the name clients check the certificate against, when it names none of the pods'
+    #: addresses (a cert-manager Certificate's dnsNames entry); published on the Lease as
+    #: kubeconfig's tls-server-name is; empty: the host of the address connected to
+    server_name: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class ExplainSection:
     #: the views (/debug/jobs, /debug/explain, the web view at /ui/) need a token that the
     #: cluster accepts and RBAC lets get the path (ClusterRole batchsched-viewer)
@@ -218,10 +234,15 @@ class ExplainSection:
     estimate_max_steps: int = 400
     #: seconds a forward run may take at most (it runs in a thread of the scheduler's process)
     estimate_budget_seconds: float = 10.0
+    #: host:port where the views are served, over HTTPS only; empty: the metrics
+    #: address's host, any free port (the Lease says which)
+    address: str = ""
     #: the address written on the Lease for `batchsched explain` to find the leader
-    #: (http://host:port); empty: the metrics address, with the pod's IP (env POD_IP) for
+    #: (https://host:port); empty: the views address, with the pod's IP (env POD_IP) for
     #: an unspecified host
     advertise_address: str = ""
+    #: the views' certificate (none given: made at start)
+    tls: ViewsTlsSection = field(default_factory=ViewsTlsSection)
 
 
 @dataclass(slots=True, frozen=True)
@@ -503,15 +524,32 @@ def _validate(cfg: Config) -> None:
     if cfg.explain.estimate_interval_seconds < 0:
         raise ConfigError("config: explain.estimateIntervalSeconds: must not be negative")
     adv = cfg.explain.advertise_address
-    if adv and not adv.startswith(("http://", "https://")):
-        raise ConfigError(f"config: explain.advertiseAddress: expected http(s)://host:port, got {adv!r}")
-    host, _, port = cfg.metrics_address.rpartition(":")
-    if not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"config: metricsAddress: expected host:port, got {cfg.metrics_address!r}")
+    if adv and not adv.startswith("https://"):
+        raise ConfigError(f"config: explain.advertiseAddress: expected https://host:port (the views are "
+                          f"served over HTTPS only), got {adv!r}")
+    _address(cfg.metrics_address, "metricsAddress")
+    if cfg.explain.address:
+        _address(cfg.explain.address, "explain.address")
+        if cfg.explain.address == cfg.metrics_address and not cfg.explain.address.endswith(":0"):
+            raise ConfigError("config: explain.address: must differ from metricsAddress (the views are "
+                              "served over HTTPS, /metrics over plain HTTP)")
+    tls = cfg.explain.tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError("config: explain.tls: give both certFile and keyFile, or neither (the scheduler "
+                          "then makes its own certificate)")
+    if tls.ca_file and not tls.cert_file:
+        raise ConfigError("config: explain.tls.caFile: only with certFile and keyFile (a certificate the "
+                          "scheduler makes publishes its own CA)")
     cfg.scoring_config()
     cfg.topology_levels()
     cfg.card_policy()
     cfg.mix_prior()
+
+
+def _address(value: str, key: str) -> None:
+    host, _, port = value.rpartition(":")
+    if not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"config: {key}: expected host:port, got {value!r}")
 
 
 def parse_config(data: Any) -> Config:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchsched.kube.viewclient import ViewsServer
 
 #: the PodGroup API groups, in the order ``explain podgroup`` picks one when several hold a name
 _APIS = ("scheduling.k8s.io", "scheduling.volcano.sh", "scheduling.x-k8s.io", "kueue.x-k8s.io")
@@ -23,7 +26,12 @@ def add_parsers(sub: Any) -> None:
 
     def common(p: argparse.ArgumentParser, *, output: bool = True) -> None:
         p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
-        p.add_argument("--server", help="the scheduler's views address (default: read from the leader's Lease)")
+        p.add_argument("--server", help="the scheduler's views address, https://host:port (default: read from "
+                                        "the leader's Lease)")
+        p.add_argument("--ca-file", help="the CA (PEM) that verifies the views' certificate (default: read from "
+                                         "the leader's Lease, where the scheduler publishes it)")
+        p.add_argument("--tls-server-name", help="the name the views' certificate must hold, when it is not "
+                                                 "the host of the address (default: the Lease's, if any)")
         p.add_argument("--lease-namespace", default=lease.namespace,
                        help=f"namespace of the scheduler's Lease, its leaderElection.namespace (default: {lease.namespace})")
         p.add_argument("--lease-name", default=lease.lease_name,
@@ -64,12 +72,12 @@ def _print(body: Any, output: str, text: str) -> None:
         print(text)
 
 
-async def _server(args: argparse.Namespace) -> tuple[Any, str]:
+async def _server(args: argparse.Namespace) -> tuple[Any, ViewsServer]:
     from batchsched.kube.viewclient import credentials, find_server
 
     creds = await credentials(args.kubeconfig)
-    server = args.server.rstrip("/") if args.server else await find_server(
-        creds, namespace=args.lease_namespace, lease=args.lease_name)
+    server = await find_server(creds, namespace=args.lease_namespace, lease=args.lease_name,
+                               server=args.server, ca_file=args.ca_file, server_name=args.tls_server_name)
     return creds, server
 
 
@@ -107,7 +115,7 @@ async def _dashboard(args: argparse.Namespace) -> int:
     creds, server = await _server(args)
     runner, port = await serve_proxy(creds, server, port=args.port)
     print(f"http://127.0.0.1:{port}/ui/", flush=True)
-    print(f"serving the views of {server} with your credentials; Ctrl-C to stop", file=sys.stderr, flush=True)
+    print(f"serving the views of {server.address} with your credentials; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
         await asyncio.Event().wait()
     finally:

@@ -1,14 +1,18 @@
-"""The scheduler's own HTTP endpoints.
+"""The scheduler's own HTTP endpoints, on two listeners.
 
-Open: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``. Behind the cluster's
-authentication and RBAC (:mod:`batchsched.kube.auth`): the views ``/debug/queues``,
-``/debug/jobs``, ``/debug/nodes``, ``/debug/explain``, the read-only web view under
-``/ui/`` (static files that read those views), and ``/debug/snapshot`` (the cluster as the
-scheduler reads it, for ``batchsched simulate``) when it is turned on.
+Plain HTTP, open (:func:`serve_endpoints`, ``metricsAddress``): ``/metrics`` (Prometheus),
+``/healthz``, ``/readyz``; nothing that needs a token. HTTPS only (:func:`serve_views`,
+``explain.address``, :mod:`batchsched.kube.tls`), behind the cluster's authentication and
+RBAC (:mod:`batchsched.kube.auth`): the views ``/debug/queues``, ``/debug/jobs``,
+``/debug/nodes``, ``/debug/explain``, the read-only web view under ``/ui/`` (static files
+that read those views), and ``/debug/snapshot`` (the cluster as the scheduler reads it, for
+``batchsched simulate``) when it is turned on. A plain-HTTP request to the views' port fails
+in the TLS handshake: no token is ever read off an unencrypted connection.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any, Protocol
@@ -19,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from batchsched.kube.auth import RequestAuth
 
-__all__ = ["Views", "bound_port", "serve_endpoints"]
+__all__ = ["Views", "bound_port", "serve_endpoints", "serve_views"]
 
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".svg": "image/svg+xml"}
 
@@ -44,12 +48,10 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 async def serve_endpoints(
     address: str, registry: CollectorRegistry, *, ready: Callable[[], bool],
-    snapshot: Callable[[], Awaitable[dict[str, Any]]] | None = None,
-    views: Views | None = None, auth: RequestAuth | None = None,
 ) -> tuple[web.AppRunner, int | None]:
-    """Serve on ``host:port`` (port 0: any free one); returns the runner (``cleanup()`` it)
-    and the port bound. ``/readyz`` answers 503 while ``ready()`` is false. Without
-    ``auth`` the protected paths are not served at all."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` over plain HTTP on ``host:port`` (port 0:
+    any free one); returns the runner (``cleanup()`` it) and the port bound. ``/readyz``
+    answers 503 while ``ready()`` is false."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -60,38 +62,56 @@ async def serve_endpoints(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
 
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return await _start(app, address, None)
+
+
+async def serve_views(
+    address: str, tls: ssl.SSLContext, *, auth: RequestAuth,
+    snapshot: Callable[[], Awaitable[dict[str, Any]]] | None = None, views: Views | None = None,
+) -> tuple[web.AppRunner, int | None]:
+    """The views (and ``/debug/snapshot`` when given) over HTTPS with ``tls`` on
+    ``host:port``, each request's token checked by ``auth``; the runner and the port."""
+
     @web.middleware
     async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         path = request.path
-        if auth is not None and (path.startswith("/debug/") or path == "/ui" or path.startswith("/ui/")):
+        if path.startswith("/debug/") or path == "/ui" or path.startswith("/ui/"):
             decision = await auth.check(request.headers.get("Authorization"), path)
             if decision.status != 200:
                 return _json({"error": decision.message}, decision.status)
         return await handler(request)
 
-    async def debug_snapshot(_: web.Request) -> web.Response:
-        assert snapshot is not None
-        try:
-            body = await snapshot()
-        except Exception as exc:  # a failed listing is the caller's answer, not a crash
-            return web.Response(status=502, text=f"snapshot failed: {exc}")
-        return _json(body)
+    app = web.Application(middlewares=[guard])
+    if snapshot is not None:
+        async def debug_snapshot(_: web.Request) -> web.Response:
+            try:
+                body = await snapshot()
+            except Exception as exc:  # a failed listing is the caller's answer, not a crash
+                return web.Response(status=502, text=f"snapshot failed: {exc}")
+            return _json(body)
 
+        app.router.add_get("/debug/snapshot", debug_snapshot)
+    if views is not None:
+        _add_views(app, views)
+    return await _start(app, address, tls)
+
+
+def _add_views(app: web.Application, views: Views) -> None:
     async def queues(_: web.Request) -> web.Response:
-        assert views is not None
         return _json(await views.queues())
 
     async def jobs(request: web.Request) -> web.Response:
-        assert views is not None
         q = request.query
         return _json(await views.jobs(queue=q.get("queue") or None, namespace=q.get("namespace") or None))
 
     async def nodes(_: web.Request) -> web.Response:
-        assert views is not None
         return _json(await views.nodes())
 
     async def explain(request: web.Request) -> web.Response:
-        assert views is not None
         q = request.query
         kind = (q.get("kind") or "").lower()
         if kind not in ("pod", "podgroup", "queue") or not q.get("name"):
@@ -117,24 +137,20 @@ async def serve_endpoints(
         return web.Response(body=item.read_bytes(), content_type=_TYPES[suffix],
                             headers={"Cache-Control": "no-cache"})
 
-    app = web.Application(middlewares=[guard])
-    if snapshot is not None and auth is not None:
-        app.router.add_get("/debug/snapshot", debug_snapshot)
-    if views is not None and auth is not None:
-        app.router.add_get("/debug/queues", queues)
-        app.router.add_get("/debug/jobs", jobs)
-        app.router.add_get("/debug/nodes", nodes)
-        app.router.add_get("/debug/explain", explain)
-        app.router.add_get("/ui", ui)
-        app.router.add_get("/ui/", ui)
-        app.router.add_get("/ui/{name}", ui)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/debug/queues", queues)
+    app.router.add_get("/debug/jobs", jobs)
+    app.router.add_get("/debug/nodes", nodes)
+    app.router.add_get("/debug/explain", explain)
+    app.router.add_get("/ui", ui)
+    app.router.add_get("/ui/", ui)
+    app.router.add_get("/ui/{name}", ui)
+
+
+async def _start(app: web.Application, address: str, tls: ssl.SSLContext | None) -> tuple[web.AppRunner, int | None]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, _, port = address.rpartition(":")
-    site = web.TCPSite(runner, host, int(port))
+    site = web.TCPSite(runner, host.strip("[]"), int(port), ssl_context=tls)
     await site.start()
     return runner, bound_port(site)
 

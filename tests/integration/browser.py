@@ -13,6 +13,8 @@ when ``CI=true`` (:func:`tests.debian.debian_tool`).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -57,9 +59,25 @@ def _run(url: str, *args: str, timeout: float) -> str:
     return done.stdout
 
 
-def dump_dom(url: str, *, wait_ms: int = 3000, timeout: float = 120) -> str:
-    """The page's DOM, serialised, after ``wait_ms`` of page time (its fetches included)."""
-    return _run(url, "--dump-dom", f"--virtual-time-budget={wait_ms}", timeout=timeout)
+def dump_dom(url: str, *, wait_ms: int = 3000, timeout: float = 120, trust_ca: str | None = None) -> str:
+    """The page's DOM, serialised, after ``wait_ms`` of page time (its fetches included);
+    empty when the page did not load. ``trust_ca``: a CA (PEM) whose key Chromium accepts in
+    the chain an HTTPS server presents (:func:`spki_pin`); without it Chromium trusts only
+    its own roots."""
+    pin = [f"--ignore-certificate-errors-spki-list={spki_pin(trust_ca)}"] if trust_ca else []
+    return _run(url, "--dump-dom", f"--virtual-time-budget={wait_ms}", *pin, timeout=timeout)
+
+
+def spki_pin(pem: str) -> str:
+    """The base64 SHA-256 of a certificate's public key (SubjectPublicKeyInfo), as
+    Chromium's ``--ignore-certificate-errors-spki-list`` takes it: a chain holding that key
+    is accepted, any other is refused as usual."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = x509.load_pem_x509_certificate(pem.encode()).public_key()
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
 
 
 def screenshot(url: str, path: Path, *, size: tuple[int, int] = (1280, 900), wait_ms: int = 3000,

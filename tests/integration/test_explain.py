@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from batchsched.kube.client import KubeClient
+from batchsched.kube.tls import make_self_signed
 from batchsched.sandbox import build
 from tests.integration.helpers import (
     QUEUES,
@@ -187,3 +188,57 @@ async def test_a_suspended_job_and_a_stopped_queue_say_so_and_resume(
         await kube.patch(f"{QUEUES}/{team}", {"spec": {"stopPolicy": "None"}})
         await bound_at(kube, namespace, "pausable-", 2)
         await bound_at(kube, namespace, "single", 1)
+
+
+async def test_the_cli_reaches_the_views_over_tls_verified_with_the_ca_on_the_lease(
+    sandbox, kube: KubeClient, namespace: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """The leader publishes its views' address (https) and the CA of their certificate on
+    its Lease; the CLI reads both with the user's kubeconfig and verifies the certificate:
+    through the Lease, through a port-forward style ``--server https://localhost:...``, and
+    never with another CA or over plain HTTP."""
+    async with running_scheduler(sandbox, namespace) as sched:
+        lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")
+        annotations = lease["metadata"]["annotations"]
+        assert annotations["batchsched.io/endpoint"] == f"https://127.0.0.1:{sched.views_port}"
+        assert annotations["batchsched.io/views-ca"].startswith("-----BEGIN CERTIFICATE-----")
+
+        found = await cli(sandbox, namespace, "queues", "-o", "json")
+        assert found.returncode == 0, found.stderr
+        assert "queues" in json.loads(found.stdout)
+        forwarded = await cli(sandbox, namespace, "jobs", "--server", f"https://localhost:{sched.views_port}")
+        assert forwarded.returncode == 0, forwarded.stderr
+
+        other = tmp_path / "other-ca.crt"
+        other.write_bytes(make_self_signed(["127.0.0.1"]).ca_pem)
+        refused = await cli(sandbox, namespace, "queues", "--ca-file", str(other))
+        assert refused.returncode == 1 and refused.stdout == ""
+        assert f"presented a certificate that the CA of {other} does not verify" in refused.stderr, refused.stderr
+        plain = await cli(sandbox, namespace, "queues", "--server", f"http://127.0.0.1:{sched.views_port}")
+        assert plain.returncode == 1 and plain.stdout == ""
+        assert "the views are served over HTTPS only" in plain.stderr, plain.stderr
+
+
+async def test_a_certificate_of_ones_own_is_served_and_checked_for_its_server_name(
+    sandbox, kube: KubeClient, namespace: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """A certificate from files, as a cert-manager Certificate's Secret mounts them
+    (tls.crt, tls.key, ca.crt), naming a Service's DNS name and none of the addresses the
+    CLI connects to: the leader publishes that CA and ``serverName``, and the CLI checks
+    the certificate for that name."""
+    made = make_self_signed([f"batchsched-views.{namespace}.svc"])
+    (tmp_path / "tls.crt").write_bytes(made.cert_pem)
+    (tmp_path / "tls.key").write_bytes(made.key_pem)
+    (tmp_path / "ca.crt").write_bytes(made.ca_pem)
+    tls = {"certFile": str(tmp_path / "tls.crt"), "keyFile": str(tmp_path / "tls.key"),
+           "caFile": str(tmp_path / "ca.crt"), "serverName": f"batchsched-views.{namespace}.svc"}
+    async with running_scheduler(sandbox, namespace, explain={"tls": tls}):
+        lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")
+        annotations = lease["metadata"]["annotations"]
+        assert annotations["batchsched.io/views-ca"] == made.ca_pem.decode()
+        assert annotations["batchsched.io/views-server-name"] == f"batchsched-views.{namespace}.svc"
+        found = await cli(sandbox, namespace, "queues")
+        assert found.returncode == 0, found.stderr
+        # checked for the address's own host instead, the certificate does not name it
+        misnamed = await cli(sandbox, namespace, "queues", "--tls-server-name", "127.0.0.1")
+        assert misnamed.returncode == 1 and "does not verify" in misnamed.stderr, misnamed.stderr

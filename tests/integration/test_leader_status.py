@@ -152,7 +152,7 @@ async def test_a_crashed_leader_is_replaced_when_its_lease_lapses(
 async def test_a_leader_that_cannot_renew_steps_down(scheduler_kube: KubeClient, namespace: str) -> None:
     """Renewals that keep failing end leadership within renew_deadline, before the lease lapses."""
     elector = LeaderElector(
-        client=scheduler_kube, namespace=namespace, name="solo", identity="solo",
+        client=scheduler_kube, namespace=namespace, name="batchsched", identity="solo",
         lease_duration=3, renew_deadline=1.5, retry_period=0.3,
     )
     events: list[tuple[str, float]] = []

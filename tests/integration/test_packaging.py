@@ -6,8 +6,9 @@ dry run and then for real, and the scheduler run from what they render.
 The kwok nodes run no containers, so the Deployment's pods never start. The scheduler runs
 as a process instead, with the identity and configuration the Deployment would give it: a
 token of the rendered ServiceAccount (TokenRequest API) and the file of the rendered
-ConfigMap that the Deployment mounts where its command reads it. Only ``metricsAddress`` is
-changed, to a free port on loopback (other control planes share the machine). It must bind
+ConfigMap that the Deployment mounts where its command reads it. Only ``metricsAddress`` and
+``explain.address`` are changed, to free ports on loopback (other control planes share the
+machine). It must bind
 a 2-pod gang whole, and its ServiceAccount must be granted exactly what
 ``manifests/base/rbac.yaml``'s ClusterRole grants: every use of it, and none of a list of
 others. The overlays run as ``batchsched-system/batchsched``, the account the sandbox's
@@ -190,6 +191,10 @@ def test_the_chart_renders_the_rules_crds_and_configuration_of_the_base(helm: Pa
     for name in ("batchsched", "batchsched-viewer"):
         assert one(chart, "ClusterRole", name)["rules"] == rules_of(RBAC, name) == one(base, "ClusterRole", name)["rules"]
     assert one(chart, "ClusterRoleBinding")["subjects"] == one(base, "ClusterRoleBinding")["subjects"]
+    # the same Roles in the Lease's namespace (the Lease itself, the workload mix's ConfigMap)
+    for name in ("batchsched-leader-election", "batchsched-workload-mix"):
+        assert one(chart, "Role", name)["rules"] == one(base, "Role", name)["rules"]
+        assert one(chart, "Role", name)["metadata"]["namespace"] == one(base, "Role", name)["metadata"]["namespace"]
     # the same CRDs and PriorityClasses
     for kind in ("CustomResourceDefinition", "PriorityClass"):
         assert sorted((d for d in chart if d["kind"] == kind), key=json.dumps) == \
@@ -347,7 +352,8 @@ async def token_kubeconfig(sandbox: Any, kube: KubeClient, namespace: str, accou
 def scheduler_process(kubeconfig: str, config: dict[str, Any], workdir: Path) -> Iterator[Path]:
     """``python -m batchsched run`` with that kubeconfig and configuration; yields its log."""
     config_file, log = workdir / "batchsched.yaml", workdir / "batchsched.log"
-    config_file.write_text(yaml.safe_dump({**config, "metricsAddress": "127.0.0.1:0"}))
+    views = {**(config.get("explain") or {}), "address": "127.0.0.1:0"}
+    config_file.write_text(yaml.safe_dump({**config, "metricsAddress": "127.0.0.1:0", "explain": views}))
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "batchsched", "run", "--kubeconfig", kubeconfig, "--config", str(config_file)],
@@ -364,7 +370,9 @@ def scheduler_process(kubeconfig: str, config: dict[str, Any], workdir: Path) ->
             proc.wait(10)
 
 
-async def allowed(kube: KubeClient, user: str, namespace: str, use: Use) -> bool:
+async def allowed(kube: KubeClient, user: str, namespace: str, use: Use, *, where: str = "any", name: str = "") -> bool:
+    """May ``user`` (a ServiceAccount of ``namespace``) make that use, in the namespace
+    ``where`` (of the object ``name``, when given)?"""
     group, resource, verb = use
     resource, _, subresource = resource.partition("/")
     review = await kube.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
@@ -372,7 +380,7 @@ async def allowed(kube: KubeClient, user: str, namespace: str, use: Use) -> bool
         "spec": {"user": user, "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
                                           "system:authenticated"],
                  "resourceAttributes": {"group": group, "resource": resource, "subresource": subresource,
-                                        "verb": verb, "namespace": "any"}},
+                                        "verb": verb, "namespace": where, "name": name}},
     })
     return bool(review["status"].get("allowed"))
 
@@ -424,6 +432,16 @@ async def test_installed_from_the_package_it_binds_a_gang_as_its_own_account(
     for use in NOT_GRANTED:
         assert not await allowed(kube, user, account_ns, use), f"{user} may {use}"
     assert uses(role["rules"]) == uses(rules_of(RBAC, "batchsched"))
+    # its Lease, in the Lease's namespace only: a Role there, no grant of leases cluster-wide
+    lease_ns, lease_name = lease["namespace"], lease.get("leaseName", "batchsched")
+    for verb in ("get", "update"):
+        use = ("coordination.k8s.io", "leases", verb)
+        assert await allowed(kube, user, account_ns, use, where=lease_ns, name=lease_name), f"{user} may not {verb} its Lease"
+        assert not await allowed(kube, user, account_ns, use, where=lease_ns, name="another"), f"{user} may {verb} any Lease"
+        assert not await allowed(kube, user, account_ns, use, where="default", name=lease_name), \
+            f"{user} may {verb} Leases outside {lease_ns}"
+    assert await allowed(kube, user, account_ns, ("coordination.k8s.io", "leases", "create"), where=lease_ns)
+    assert not await allowed(kube, user, account_ns, ("coordination.k8s.io", "leases", "create"), where="default")
 
     # the scheduler as the Deployment would run it binds a gang whole
     pool = f"pk{suffix}"

@@ -1,4 +1,5 @@
-"""batchsched's ClusterRole (``manifests/base/rbac.yaml``) is what it needs, and nothing more.
+"""batchsched's ClusterRole and its leader-election Role (``manifests/base/rbac.yaml``) are
+what it needs, and nothing more.
 
 Every integration test runs the scheduler under its own ServiceAccount, bound to that role
 alone, and the sandbox's apiserver writes an audit log of that account's requests (see
@@ -27,6 +28,7 @@ import yaml
 from batchsched.core.plan import Binding
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import ConflictError, NotFoundError
+from batchsched.kube.tls import client_context
 from batchsched.sandbox import gpudra
 from batchsched.sandbox.nodes import SANDBOX_LABEL
 from tests.conftest import RBAC, SCHEDULER_USER, admin_token, rbac_denials, scheduler_requests
@@ -63,11 +65,21 @@ NOT_EXERCISED: dict[Use, str] = {
 RESOURCE = "/apis/resource.k8s.io/v1"
 
 
+#: the Roles of rbac.yaml whose grants this test exercises along with the ClusterRole (the
+#: workload mix's is tests/integration/test_workload_mix.py's)
+ROLES = ("batchsched-leader-election",)
+
+
 def granted(path: Path = RBAC) -> set[Use]:
-    """Every (API group, resource, verb) the ClusterRole in ``path`` grants."""
-    role = next(d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ClusterRole")
+    """Every (API group, resource, verb) the scheduler's ClusterRole in ``path`` grants, and
+    the Roles of :data:`ROLES`."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    roles = [next(d for d in docs if d["kind"] == "ClusterRole"),
+             *(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] in ROLES)]
+    assert len(roles) == 1 + len(ROLES)
     return {
         (group, resource, verb)
+        for role in roles
         for rule in role["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
@@ -250,9 +262,12 @@ async def test_the_scheduler_uses_every_grant_of_its_role_and_is_refused_nothing
                 await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{left['metadata']['name']}")
 
             # the views: the caller's token reviewed, its access to the path asked of RBAC
-            ask = urllib.request.Request(f"http://127.0.0.1:{sched.http_port}/debug/jobs",
+            assert sched.tls is not None
+            verified = client_context(sched.tls.ca_pem)
+            ask = urllib.request.Request(f"https://127.0.0.1:{sched.views_port}/debug/jobs",
                                          headers={"Authorization": f"Bearer {admin_token(sandbox.kubeconfig)}"})
-            jobs = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(ask, timeout=60).read()))
+            jobs = await asyncio.to_thread(
+                lambda: json.loads(urllib.request.urlopen(ask, timeout=60, context=verified).read()))
             assert "raced" in {j["name"] for j in jobs["jobs"]}
         # stopped: the Lease was released
         lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")

@@ -24,6 +24,7 @@ from batchsched.core.devices import ELASTIC_CONTAINER_PREFIX, annotations_for
 from batchsched.core.model import parse_pod
 from batchsched.kube.client import KubeClient
 from batchsched.kube.snapshot import take_snapshot
+from batchsched.kube.tls import client_context
 from batchsched.sandbox.nodes import SANDBOX_LABEL
 from batchsched.simulate import snapshot as replay_snapshot
 from tests.conftest import admin_token
@@ -181,9 +182,12 @@ async def test_a_snapshot_replays_to_the_placements_the_live_scheduler_makes(
         assert placements(await list_pods(kube, namespace), names) == live
 
         # the running scheduler serves the same snapshot
-        url = f"http://127.0.0.1:{sched.http_port}/debug/snapshot"
+        assert sched.tls is not None
+        verified = client_context(sched.tls.ca_pem)
+        url = f"https://127.0.0.1:{sched.views_port}/debug/snapshot"
         ask = urllib.request.Request(url, headers={"Authorization": f"Bearer {admin_token(sandbox.kubeconfig)}"})
-        body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(ask, timeout=10).read()))
+        body = await asyncio.to_thread(
+            lambda: json.loads(urllib.request.urlopen(ask, timeout=10, context=verified).read()))
         assert body["kind"] == "BatchschedSnapshot" and body["config"]["gpuSharing"]["policy"] == "binpack"
         assert {n["metadata"]["name"] for n in body["objects"]["nodes"]} >= {
             n for n, _ in {v for v in live.values()}}

@@ -7,7 +7,9 @@ loaded the way a user opens it (the URL the dashboard prints, no token in the br
 read as they would: the queues with their counts and quota, the waiting gang with why it
 waits, the running gang, a square for every GPU card. The numbers it shows are compared with
 what the apiserver holds (Queue status, nodes' allocatable, the pods bound). A user allowed
-the page but not the views it reads sees an error line that says so.
+the page but not the views it reads sees an error line that says so. The dashboard reaches
+the scheduler over TLS, verified with the CA its Lease publishes (or ``--ca-file``), and a
+browser opening the views directly accepts them only with that CA's key pinned.
 
 ``BATCHSCHED_SCREENSHOT=1`` also writes the screenshot to ``docs/images/web-view.png``
 (the README's picture); otherwise it goes to the test's temporary folder only.
@@ -32,8 +34,9 @@ from PIL import Image
 
 from batchsched.kube.client import KubeClient
 from batchsched.kube.errors import NotFoundError
+from batchsched.kube.tls import client_context, make_self_signed
 from batchsched.sandbox.cluster import free_port
-from tests.conftest import ROOT
+from tests.conftest import ROOT, admin_token
 from tests.integration import browser
 from tests.integration.helpers import (
     QUEUES,
@@ -63,12 +66,13 @@ def member(name: str, pool: str, *, queue: str, gpu: int, group: str | None = No
 
 
 @contextlib.asynccontextmanager
-async def dashboard(kubeconfig: str, server: str, log: Path) -> AsyncIterator[str]:
-    """``batchsched dashboard`` as a process; yields the URL it prints first."""
+async def dashboard(kubeconfig: str, server: str, log: Path, *flags: str) -> AsyncIterator[str]:
+    """``batchsched dashboard`` as a process; yields the URL it prints first. ``flags``:
+    where it reads the views' CA (``--lease-namespace``, or ``--ca-file``)."""
     with log.open("ab") as errors:
         proc = subprocess.Popen(
             [sys.executable, "-m", "batchsched", "dashboard", "--kubeconfig", kubeconfig,
-             "--port", str(free_port()), "--server", server],
+             "--port", str(free_port()), "--server", server, *flags],
             stdout=subprocess.PIPE, stderr=errors,
         )
     try:
@@ -162,14 +166,21 @@ async def test_the_web_view_shows_queues_jobs_and_cards_through_the_dashboard(
         status_b = await wait_for(lambda: _queue_status(kube, team_b, used={GPU: "1"}, lent={GPU: "4"}), timeout=30)
         assert status_b["pending"] >= 1
 
-        # without a token the scheduler answers 401, the page as well as its data
-        base = f"http://127.0.0.1:{sched.http_port}"
-        async with aiohttp.ClientSession() as http:
+        # without a token the scheduler answers 401, the page as well as its data, over
+        # TLS verified with the CA its Lease publishes
+        lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")
+        annotations = lease["metadata"]["annotations"]
+        ca = annotations["batchsched.io/views-ca"]
+        base = f"https://127.0.0.1:{sched.views_port}"
+        assert annotations["batchsched.io/endpoint"] == base
+        verified = aiohttp.TCPConnector(ssl=client_context(ca))
+        async with aiohttp.ClientSession(connector=verified) as http:
             for path in ("/ui/", "/debug/jobs", "/debug/queues", "/debug/nodes"):
                 async with http.get(base + path) as r:
                     assert r.status == 401, path
 
-        async with dashboard(sandbox.kubeconfig, base, tmp_path / "dashboard.log") as url:
+        async with dashboard(sandbox.kubeconfig, base, tmp_path / "dashboard.log",
+                             "--lease-namespace", namespace) as url:
             async def shown() -> browser.Element | None:
                 root = await page(url)
                 row = job_rows(root).get(f"{namespace}/{evaluate}")
@@ -237,8 +248,11 @@ async def test_the_web_view_shows_queues_jobs_and_cards_through_the_dashboard(
                 await asyncio.to_thread(browser.screenshot, url, SCREENSHOT, wait_ms=4000)
 
         # a user who may open the page but not read the views is told why, not shown a blank page
+        # (who may not read the Lease either: the CA is given as a file)
+        ca_file = tmp_path / "views-ca.crt"
+        ca_file.write_text(ca)
         async with page_only_user(kube, sandbox, namespace, tmp_path) as kubeconfig, \
-                dashboard(kubeconfig, base, tmp_path / "dashboard-denied.log") as url:
+                dashboard(kubeconfig, base, tmp_path / "dashboard-denied.log", "--ca-file", str(ca_file)) as url:
             async def refused() -> browser.Element | None:
                 root = await page(url)
                 return root if "hidden" not in root.find(id="error").attrs else None
@@ -250,6 +264,45 @@ async def test_the_web_view_shows_queues_jobs_and_cards_through_the_dashboard(
             assert "ClusterRole" in error, error
             assert root.find(id="updated").text() == "no data"
             assert not root.find(id="queues").find("tbody").find_all("tr")
+
+
+async def test_the_views_answer_only_over_tls_with_the_certificate_their_lease_vouches_for(
+    sandbox, kube: KubeClient, namespace: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """A browser opening the scheduler's views directly: Chromium accepts their certificate
+    only when told the CA the Lease publishes (its key pinned with
+    ``--ignore-certificate-errors-spki-list``), and then gets the views' own answer (a token
+    is required), not a page served without TLS. Plain HTTP to the views' port gets no
+    answer at all, and the plain metrics port serves none of the views."""
+    browser.chromium()
+    async with running_scheduler(sandbox, namespace) as sched:
+        lease = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/batchsched")
+        ca = lease["metadata"]["annotations"]["batchsched.io/views-ca"]
+        url = f"https://127.0.0.1:{sched.views_port}/ui/"
+        # Chromium's own roots do not vouch for it: no page
+        untrusted = await asyncio.to_thread(browser.dump_dom, url, wait_ms=2000)
+        assert "bearer token" not in untrusted and "<pre>" not in untrusted, untrusted
+        # another CA's key pinned: no page either
+        other = make_self_signed(["127.0.0.1"]).ca_pem.decode()
+        wrong = await asyncio.to_thread(browser.dump_dom, url, wait_ms=2000, trust_ca=other)
+        assert "bearer token" not in wrong, wrong
+        # the Lease's CA: the views answer, and without a token they give nothing away
+        shown = browser.parse(await asyncio.to_thread(browser.dump_dom, url, wait_ms=2000, trust_ca=ca))
+        assert "a bearer token is required" in shown.find("pre").text()
+
+        token = {"Authorization": f"Bearer {admin_token(sandbox.kubeconfig)}"}
+        async with aiohttp.ClientSession() as http:
+            # plain HTTP to the views' port: the TLS handshake fails, nothing is answered
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(f"http://127.0.0.1:{sched.views_port}/debug/jobs", headers=token) as r:
+                    raise AssertionError(f"answered {r.status} over plain HTTP: {await r.text()}")
+            # the metrics port is plain HTTP, and has no views
+            metrics = f"http://127.0.0.1:{sched.http_port}"
+            for path in ("/debug/jobs", "/ui/"):
+                async with http.get(metrics + path, headers=token) as r:
+                    assert r.status == 404, (path, r.status)
+            async with http.get(metrics + "/metrics") as r:
+                assert r.status == 200 and "batchsched_" in await r.text()
 
 
 async def _bound(kube: KubeClient, namespace: str, names: list[str]) -> bool:

@@ -72,7 +72,10 @@ def test_each_configuration_is_valid_and_agrees_with_the_deployment(path: Path) 
     [port] = [p["containerPort"] for p in container["ports"] if p["name"] == "metrics"]
     # served where the probes and the scrape look, from every address of the pod
     assert config.metrics_address == f"0.0.0.0:{port}"
-    # the Lease in the scheduler's own namespace (the role grants leases cluster-wide)
+    # the views on a port of their own (HTTPS), declared on the container
+    [views] = [p["containerPort"] for p in container["ports"] if p["name"] == "views"]
+    assert config.explain.address == f"0.0.0.0:{views}" != config.metrics_address
+    # the Lease in the scheduler's own namespace (where the Role granting it is made)
     assert config.leader_election.namespace == deploy["metadata"]["namespace"]
     assert "batchsched" in config.scheduler_names
 

@@ -113,7 +113,11 @@ def test_the_explain_command_sends_the_api_the_user_names(monkeypatch, words: li
         asked.append(dict(query or {}))
         return {"summary": []}
 
+    async def find_server(_creds: Any, **given: Any) -> str:  # the address and CA, from the Lease
+        return str(given["server"])
+
     monkeypatch.setattr(viewclient, "credentials", credentials)
+    monkeypatch.setattr(viewclient, "find_server", find_server)
     monkeypatch.setattr(viewclient, "read_view", read_view)
     parser = argparse.ArgumentParser()
     viewcli.add_parsers(parser.add_subparsers(dest="command"))

@@ -65,14 +65,23 @@ the chart grants exactly what the kustomize base grants, from the same file.
 {{- end -}}
 
 {{/*
-The configuration file: .Values.config with schedulerNames, leaderElection and
-metricsAddress from their own values.
+The configuration file: .Values.config with schedulerNames, leaderElection,
+metricsAddress, explain.address and explain.tls from their own values.
 */}}
 {{- define "batchsched.config" -}}
 {{- range $key := list "schedulerNames" "leaderElection" "metricsAddress" -}}
 {{- if hasKey $.Values.config $key -}}
 {{- fail (printf "set %s through its own value, not config.%s (see values.yaml)" $key $key) -}}
 {{- end -}}
+{{- end -}}
+{{- range $key := list "address" "tls" -}}
+{{- if hasKey ($.Values.config.explain | default dict) $key -}}
+{{- fail (printf "set explain.%s through the value views, not config.explain.%s (see values.yaml)" $key $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $tls := .Values.views.tls -}}
+{{- if and $tls.secretName (not $tls.serverName) -}}
+{{- fail "views.tls.serverName: name one of the certificate's dnsNames (clients check it for that name)" -}}
 {{- end -}}
 {{- $le := .Values.leaderElection -}}
 {{- $config := deepCopy .Values.config -}}
@@ -85,5 +94,13 @@ metricsAddress from their own values.
       "renewDeadlineSeconds" $le.renewDeadlineSeconds
       "retryPeriodSeconds" $le.retryPeriodSeconds) -}}
 {{- $_ := set $config "metricsAddress" (printf "%s:%v" .Values.metrics.bindAddress .Values.metrics.port) -}}
+{{- $explain := $config.explain | default dict -}}
+{{- $_ := set $explain "address" (printf "%s:%v" .Values.views.bindAddress .Values.views.port) -}}
+{{- if $tls.secretName -}}
+{{- $_ := set $explain "tls" (dict
+      "certFile" "/etc/batchsched-tls/tls.crt" "keyFile" "/etc/batchsched-tls/tls.key"
+      "caFile" "/etc/batchsched-tls/ca.crt" "serverName" $tls.serverName) -}}
+{{- end -}}
+{{- $_ := set $config "explain" $explain -}}
 {{- toYaml $config -}}
 {{- end -}}
