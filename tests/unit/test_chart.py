@@ -91,12 +91,14 @@ def test_with_kueue_claims_the_appwrapper_scheduler_name_and_leaves_kueue_its_po
 
 def test_the_sandbox_configuration_beside_kueue_is_the_overlays_on_loopback() -> None:
     """config/with-kueue-sandbox.yaml, for trying batchsched beside Kueue on the sandbox,
-    is the with-kueue overlay's configuration but for its metrics address."""
+    is the with-kueue overlay's configuration but for its addresses (loopback)."""
     [path] = [p for p in configuration_files() if p.parts[-3] == "with-kueue"]
     overlay = yaml.safe_load(path.read_text())
     sandbox = yaml.safe_load((ROOT / "config" / "with-kueue-sandbox.yaml").read_text())
     assert sandbox.pop("metricsAddress") == "127.0.0.1:10351"
+    assert sandbox.pop("explain") == {"address": "127.0.0.1:10352"}
     overlay.pop("metricsAddress")
+    overlay.pop("explain")
     assert sandbox == overlay
     assert parse_config(sandbox).scheduler_names == parse_config(overlay).scheduler_names
 
