@@ -29,6 +29,17 @@ async def wait_for(check, timeout: float = 30.0, interval: float = 0.2):  # type
         await asyncio.sleep(interval)
 
 
+async def test_the_apiserver_reports_the_pinned_release(kube: KubeClient) -> None:
+    """``/version`` says the release gomod/kubernetes pins (tools that parse it, Kueue
+    among them, refuse the ``v0.0.0-master+$Format:%H$`` of a build without version flags)."""
+    from batchsched.sandbox.build import kube_version
+
+    version = await kube.get("/version")
+    assert version["gitVersion"] == kube_version() == "v1.37.2"
+    assert (version["major"], version["minor"]) == ("1", "37")
+    assert version["gitTreeState"] == "clean"
+
+
 async def test_node_shape_becomes_ready(kube: KubeClient, make_nodes) -> None:  # type: ignore[no-untyped-def]
     names = await make_nodes(
         count=6, gpus=4, gpu_model="H100", cpu="32", memory="256Gi",
