@@ -571,18 +571,22 @@ async def apply_manifests(client: KubeClient, files: Iterable[Path], *, only_clu
             key = (obj.get("apiVersion", ""), obj.get("kind", ""))
             if only_cluster_scoped and key not in _CLUSTER_SCOPED:
                 continue
-            coll = collection_path(obj)
-            name = obj["metadata"]["name"]
-            try:
-                await client.create(coll, obj)
-            except ConflictError:
-                current = await client.get(f"{coll}/{name}")
-                obj.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
-                await client.replace(f"{coll}/{name}", obj)
+            await create_or_replace(client, collection_path(obj), obj)
             if key[1] == "CustomResourceDefinition":
-                crds.append(name)
+                crds.append(obj["metadata"]["name"])
     for name in crds:
         await _wait_crd(client, name)
+
+
+async def create_or_replace(client: KubeClient, collection: str, body: dict[str, Any]) -> None:
+    """Create ``body`` in ``collection``, or replace the object of its name with it."""
+    try:
+        await client.create(collection, body)
+    except ConflictError:
+        path = f"{collection}/{body['metadata']['name']}"
+        current = await client.get(path)
+        body = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+        await client.replace(path, body)
 
 
 async def grant_lease_namespace(client: KubeClient, namespace: str, rbac: Path = MANIFESTS / "rbac.yaml") -> None:

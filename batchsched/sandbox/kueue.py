@@ -50,6 +50,7 @@ from batchsched.sandbox.cluster import (
     SandboxError,
     SandboxState,
     apply_manifests,
+    create_or_replace,
     free_port,
     log_tail,
 )
@@ -214,7 +215,7 @@ class Kueue(ToolProcess):
             await create_once(client, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
             # empty: Kueue's certificate rotator fills it (one left by an earlier start is reused)
             await create_once(client, f"/api/v1/namespaces/{NAMESPACE}/secrets", {"metadata": {"name": SECRET}})
-            await _replace(client, f"/api/v1/namespaces/{NAMESPACE}/services", {
+            await create_or_replace(client, f"/api/v1/namespaces/{NAMESPACE}/services", {
                 "metadata": {"name": SERVICE},
                 "spec": {"type": "ExternalName", "externalName": "localhost",
                          "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}]},
@@ -226,7 +227,7 @@ class Kueue(ToolProcess):
             await apply_manifests(client, [crds])
             for doc in webhook_documents(source, port):
                 kind = doc["kind"].lower() + "s"
-                await _replace(client, f"{WEBHOOK_API}/{kind}", doc)
+                await create_or_replace(client, f"{WEBHOOK_API}/{kind}", doc)
 
     async def _wait_webhooks(self, deadline: float) -> None:
         """Until the apiserver reaches Kueue's webhooks with the CA injected: a dry-run
@@ -254,15 +255,3 @@ class Kueue(ToolProcess):
                 for kind, name in WEBHOOKS.items():
                     with contextlib.suppress(NotFoundError):
                         await client.delete(f"{WEBHOOK_API}/{kind.lower()}s/{name}")
-
-
-async def _replace(client: KubeClient, collection: str, body: dict[str, Any]) -> None:
-    """Create ``body``, or replace the object of that name (its port may have changed)."""
-    try:
-        await client.create(collection, body)
-    except ConflictError:
-        path = f"{collection}/{body['metadata']['name']}"
-        current = await client.get(path)
-        body = {**body, "metadata": {**body["metadata"],
-                                     "resourceVersion": current["metadata"]["resourceVersion"]}}
-        await client.replace(path, body)
