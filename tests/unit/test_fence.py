@@ -25,6 +25,7 @@ from batchsched.kube.groupstatus import GroupStatusWriter
 from batchsched.kube.leader import Fence, LeaderElector, micro_time
 from batchsched.kube.queuestatus import QueueStatusWriter
 from batchsched.kube.status import ObjectRef, StatusWriter
+from tests.unit.fake_http import serving
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l"
 BIND_PATH = "/api/v1/namespaces/ns/pods/p/binding"
@@ -424,50 +425,43 @@ def test_a_request_that_waits_past_the_deadline_before_it_is_written_is_never_se
             received.append(request.path)
             return web.json_response({})
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        client = KubeClient.from_credentials(Credentials(host=f"http://127.0.0.1:{port}"))
-        try:
-            clock = Clock(0.0)
-            fence = Fence(clock=clock)
-            fence.extend(10.0)
-            await fence.send(lambda: client.request("POST", "/first", body={}), what="first")
-            assert received == ["/first"]
+        async with serving(handler) as url:
+            client = KubeClient.from_credentials(Credentials(host=url))
+            try:
+                clock = Clock(0.0)
+                fence = Fence(clock=clock)
+                fence.extend(10.0)
+                await fence.send(lambda: client.request("POST", "/first", body={}), what="first")
+                assert received == ["/first"]
 
-            class Late:
-                """Open at the caller's look; the deadline passes before the request is written."""
+                class Late:
+                    """Open at the caller's look; the deadline passes before the request is written."""
 
-                def __init__(self) -> None:
-                    self.looks = 0
+                    def __init__(self) -> None:
+                        self.looks = 0
 
-                def __call__(self) -> float:
-                    self.looks += 1
-                    return 0.0 if self.looks == 1 else 10.0
+                    def __call__(self) -> float:
+                        self.looks += 1
+                        return 0.0 if self.looks == 1 else 10.0
 
-            late = Fence(clock=Late())
-            late.extend(10.0)
-            with pytest.raises(Fenced):
-                await late.send(lambda: client.request("POST", "/late", body={}), what="late")
-            # a pooled connection (reused) and a new one (created) are both checked
-            held = [client.request("GET", "/slow") for _ in range(3)]
-            await asyncio.gather(*held)
-            for _ in range(3):
+                late = Fence(clock=Late())
+                late.extend(10.0)
                 with pytest.raises(Fenced):
-                    await Fence(clock=Late(), until=10.0).send(
-                        lambda: client.request("POST", "/late", body={}), what="late")
-            assert "/late" not in received
-            # requests outside a fence are not checked; the pool still works
-            await client.request("POST", "/free", body={})
-            await client.request("POST", "/free", body={})
-            assert received[-2:] == ["/free", "/free"]
-        finally:
-            await client.close()
-            await runner.cleanup()
+                    await late.send(lambda: client.request("POST", "/late", body={}), what="late")
+                # a pooled connection (reused) and a new one (created) are both checked
+                held = [client.request("GET", "/slow") for _ in range(3)]
+                await asyncio.gather(*held)
+                for _ in range(3):
+                    with pytest.raises(Fenced):
+                        await Fence(clock=Late(), until=10.0).send(
+                            lambda: client.request("POST", "/late", body={}), what="late")
+                assert "/late" not in received
+                # requests outside a fence are not checked; the pool still works
+                await client.request("POST", "/free", body={})
+                await client.request("POST", "/free", body={})
+                assert received[-2:] == ["/free", "/free"]
+            finally:
+                await client.close()
 
     asyncio.run(main())
 

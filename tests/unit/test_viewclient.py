@@ -10,6 +10,7 @@ from aiohttp import web
 
 from batchsched.kube.client import Credentials
 from batchsched.kube.viewclient import ViewError, find_server
+from tests.unit.fake_http import serving
 
 
 def test_a_missing_lease_names_where_it_was_looked_for_and_the_flags_that_look_elsewhere() -> None:
@@ -20,18 +21,9 @@ def test_a_missing_lease_names_where_it_was_looked_for_and_the_flags_that_look_e
             asked.append(request.path)
             return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
+        async with serving(handler) as url:
             with pytest.raises(ViewError) as err:
-                await find_server(Credentials(host=f"http://127.0.0.1:{port}"), namespace="team-x", lease="sched")
-        finally:
-            await runner.cleanup()
+                await find_server(Credentials(host=url), namespace="team-x", lease="sched")
         assert asked == ["/apis/coordination.k8s.io/v1/namespaces/team-x/leases/sched"]
         return str(err.value)
 

@@ -34,6 +34,7 @@ from batchsched.kube.tls import (
     serving_names,
 )
 from batchsched.kube.viewclient import ViewError, ViewsServer, find_server, read_view
+from tests.unit.fake_http import serving
 
 TOKEN = "Bearer secret-token"
 
@@ -150,17 +151,8 @@ async def apiserver(lease: dict[str, Any] | None) -> AsyncIterator[Credentials]:
             return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
         return web.json_response(lease)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield Credentials(host=f"http://127.0.0.1:{port}", token=TOKEN)
-    finally:
-        await runner.cleanup()
+    async with serving(handler) as url:
+        yield Credentials(host=url, token=TOKEN)
 
 
 def lease(**annotations: str) -> dict[str, Any]:
