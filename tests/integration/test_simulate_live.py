@@ -129,7 +129,11 @@ async def test_a_snapshot_with_dra_claims_replays_to_the_devices_the_live_schedu
                 await wait_for(settled, timeout=30)
             await asyncio.sleep(2.0)  # nothing more is bound afterwards
             live = await live_devices()
-        assert 3 <= len(simulated) < len(mix), simulated  # some fit, some wait: the comparison means something
+        # some fit, some wait: the comparison means something. How many fit depends on the
+        # pods' order, their resourceVersions once kube-controller-manager has written their
+        # claims (all are created within one second): the two-GPU pods first fill both
+        # nodes with two pods, otherwise three fit.
+        assert 2 <= len(simulated) < len(mix), simulated
         assert live == simulated
     finally:
         for s in made:
