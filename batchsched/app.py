@@ -241,8 +241,9 @@ class Scheduler:
     def run_cycle(self) -> int:
         """One step now; returns the number of bindings handed to the binder."""
         t0 = time.perf_counter()
-        d = self.session.step(time.time())
-        self._apply(d)
+        with procmem.collector_paused():
+            d = self.session.step(time.time())
+            self._apply(d)
         if d.again:
             self._wake.set()
         seconds = time.perf_counter() - t0

@@ -26,7 +26,7 @@ from batchsched.core.placement.topology import TopologyLevels
 from batchsched.core.quantity import QuantityError, to_units
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
-from batchsched.core.settings import SessionSettings
+from batchsched.core.settings import WALK_BUDGET, SessionSettings
 
 #: status writers (one task each) at most
 MAX_STATUS_WRITERS = 1024
@@ -86,6 +86,9 @@ class CycleSection:
     retry_unschedulable_seconds: float = _SESSION.retry_unschedulable
     #: the shortest time between two cycles (events arriving closer are batched)
     min_interval_seconds: float = 0.02
+    #: a cycle that has placed something stops walking after this long and sends its
+    #: Bindings; the next cycle, at once, tries the units left
+    walk_budget_seconds: float = WALK_BUDGET
 
 
 @dataclass(slots=True, frozen=True)
@@ -313,6 +316,7 @@ class Config:
             levels=self.topology_levels(),
             queues=self.queue_settings(),
             retry_unschedulable=self.cycle.retry_unschedulable_seconds,
+            walk_budget=self.cycle.walk_budget_seconds,
             assumed_timeout=self.binder.assumed_timeout_seconds,
             gang_default_timeout=gang.default_schedule_timeout_seconds,
             gang_initial_backoff=gang.initial_backoff_seconds,
@@ -496,6 +500,7 @@ def _validate(cfg: Config) -> None:
             "config: leaderElection: needs retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds"
         )
     positive(cfg.cycle.retry_unschedulable_seconds, "cycle.retryUnschedulableSeconds")
+    positive(cfg.cycle.walk_budget_seconds, "cycle.walkBudgetSeconds")
     if cfg.cycle.min_interval_seconds < 0:
         raise ConfigError("config: cycle.minIntervalSeconds: must not be negative")
     positive(cfg.gang.default_schedule_timeout_seconds, "gang.defaultScheduleTimeoutSeconds")

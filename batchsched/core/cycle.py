@@ -107,8 +107,14 @@ class Cycle(CycleKernels):
     def __init__(
         self, scoring: ScoringConfig, *, use_jit: bool = True, levels: TopologyLevels | None = None,
         reservation: ReservationSettings | None = None, cards: CardPolicy | None = None,
+        walk_budget: float | None = None,
     ) -> None:
         self.reservations = Reservations(reservation)
+        #: seconds after which a walk that placed something stops (None: every unit tried)
+        self.walk_budget = walk_budget
+        #: the last walk stopped at its budget: the next one walks to the end (each cycle
+        #: that stops early costs the next one its preparation again: one at most in a row)
+        self.stopped_early = False
         super().__init__(scoring, use_jit=use_jit, levels=levels, cards=cards)
 
     def run(
@@ -184,8 +190,30 @@ class _Walk:
         done = self.nominated()  # units holding a nomination, first
         order = self.fair_order(done)  # the rest, in fair order
         for q, unit in order:
+            if self.plan.unfinished or self._out_of_time():
+                self.plan.unfinished = True  # the rest in the next cycle: these Bindings leave now
+                self._after_stop(q, unit)
+                continue
             self.attempt(order, q, unit)  # each: place, else preempt, else reserve
         return self.finish()
+
+    def _out_of_time(self) -> bool:
+        """Whether the walk has spent its budget (:attr:`Cycle.walk_budget`, from the
+        cycle's start) and has Bindings to send: the units not tried yet wait for the next
+        cycle, which runs at once and walks to the end. Without a Binding the walk goes on
+        (stopping would send nothing sooner), so every cycle that stops early placed
+        something: the units left are tried in order, as in one walk, only later."""
+        budget = self.cycle.walk_budget
+        return (budget is not None and not self.cycle.stopped_early and bool(self.plan.bindings)
+                and time.perf_counter() - self.t0 >= budget)
+
+    def _after_stop(self, q: QueueName | None, unit: Unit) -> None:
+        """A unit after the walk stopped: one of a class that failed in this cycle fails
+        alike now, as in a whole walk (its class sleeps from this cycle on, so a later one
+        would not be handed it to tell it why); any other waits for the next cycle, not
+        tried."""
+        if self._failed_alike(q, unit):
+            self.plan.tried.append(unit.key)
 
     def account(self) -> QueueTree:
         """Running work, nominations and the usage history charged to the tree."""
@@ -267,7 +295,8 @@ class _Walk:
     def finish(self) -> Plan:
         """The reservations' ages, and the cycle's timings."""
         plan = self.plan
-        self.reserve.finish()
+        self.cycle.stopped_early = plan.unfinished
+        self.reserve.finish(set(plan.tried) if plan.unfinished else None)
         plan.timings["kernel"] = self.placer.kernel_time
         plan.timings["preempt"] = self.preemption.time
         plan.searches = self.preemption.searches

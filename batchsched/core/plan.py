@@ -337,6 +337,9 @@ class Plan:
     quota_blocked: set[str] = field(default_factory=set)
     #: unit keys in the order they were tried
     tried: list[str] = field(default_factory=list)
+    #: the walk stopped at its time budget with units not tried yet (they are tried in the
+    #: next cycle, at once): the Bindings found so far leave first
+    unfinished: bool = False
     #: victim searches made
     searches: int = 0
     timings: dict[str, float] = field(default_factory=dict)

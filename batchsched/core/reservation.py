@@ -48,7 +48,7 @@ import contextlib
 import functools
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -332,11 +332,13 @@ class CycleReservations:
         st.fail(unit, explain.reserved(message, r.nodes, start_in, r.ending), reason=RESERVED,
                 status=UnitStatus.WAITING)
 
-    def finish(self) -> None:
-        """After the walk: how long each holder has held its reservation."""
+    def finish(self, tried: Collection[str] | None = None) -> None:
+        """After the walk: how long each holder has held its reservation. ``tried``: the
+        units a walk that stopped early reached (None: all); a holder it did not reach keeps
+        its age."""
         now, since, dropped = self.now, self.policy.since, self.policy.dropped
         held = {r.unit for r in self.made}
-        for key in [k for k in since if k not in held]:
+        for key in [k for k in since if k not in held and (tried is None or k in tried)]:
             del since[key]
         for key in held:
             since.setdefault(key, now)

@@ -102,7 +102,8 @@ class Session(EventRouting):
     def __init__(self, settings: SessionSettings | None = None, *, use_jit: bool = True) -> None:
         s = self.settings = settings or SessionSettings()
         self.state = ClusterState(s.scheduler_names, mix_prior=s.mix_prior)
-        self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation, cards=s.cards)
+        self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation, cards=s.cards,
+                           walk_budget=s.walk_budget)
         self.groups = GroupBook(
             default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,
             max_backoff=s.gang_max_backoff, levels=s.levels, whole_job_restart=s.gang_whole_job_restart,
@@ -259,8 +260,10 @@ class Session(EventRouting):
         self.nominations.settle(plan)
         self.cycles += 1
         out.plan = plan
-        if plan.deferred:
-            out.again = True  # a victim search did not fit in this cycle's budget: next cycle, not later
+        if plan.deferred or plan.unfinished:
+            # a victim search did not fit in this cycle's budget, or the walk stopped at its
+            # own with units not tried: next cycle, not later
+            out.again = True
         return plan, queues
 
     def _assume(self, plan: Plan, now: float, out: Decisions) -> None:

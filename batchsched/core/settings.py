@@ -19,7 +19,10 @@ from batchsched.core.placement.topology import TopologyLevels
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
 
-__all__ = ["SessionSettings"]
+__all__ = ["WALK_BUDGET", "SessionSettings"]
+
+#: the walk budget of a cycle, in seconds (:attr:`SessionSettings.walk_budget`)
+WALK_BUDGET = 0.3
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,3 +62,9 @@ class SessionSettings:
     mix_prior: tuple[tuple[MixKind, int], ...] = ()
     #: GPU node health labels (IBM Autopilot's): see :mod:`batchsched.core.nodehealth`
     node_health: NodeHealthSettings = field(default_factory=NodeHealthSettings)
+    #: seconds after which a cycle that has placed something stops walking, its Bindings
+    #: sent while the next cycle, at once, tries the units left (the first cycle over a large
+    #: backlog binds in well under a second). None: every unit handed over is tried in one
+    #: cycle, as a simulation or a replay of one step wants (:mod:`batchsched.simulate`
+    #: sets None: its result must not depend on the speed of the machine)
+    walk_budget: float | None = WALK_BUDGET

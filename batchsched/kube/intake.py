@@ -21,6 +21,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from batchsched import procmem
 from batchsched.core import explain
 from batchsched.core.disruption import parse_pdb
 from batchsched.core.dra.objects import (
@@ -128,8 +129,9 @@ class Intake:
         listed: Callable[[list[Any]], Any], event: Callable[[str, Any], Any],
     ) -> Reflector:
         def on_list(items: list[dict[str, Any]]) -> None:
-            values = [v for v in (self._parsed(kind, parse, o) for o in items) if v is not None]
-            self.guard(listed, values)
+            with procmem.collector_paused():  # a list of every pod: a burst of long-lived objects
+                values = [v for v in (self._parsed(kind, parse, o) for o in items) if v is not None]
+                self.guard(listed, values)
 
         def on_event(etype: str, obj: dict[str, Any]) -> None:
             self.metrics.watch_events.labels(name).inc()

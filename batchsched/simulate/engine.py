@@ -65,6 +65,9 @@ class Simulation:
     claims: Claims = field(init=False)
 
     def __post_init__(self) -> None:
+        # every unit handed over is tried in each step: a simulation's result must not depend
+        # on how fast the machine running it walks
+        self.settings = replace(self.settings, walk_budget=None)
         self.session = Session(self.settings, use_jit=self.use_jit)
         self.claims = Claims(self.session)
 

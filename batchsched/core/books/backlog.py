@@ -449,12 +449,14 @@ class Backlog:
         return shared_out, again
 
     def held(self, plan: Plan, gangs: Mapping[str, Unit]) -> None:
-        """Which units hold a reservation or a nomination after the cycle."""
-        self._holders = {k for k, r in plan.results.items() if r.holding or r.reason == RESERVED}
+        """Which units hold a reservation or a nomination after the cycle (a holder a walk
+        that stopped early did not reach still holds)."""
+        kept = self._holders - set(plan.tried) if plan.unfinished else set()
+        self._holders = kept | {k for k, r in plan.results.items() if r.holding or r.reason == RESERVED}
         self._holders.update(n.unit for n in plan.nominations)
         self._holder_classes = {
             self.singles.class_of(u.pod.uid) for u in plan.unschedulable
-            if u.reason == RESERVED and u.unit not in gangs} - {None}
+            if u.reason == RESERVED and u.unit not in gangs} - {None} | (self._holder_classes if kept else set())
 
 
 class GangClasses:
