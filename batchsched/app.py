@@ -258,6 +258,7 @@ class Scheduler:
         m, state = self.metrics, self.session.state
         m.pending_pods.set(len(state.pending))
         m.assumed_pods.set(len(state.assumed))
+        m.pods_untold.set(self.status.owed)
         m.nodes.set(len(state.nodes))
         cards, held, free = state.card_usage()
         m.gpu_cards.set(cards)

@@ -25,6 +25,11 @@ class Metrics:
         self.assumed_pods = Gauge(
             "batchsched_assumed_pods", "Pods decided by a cycle whose binding is not yet confirmed.", registry=r
         )
+        self.pods_untold = Gauge(
+            "batchsched_pods_untold",
+            "Waiting pods told why they wait whose condition and Event are not queued for writing yet "
+            "(a burst beyond the status queue's room, fed to it as it drains).", registry=r,
+        )
         self.nodes = Gauge("batchsched_nodes", "Nodes in the mirror.", registry=r)
         self.gpu_cards = Gauge("batchsched_gpu_cards", "GPU cards on the nodes in the mirror.", registry=r)
         self.gpu_allocated = Gauge(
