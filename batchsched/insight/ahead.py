@@ -1,0 +1,468 @@
+"""Start-time estimates over classes of work: the policy's order on a virtual clock, without
+stepping a copy of the session.
+
+Stepping a copy of the session (:class:`~batchsched.insight.estimate.Forward`) gives every
+decision exactly, but each of its cycles costs what a live cycle costs: at 1,000 nodes and
+9,000 waiting pods a few seconds, so a budget of seconds reaches minutes ahead. This model
+keeps what decides *when* a job starts and drops the rest:
+
+- **what frees and when**: every charged pod's node row, request vector and end (declared,
+  observed for like pods, or none), the ends taken in batches as the copy takes them;
+- **the order**: the session's own :class:`~batchsched.core.queues.fair.FairOrder` over the
+  same queue tree (quotas, borrowing, cohorts, the usage history it decays), charged with
+  the running work and kept charged as jobs start and end: fair share between queues, then
+  priority, age and arrival within one;
+- **reservations**: the first ``per_queue`` jobs of a queue that quota admits but the nodes
+  do not hold what their quorum needs beyond what frees by their start; later jobs take it
+  only if they end by that start or have a higher priority
+  (:mod:`batchsched.core.reservation`);
+- **classes**: jobs of one queue with the same members' requests and quorum are alike; once
+  one fails in a round, the rest of its class in that round fail alike without a fit check,
+  as the cycle fails a class (:func:`~batchsched.core.equivalence.unit_class`).
+
+Left out, so the estimate is later or earlier than the scheduler by what they change: node
+selectors, affinities, taints and topology (a member fits any schedulable node with room),
+preemption (a job starts only in capacity that frees), elastic members beyond the quorum,
+nominations, back-off timers, and the telling (conditions, Events, statuses). Its error
+against the stepped copy is measured by ``python -m perf.estimatebench --compare``.
+
+Pure: the caller bounds the work with ``keep_going`` (asked before each round).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from batchsched.core.mirror import held
+from batchsched.core.model import Pod
+from batchsched.core.plan import QueueName, RunningUnit
+from batchsched.core.queues.fair import FairOrder
+from batchsched.core.queues.tree import QueueTree
+from batchsched.core.reservation import declared_runtime
+from batchsched.core.runtimes import RunTimes, like_key
+from batchsched.core.session import Session
+
+__all__ = ["ClassForward", "Started", "Waiting"]
+
+IntArray = npt.NDArray[np.int64]
+
+#: ends this close together (a fraction of their distance from now) are taken in one round
+BATCH_FRACTION = 0.02
+
+
+@dataclass(slots=True, frozen=True)
+class Waiting:
+    """A waiting job as the model advances it (what :class:`FairOrder` reads, and its work)."""
+
+    key: str
+    queue: QueueName | None
+    priority: int
+    created: float
+    arrival: int
+    #: the members still to bind, one request vector a row
+    reqs: IntArray
+    #: each member's run time once started (None: it runs on), and whether it was declared
+    runs: tuple[tuple[float | None, str], ...]
+    #: how the job waits the same way as others: queue, quorum, members' requests
+    cls: Hashable
+
+    @property
+    def uid(self) -> str:
+        return self.key
+
+    @property
+    def longest(self) -> float:
+        """How long its longest member runs (infinite when one declares no end)."""
+        return max((math.inf if r is None else r for r, _ in self.runs), default=0.0)
+
+
+@dataclass(slots=True, frozen=True)
+class Started:
+    """When a job's quorum was bound, and the ends carried out before it by source."""
+
+    at: float
+    declared: int
+    observed: int
+
+
+@dataclass(slots=True)
+class _Hold:
+    """A reservation: what it holds on each node, its start and its holder's priority."""
+
+    start: float
+    priority: int
+    amount: IntArray
+
+
+@dataclass(slots=True)
+class _Round:
+    """One round's walk: the classes failed so far and the holds made."""
+
+    failed: set[Hashable] = field(default_factory=set)
+    holds: dict[str, _Hold] = field(default_factory=dict)
+    holders: dict[QueueName | None, int] = field(default_factory=dict)
+    #: classes whose first member fits no node at all this round (no fit check needed)
+    unfit: set[Hashable] = field(default_factory=set)
+
+
+@dataclass(slots=True, frozen=True)
+class _End:
+    """A pod's expected end: where it frees what (node columns), what it gives back to its
+    queue (quota columns) and what its end rests on."""
+
+    at: float
+    seq: int
+    node: int
+    frees: IntArray
+    charge: IntArray
+    queue: QueueName | None
+    source: str
+
+
+class ClassForward:
+    """The model of one moment of the session (see the module docstring)."""
+
+    def __init__(self, sim: Session, runtimes: RunTimes, waiting: Iterable[tuple[str, str | None, int, float, int,
+                                                                                   Sequence[Pod], int]],
+                 now: float) -> None:
+        """``sim``: a copy of the live session (read and charged here, never stepped);
+        ``waiting``: ``(key, queue, priority, created, arrival, pending pods, members
+        needed)`` of each job to estimate."""
+        self.now = now
+        self.runtimes = runtimes
+        state = sim.state
+        self._groups = sim.groups
+        rows = [self._waiting(state.vector, *w) for w in waiting]
+        snap = state.snapshot()
+        width = len(snap.columns)
+        qi = sim.queues.prepare(state=state, groups=sim.groups, snap=snap, units=[], now=now)
+        self.tree: QueueTree = qi.tree
+        self.history = qi.history
+        self.max_wait = qi.max_wait
+        self.reserve = sim.settings.reservation
+        self.jobs = [_pad(w, width) for w in rows if w.queue is None or self.tree.leaf_problem(w.queue) is None]
+        #: the node columns any waiting job asks for: the only ones that can keep one from fitting
+        self.cols = np.flatnonzero(np.any([w.reqs.any(axis=0) for w in self.jobs], axis=0)) if self.jobs \
+            else np.zeros(0, dtype=np.intp)
+        #: each job's members' requests in those columns
+        self.asks = {w.key: w.reqs[:, self.cols] for w in self.jobs}
+        ok = np.array([not (n.unschedulable or n.deleting or not n.ready) for n in snap.nodes], dtype=bool)
+        self.free: IntArray = np.where(ok.reshape(-1, 1), snap.alloc - snap.used, 0)[:, self.cols]
+        self.alloc: IntArray = np.maximum(snap.alloc[:, self.cols], 1)
+        #: each pod's expected end, soonest first (kept sorted: reservations read it in order)
+        self.ends: list[tuple[float, int, _End]] = []
+        self._seq = 0
+        self.ended = {"declared": 0, "observed": 0}
+        self.unknown = 0
+        self._reserved: dict[str, _Hold] = {}
+        self._charge_running(sim, qi.running() if callable(qi.running) else qi.running, snap.rows, width)
+
+    # -- building --------------------------------------------------------------------------
+
+    def _charge_running(self, sim: Session, running: Iterable[RunningUnit], rows: npt.NDArray[np.intp],
+                        width: int) -> None:
+        """The running units charged to their queues, and each charged pod's end."""
+        state = sim.state
+        row_of = {int(r): i for i, r in enumerate(rows)}
+        queue_of: dict[str, QueueName | None] = {}
+        for unit in running:
+            for rp in unit.pods:
+                queue_of[rp.uid] = unit.queue
+            if unit.queue is not None and self.tree.leaf_problem(unit.queue) is None:
+                self.tree.admit(unit.queue, np.sum([rp.req for rp in unit.pods], axis=0))
+        for uid, (node, vec) in state.charges.items():
+            pod = state.pods.get(uid)
+            i = row_of.get(state.node_row.get(node, -1))
+            if pod is None or i is None:
+                continue
+            q = queue_of.get(uid)
+            if q is not None and self.tree.leaf_problem(q) is not None:
+                q = None
+            self._end(pod, i, np.pad(vec, (0, width - len(vec))), q)
+
+    def _waiting(self, vector: Callable[[dict[str, int]], IntArray], key: str, queue: str | None, priority: int,
+                 created: float, arrival: int, pods: Sequence[Pod], need: int) -> Waiting:
+        members = list(pods)[:max(1, need)]
+        vecs = [vector(held(p, None)) for p in members]
+        width = max((len(v) for v in vecs), default=0)
+        reqs = np.array([np.pad(v, (0, width - len(v))) for v in vecs], dtype=np.int64).reshape(len(vecs), width)
+        runs = tuple(self._run_time(p) for p in members)
+        q = QueueName(queue) if queue else None
+        return Waiting(key=key, queue=q, priority=priority, created=created, arrival=arrival, reqs=reqs, runs=runs,
+                       cls=(q, priority, reqs.tobytes(), reqs.shape))
+
+    def _run_time(self, pod: Pod) -> tuple[float | None, str]:
+        run = declared_runtime(pod)
+        if run is not None:
+            return run, "declared"
+        group = self._groups.group_of(pod.uid)
+        run = self.runtimes.typical(like_key(pod, group.key if group is not None else None))
+        return (run, "observed") if run is not None else (None, "unknown")
+
+    def _end(self, pod: Pod, node: int, vec: IntArray, queue: QueueName | None) -> None:
+        if pod.deleting:
+            end, source = self.now, "declared"
+        else:
+            run, source = self._run_time(pod)
+            if run is None:
+                self.unknown += 1
+                return
+            end = max(self.now, (pod.started or self.now) + run)
+        self._push(end, node, vec[self.cols], vec, queue, source)
+
+    def _push(self, end: float, node: int, frees: IntArray, charge: IntArray, queue: QueueName | None,
+              source: str) -> None:
+        self._seq += 1
+        bisect.insort(self.ends, (end, self._seq, _End(end, self._seq, node, frees, charge, queue, source)))
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self, *, horizon: float, keep_going: Callable[[], bool] | None = None,
+            max_rounds: int | None = None) -> tuple[dict[str, Started], float, int, bool]:
+        """Rounds at now and at each batch of ends until every job started, the horizon or
+        no end is left; returns the starts by job key, the time reached, the rounds taken
+        and whether ``keep_going`` (or ``max_rounds``) cut it short."""
+        started: dict[str, Started] = {}
+        left = list(self.jobs)
+        t, rounds = self.now, 0
+        while left:
+            if (keep_going is not None and not keep_going()) or (max_rounds is not None and rounds >= max_rounds):
+                return started, t, rounds, True
+            if rounds:
+                if not self.ends:
+                    break
+                t = self._next_batch()
+                if t > self.now + horizon:
+                    break
+                self._finish_due(t)
+            rounds += 1
+            now_started = self._round(left, t)
+            for key in now_started:
+                started[key] = Started(t, self.ended["declared"], self.ended["observed"])
+            if now_started:
+                left = [w for w in left if w.key not in started]
+        return started, t, rounds, False
+
+    def _next_batch(self) -> float:
+        """The next end, and with it the ends up to :data:`BATCH_FRACTION` of its distance
+        from now later (at least a second): the last of them."""
+        first = self.ends[0][0]
+        limit = first + max(1.0, BATCH_FRACTION * (first - self.now))
+        return self.ends[bisect.bisect_right(self.ends, (limit, math.inf)) - 1][0]
+
+    def _finish_due(self, t: float) -> None:
+        due = bisect.bisect_right(self.ends, (t, math.inf))
+        for _, _, e in self.ends[:due]:
+            self.free[e.node] += e.frees
+            if e.queue is not None:
+                self.tree.release(e.queue, e.charge)
+            self.ended[e.source] = self.ended.get(e.source, 0) + 1
+        del self.ends[:due]
+
+    def _round(self, left: Sequence[Waiting], t: float) -> list[str]:
+        """One pass over the waiting jobs in the policy's order at ``t``: each placed if its
+        queue's quota admits and the nodes (less what reservations hold from it) hold its
+        quorum; returns the keys of the jobs started."""
+        if self.history is not None:
+            for name in self.tree.names:
+                if self.tree.is_leaf(name):
+                    self.history.record(name, self.tree.usage_vector(name), t)
+        walk = _Round(unfit=self._unfit(left))
+        if len(walk.unfit) == len({w.cls for w in left}):
+            return []  # nothing fits anywhere: nothing starts, no order to walk
+        left = self._admissible(left)
+        order = FairOrder(self.tree, self._contenders(left, walk.unfit, t), now=t, history=self.history, max_wait=self.max_wait,
+                          request=_quorum if self.tree.names else None)
+        out: list[str] = []
+        for q, w in order:
+            if w.cls in walk.failed or (q is not None and self.tree.admissible(q, _quorum(w)) is not None):
+                walk.failed.add(w.cls)
+                order.skipped(w)
+                continue
+            nodes = None if w.cls in walk.unfit else self._place(self.asks[w.key], self._room(w, t, walk.holds))
+            if nodes is None:
+                walk.failed.add(w.cls)
+                self._hold(w, t, walk)
+                order.skipped(w)
+                continue
+            self._start(w, nodes, t)
+            if q is not None:
+                self.tree.admit(q, _quorum(w))
+            order.admitted(w)
+            out.append(w.key)
+        return out
+
+    def _contenders(self, left: Sequence[Waiting], unfit: set[Hashable], t: float,
+                    ) -> dict[QueueName | None, list[Waiting]]:
+        """The jobs worth walking, by queue: those of classes that may fit, and the first
+        ``per_queue`` of each queue that cannot (in the queue's order: they may be the ones
+        that hold its reservation). The others would fail alike and change nothing."""
+        by_queue: dict[QueueName | None, list[Waiting]] = {}
+        for w in left:
+            by_queue.setdefault(w.queue, []).append(w)
+        keep = self.reserve.per_queue if self.reserve.enabled else 0
+        for q, jobs in by_queue.items():
+            jobs.sort(key=lambda w: self._within(w, t))
+            kept: list[Waiting] = []
+            heads = 0
+            for w in jobs:
+                if w.cls in unfit:
+                    if heads >= keep:
+                        continue
+                    heads += 1
+                kept.append(w)
+            by_queue[q] = kept
+        return {q: jobs for q, jobs in by_queue.items() if jobs}
+
+    def _within(self, w: Waiting, t: float) -> tuple[int, int, float, int, str]:
+        """A job's place within its queue, as :class:`FairOrder` sorts it (one waiting
+        longer than ``max_wait`` first)."""
+        if self.max_wait is not None and t - w.created > self.max_wait:
+            return (0, 0, w.created, w.arrival, w.key)
+        return (1, -w.priority, w.created, w.arrival, w.key)
+
+    def _admissible(self, left: Sequence[Waiting]) -> list[Waiting]:
+        """The jobs whose quorum their queue's quota admits now. Admissions only take quota
+        during a round, so the others would fail it all round (and hold nothing)."""
+        verdict: dict[Hashable, bool] = {}
+        out: list[Waiting] = []
+        for w in left:
+            ok = verdict.get(w.cls)
+            if ok is None:
+                ok = verdict[w.cls] = w.queue is None or self.tree.admissible(w.queue, _quorum(w)) is None
+            if ok:
+                out.append(w)
+        return out
+
+    def _unfit(self, left: Sequence[Waiting]) -> set[Hashable]:
+        """The classes whose first member fits no node as the nodes are now."""
+        first: dict[Hashable, IntArray] = {}
+        for w in left:
+            if w.cls not in first:
+                first[w.cls] = self.asks[w.key][0]
+        classes = list(first)
+        if not classes:
+            return set()
+        asks = np.array([first[c] for c in classes], dtype=np.int64)
+        fits: npt.NDArray[np.bool_] = np.any(np.all(self.free[None, :, :] >= asks[:, None, :], axis=2), axis=1)
+        return {c for c, ok in zip(classes, fits.tolist(), strict=True) if not ok}
+
+    def _room(self, w: Waiting, t: float, holds: dict[str, _Hold]) -> IntArray:
+        """What ``w`` may use: the free capacity less the holds it may not take (it takes a
+        hold when it ends by the hold's start or outranks its holder)."""
+        room = self.free
+        end = t + w.longest
+        for hold in holds.values():
+            if end <= hold.start or w.priority > hold.priority:
+                continue
+            room = room - hold.amount
+        return room
+
+    def _place(self, asks: IntArray, room: IntArray) -> list[int] | None:
+        """Nodes for the members asking ``asks``, in order, the fullest node that fits
+        first (as binpacking scores), filled with alike members before the next; None when
+        the quorum does not fit. A run of alike members is placed in one pass."""
+        room = room.copy()
+        nodes: list[int] = []
+        i = 0
+        while i < len(asks):
+            req = asks[i]
+            j = i + 1
+            while j < len(asks) and np.array_equal(asks[j], req):
+                j += 1
+            asked = req > 0
+            if not asked.any():
+                nodes.extend([0] * (j - i))
+                i = j
+                continue
+            cap = np.maximum(0, (room[:, asked] // req[asked]).min(axis=1))
+            if int(cap.sum()) < j - i:
+                return None
+            fits = np.flatnonzero(cap)
+            left = ((room[fits][:, asked] - req[asked]) / self.alloc[fits][:, asked]).sum(axis=1)
+            for node in fits[np.argsort(left, kind="stable")].tolist():
+                take = min(int(cap[node]), j - i - (len(nodes) - i))
+                room[node] -= take * req
+                nodes.extend([node] * take)
+                if len(nodes) == j:
+                    break
+            i = j
+        return nodes
+
+    def _start(self, w: Waiting, nodes: list[int], t: float) -> None:
+        asks = self.asks[w.key]
+        for node, ask, req, (run, source) in zip(nodes, asks, w.reqs, w.runs, strict=True):
+            self.free[node] -= ask
+            if run is None:
+                self.unknown += 1
+            else:
+                self._push(t + run, node, ask, req, w.queue, source)
+
+    def _hold(self, w: Waiting, t: float, walk: _Round) -> None:
+        """``w`` did not fit: the first ``per_queue`` of its queue to fail hold a reservation
+        (kept from round to round while its start lies ahead)."""
+        if not self.reserve.enabled or walk.holders.get(w.queue, 0) >= self.reserve.per_queue:
+            return
+        walk.holders[w.queue] = walk.holders.get(w.queue, 0) + 1
+        hold = self._reserved.get(w.key)
+        if hold is None or hold.start <= t:
+            hold = self._reservation(w)
+            if hold is None:
+                return
+            self._reserved[w.key] = hold
+        walk.holds[w.key] = hold
+
+    def _reservation(self, w: Waiting) -> _Hold | None:
+        """The earliest end by which ``w``'s quorum fits (the fewest ends, soonest first,
+        found by doubling then halving), and what it then needs on each node beyond what
+        frees there by then; None when no end makes it fit."""
+        ends, asks = [e for _, _, e in self.ends], self.asks[w.key]
+        if not ends:
+            return None
+        lo, hi = 0, 1  # the quorum does not fit after ``lo`` ends; after ``hi`` it may
+        while self._place(asks, self.free + _freed_by(ends, hi, self.free.shape)) is None:
+            if hi >= len(ends):
+                return None
+            lo, hi = hi, min(2 * hi, len(ends))
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._place(asks, self.free + _freed_by(ends, mid, self.free.shape)) is None:
+                lo = mid
+            else:
+                hi = mid
+        gone = _freed_by(ends, hi, self.free.shape)
+        nodes = self._place(asks, self.free + gone)
+        assert nodes is not None
+        need = np.zeros_like(self.free)
+        for node, ask in zip(nodes, asks, strict=True):
+            need[node] += ask
+        amount: IntArray = np.maximum(0, need - gone)
+        return _Hold(start=ends[hi - 1].at, priority=w.priority, amount=amount)
+
+
+def _freed_by(ends: Sequence[_End], k: int, shape: tuple[int, ...]) -> IntArray:
+    """What the first ``k`` ``ends`` free on each node."""
+    out = np.zeros(shape, dtype=np.int64)
+    if k:
+        np.add.at(out, np.fromiter((e.node for e in ends[:k]), dtype=np.intp, count=k),
+                  np.array([e.frees for e in ends[:k]]).reshape(k, shape[1]))
+    return out
+
+
+def _quorum(w: Waiting) -> IntArray:
+    out: IntArray = w.reqs.sum(axis=0)
+    return out
+
+
+def _pad(w: Waiting, width: int) -> Waiting:
+    if w.reqs.shape[1] == width:
+        return w
+    reqs = np.pad(w.reqs, ((0, 0), (0, width - w.reqs.shape[1])))
+    return Waiting(key=w.key, queue=w.queue, priority=w.priority, created=w.created, arrival=w.arrival,
+                   reqs=reqs, runs=w.runs, cls=w.cls)
