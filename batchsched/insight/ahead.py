@@ -93,10 +93,12 @@ class Started:
 
 @dataclass(slots=True)
 class _Hold:
-    """A reservation: what it holds on each node, its start and its holder's priority."""
+    """A reservation: its start, its holder's priority, what its quorum needs on each node
+    and, in this round, what it holds there (the need beyond what frees by the start)."""
 
     start: float
     priority: int
+    need: IntArray
     amount: IntArray
 
 
@@ -285,9 +287,11 @@ class ClassForward:
                 walk.failed.add(w.cls)
                 order.skipped(w)
                 continue
-            nodes = None if w.cls in walk.unfit else self._place(self.asks[w.key], self._room(w, t, walk.holds))
+            room = self._room(w, t, walk.holds)
+            nodes = None if w.cls in walk.unfit else self._place(self.asks[w.key], room)
             if nodes is None:
-                walk.failed.add(w.cls)
+                if room is self.free:  # held back by no reservation: the rest of its class fails alike
+                    walk.failed.add(w.cls)
                 self._hold(w, t, walk)
                 order.skipped(w)
                 continue
@@ -416,6 +420,10 @@ class ClassForward:
             if hold is None:
                 return
             self._reserved[w.key] = hold
+        else:  # the same start and nodes; what frees there by then is less as ends pass
+            due = bisect.bisect_right(self.ends, (hold.start, math.inf))
+            hold.amount = np.maximum(0, hold.need - _freed_by([e for _, _, e in self.ends[:due]], due,
+                                                              self.free.shape))
         walk.holds[w.key] = hold
 
     def _reservation(self, w: Waiting) -> _Hold | None:
@@ -442,8 +450,7 @@ class ClassForward:
         need = np.zeros_like(self.free)
         for node, ask in zip(nodes, asks, strict=True):
             need[node] += ask
-        amount: IntArray = np.maximum(0, need - gone)
-        return _Hold(start=ends[hi - 1].at, priority=w.priority, amount=amount)
+        return _Hold(start=ends[hi - 1].at, priority=w.priority, need=need, amount=np.maximum(0, need - gone))
 
 
 def _freed_by(ends: Sequence[_End], k: int, shape: tuple[int, ...]) -> IntArray:
