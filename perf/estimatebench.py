@@ -3,7 +3,7 @@
 Run::
 
     python -m perf.estimatebench [--nodes 1000] [--pods 10000] [--budget 10] [--exact] [--max-steps 400]
-    python -m perf.estimatebench --nodes 200 --pods 2000 --compare [--exact-budget 1800] [--exact-file F]
+    python -m perf.estimatebench --nodes 200 --pods 2000 --compare [--exact-budget 1800]
 
 The cluster and backlog of :mod:`perf.backlog` (queues in cohorts, 85% of the GPUs busy, a
 third of the running pods declaring a runtime, far more waiting than fits), after its first
@@ -18,7 +18,8 @@ and no step limit, and reports the error of the model over classes against it, o
 jobs both estimated: the median and 90th percentile of the difference in minutes, the share
 of jobs within 10% of their horizon (the exact estimate's distance from now, at least a
 minute), the share whose order against the job estimated next is kept, and the jobs only
-one of them estimated.
+one of them estimated. Both run on the same backlog in one process: the victim search of
+its first steps is bounded by time, so two processes may build different backlogs.
 """
 
 from __future__ import annotations
@@ -68,22 +69,13 @@ def _run(session: Session, view: list[Job], now: float, *, budget: float | None,
     return est, time.perf_counter() - t
 
 
-def compare(nodes: int, pods: int, *, declared: bool, budget: float | None, exact_budget: float,
-            exact_file: str | None = None) -> dict[str, Any]:
+def compare(nodes: int, pods: int, *, declared: bool, budget: float | None, exact_budget: float) -> dict[str, Any]:
     """The model over classes against the exact one (see the module docstring)."""
     world = _world(nodes, pods, declared)
     session, now = world.session, world.now
     view = jobs(session, now)
     fast, t_fast = _run(session, view, now, budget=budget, max_steps=400, exact=False)
-    if exact_file and os.path.exists(exact_file):
-        with open(exact_file) as f:
-            kept = json.load(f)
-        exact, t_exact = kept["estimates"], kept["seconds"]
-    else:
-        exact, t_exact = _run(session, view, now, budget=exact_budget, max_steps=10**9, exact=True)
-        if exact_file:
-            with open(exact_file, "w") as f:
-                json.dump({"estimates": exact, "seconds": t_exact}, f)
+    exact, t_exact = _run(session, view, now, budget=exact_budget, max_steps=10**9, exact=True)
     both = sorted((k for k in exact if exact[k]["start"] is not None and fast.get(k, {}).get("start") is not None),
                   key=lambda k: (exact[k]["start"], k))
     diff = [abs(fast[k]["start"] - exact[k]["start"]) / 60 for k in both]
@@ -162,13 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", action="store_true", help="the model over classes against the exact one")
     ap.add_argument("--exact-budget", type=float, default=1800.0,
                     help="seconds the exact model may take with --compare")
-    ap.add_argument("--exact-file", default=None,
-                    help="with --compare: the exact estimates read from this JSON file if it exists, "
-                         "else written to it (the same --nodes, --pods and runtimes give the same backlog)")
     args = ap.parse_args(argv)
     if args.compare:
         out = compare(args.nodes, args.pods, declared=not args.as_generated, budget=args.budget,
-                      exact_budget=args.exact_budget, exact_file=args.exact_file)
+                      exact_budget=args.exact_budget)
     else:
         out = measure(args.nodes, args.pods, max_steps=args.max_steps, declared=not args.as_generated,
                       budget=args.budget, exact=args.exact)

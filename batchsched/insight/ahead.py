@@ -18,13 +18,17 @@ keeps what decides *when* a job starts and drops the rest:
   (:mod:`batchsched.core.reservation`);
 - **classes**: jobs of one queue with the same members' requests and quorum are alike; once
   one fails in a round, the rest of its class in that round fail alike without a fit check,
-  as the cycle fails a class (:func:`~batchsched.core.equivalence.unit_class`).
+  as the cycle fails a class (:func:`~batchsched.core.equivalence.unit_class`);
+- **which nodes**: each member only on the nodes it passes every filter of (taints,
+  cordons, node selectors and affinity, its ResourceClaims' nodes:
+  :class:`~batchsched.core.placement.nodefilter.NodeFilter`), the fullest that fits first.
 
-Left out, so the estimate is later or earlier than the scheduler by what they change: node
-selectors, affinities, taints and topology (a member fits any schedulable node with room),
-preemption (a job starts only in capacity that frees), elastic members beyond the quorum,
-nominations, back-off timers, and the telling (conditions, Events, statuses). Its error
-against the stepped copy is measured by ``python -m perf.estimatebench --compare``.
+Left out, so the estimate is later or earlier than the scheduler by what they change: the
+topology a gang asks for and pod (anti-)affinity and spread (members fit any allowed node
+with room), cards shared by several pods (a share counts as the cards it holds), preemption
+(a job starts only in capacity that frees), elastic members beyond the quorum, nominations,
+back-off timers, and the telling (conditions, Events, statuses). Its error against the
+stepped copy is measured by ``python -m perf.estimatebench --compare``.
 
 Pure: the caller bounds the work with ``keep_going`` (asked before each round).
 """
@@ -41,6 +45,7 @@ import numpy.typing as npt
 
 from batchsched.core.mirror import held
 from batchsched.core.model import Pod
+from batchsched.core.placement.nodefilter import NodeFilter
 from batchsched.core.plan import QueueName, RunningUnit
 from batchsched.core.queues.fair import FairOrder
 from batchsched.core.queues.tree import QueueTree
@@ -69,8 +74,11 @@ class Waiting:
     reqs: IntArray
     #: each member's run time once started (None: it runs on), and whether it was declared
     runs: tuple[tuple[float | None, str], ...]
-    #: how the job waits the same way as others: queue, quorum, members' requests
+    #: how the job waits the same way as others: queue, quorum, members' requests and
+    #: what decides which nodes they may use
     cls: Hashable
+    #: the members still to bind
+    pods: tuple[Pod, ...] = ()
 
     @property
     def uid(self) -> str:
@@ -154,8 +162,9 @@ class ClassForward:
             else np.zeros(0, dtype=np.intp)
         #: each job's members' requests in those columns
         self.asks = {w.key: w.reqs[:, self.cols] for w in self.jobs}
-        ok = np.array([not (n.unschedulable or n.deleting or not n.ready) for n in snap.nodes], dtype=bool)
-        self.free: IntArray = np.where(ok.reshape(-1, 1), snap.alloc - snap.used, 0)[:, self.cols]
+        self.free: IntArray = (snap.alloc - snap.used)[:, self.cols]
+        #: each job's nodes: those every member may use (taints, cordons, selectors, affinity)
+        self.where = _eligible(self.jobs, NodeFilter(snap.nodes))
         self.alloc: IntArray = np.maximum(snap.alloc[:, self.cols], 1)
         #: each pod's expected end, soonest first (kept sorted: reservations read it in order)
         self.ends: list[tuple[float, int, _End]] = []
@@ -196,8 +205,9 @@ class ClassForward:
         reqs = np.array([np.pad(v, (0, width - len(v))) for v in vecs], dtype=np.int64).reshape(len(vecs), width)
         runs = tuple(self._run_time(p) for p in members)
         q = QueueName(queue) if queue else None
+        where = tuple(p.constraint_key() for p in members)
         return Waiting(key=key, queue=q, priority=priority, created=created, arrival=arrival, reqs=reqs, runs=runs,
-                       cls=(q, priority, reqs.tobytes(), reqs.shape))
+                       cls=(q, priority, reqs.tobytes(), reqs.shape, where), pods=tuple(members))
 
     def _run_time(self, pod: Pod) -> tuple[float | None, str]:
         run = declared_runtime(pod)
@@ -288,7 +298,7 @@ class ClassForward:
                 order.skipped(w)
                 continue
             room = self._room(w, t, walk.holds)
-            nodes = None if w.cls in walk.unfit else self._place(self.asks[w.key], room)
+            nodes = None if w.cls in walk.unfit else self._place(w.key, room)
             if nodes is None:
                 if room is self.free:  # held back by no reservation: the rest of its class fails alike
                     walk.failed.add(w.cls)
@@ -345,17 +355,17 @@ class ClassForward:
         return out
 
     def _unfit(self, left: Sequence[Waiting]) -> set[Hashable]:
-        """The classes whose first member fits no node as the nodes are now."""
-        first: dict[Hashable, IntArray] = {}
+        """The classes whose first member fits none of its nodes as the nodes are now."""
+        out: set[Hashable] = set()
+        seen: set[Hashable] = set()
         for w in left:
-            if w.cls not in first:
-                first[w.cls] = self.asks[w.key][0]
-        classes = list(first)
-        if not classes:
-            return set()
-        asks = np.array([first[c] for c in classes], dtype=np.int64)
-        fits: npt.NDArray[np.bool_] = np.any(np.all(self.free[None, :, :] >= asks[:, None, :], axis=2), axis=1)
-        return {c for c, ok in zip(classes, fits.tolist(), strict=True) if not ok}
+            if w.cls in seen:
+                continue
+            seen.add(w.cls)
+            fits = np.all(self.free >= self.asks[w.key][0], axis=1) & self.where[w.key]
+            if not fits.any():
+                out.add(w.cls)
+        return out
 
     def _room(self, w: Waiting, t: float, holds: dict[str, _Hold]) -> IntArray:
         """What ``w`` may use: the free capacity less the holds it may not take (it takes a
@@ -368,10 +378,12 @@ class ClassForward:
             room = room - hold.amount
         return room
 
-    def _place(self, asks: IntArray, room: IntArray) -> list[int] | None:
-        """Nodes for the members asking ``asks``, in order, the fullest node that fits
-        first (as binpacking scores), filled with alike members before the next; None when
-        the quorum does not fit. A run of alike members is placed in one pass."""
+    def _place(self, key: str, room: IntArray) -> list[int] | None:
+        """Nodes for job ``key``'s members, in order, among those it may use, the fullest
+        node that fits first (as binpacking scores), filled with alike members before the
+        next; None when the quorum does not fit. A run of alike members is placed in one
+        pass."""
+        asks, where = self.asks[key], self.where[key]
         room = room.copy()
         nodes: list[int] = []
         i = 0
@@ -382,10 +394,13 @@ class ClassForward:
                 j += 1
             asked = req > 0
             if not asked.any():
-                nodes.extend([0] * (j - i))
+                usable = np.flatnonzero(where)
+                if not len(usable):
+                    return None
+                nodes.extend([int(usable[0])] * (j - i))
                 i = j
                 continue
-            cap = np.maximum(0, (room[:, asked] // req[asked]).min(axis=1))
+            cap = np.where(where, np.maximum(0, (room[:, asked] // req[asked]).min(axis=1)), 0)
             if int(cap.sum()) < j - i:
                 return None
             fits = np.flatnonzero(cap)
@@ -434,23 +449,34 @@ class ClassForward:
         if not ends:
             return None
         lo, hi = 0, 1  # the quorum does not fit after ``lo`` ends; after ``hi`` it may
-        while self._place(asks, self.free + _freed_by(ends, hi, self.free.shape)) is None:
+        while self._place(w.key, self.free + _freed_by(ends, hi, self.free.shape)) is None:
             if hi >= len(ends):
                 return None
             lo, hi = hi, min(2 * hi, len(ends))
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._place(asks, self.free + _freed_by(ends, mid, self.free.shape)) is None:
+            if self._place(w.key, self.free + _freed_by(ends, mid, self.free.shape)) is None:
                 lo = mid
             else:
                 hi = mid
         gone = _freed_by(ends, hi, self.free.shape)
-        nodes = self._place(asks, self.free + gone)
+        nodes = self._place(w.key, self.free + gone)
         assert nodes is not None
         need = np.zeros_like(self.free)
         for node, ask in zip(nodes, asks, strict=True):
             need[node] += ask
         return _Hold(start=ends[hi - 1].at, priority=w.priority, need=need, amount=np.maximum(0, need - gone))
+
+
+def _eligible(jobs: Sequence[Waiting], nodes: NodeFilter) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per job, the nodes each of its members passes every filter of."""
+    out: dict[str, npt.NDArray[np.bool_]] = {}
+    for w in jobs:
+        mask = np.ones(len(nodes), dtype=np.bool_)
+        for pod in w.pods:
+            mask &= nodes.mask(pod)
+        out[w.key] = mask
+    return out
 
 
 def _freed_by(ends: Sequence[_End], k: int, shape: tuple[int, ...]) -> IntArray:
@@ -472,4 +498,4 @@ def _pad(w: Waiting, width: int) -> Waiting:
         return w
     reqs = np.pad(w.reqs, ((0, 0), (0, width - w.reqs.shape[1])))
     return Waiting(key=w.key, queue=w.queue, priority=w.priority, created=w.created, arrival=w.arrival,
-                   reqs=reqs, runs=w.runs, cls=w.cls)
+                   reqs=reqs, runs=w.runs, cls=w.cls, pods=w.pods)
