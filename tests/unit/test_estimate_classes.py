@@ -30,8 +30,9 @@ class World:
         self.now = T0
         self.pods: dict[str, dict[str, Any]] = {}
 
-    def node(self, name: str, gpus: int = 8) -> None:
-        self.session.on_node("ADDED", parse_node(make_node(name).cap(cpu="64", memory="512Gi", **{GPU: str(gpus)}).obj()))
+    def node(self, name: str, gpus: int = 8, **labels: str) -> None:
+        node = make_node(name).cap(cpu="64", memory="512Gi", **{GPU: str(gpus)}).label(labels)
+        self.session.on_node("ADDED", parse_node(node.obj()))
 
     def queues(self, **nominal: int) -> None:
         self.session.on_queues_listed([
@@ -44,9 +45,11 @@ class World:
         self.session.on_podgroup("ADDED", parse_podgroup(XK8S, g.obj()))
 
     def pod(self, name: str, gpus: int, runtime: str, *, group: str = "", queue: str = "",
-            priority: int = 0) -> str:
+            priority: int = 0, pool: str = "") -> str:
         b = make_pod(name).req(cpu="1", **{GPU: str(gpus)}).created(self.now).priority(priority)
         b = b.annotate({"batchsched.io/expected-runtime": runtime})
+        if pool:
+            b = b.selector(pool=pool)
         if group:
             b = b.group(group)
         if queue:
@@ -94,6 +97,19 @@ def test_a_job_behind_a_declared_end_starts_at_that_end() -> None:
     assert e["start"] == T0 + 30 * MIN
     assert e["confidence"] == "high"
     assert "declared" in e["basis"]
+
+
+def test_a_job_waits_for_the_nodes_its_selector_allows_though_others_are_free() -> None:
+    w = World()
+    w.node("a0", pool="a")
+    w.node("b0", pool="b")
+    w.pod("on-a", 8, "30m", pool="a")
+    w.step()
+    w.pod("wants-a", 8, "10m", pool="a")
+    w.pod("wants-a-too", 8, "10m", pool="a")
+    w.step(after=MIN)
+    # b0 stays free all along: neither may use it
+    assert w.starts() == {"wants-a": pytest.approx(29, abs=0.01), "wants-a-too": pytest.approx(39, abs=0.01)}
 
 
 def test_within_a_queue_priority_goes_first_then_arrival() -> None:
