@@ -19,14 +19,17 @@ keeps what decides *when* a job starts and drops the rest:
 - **classes**: jobs of one queue with the same members' requests and quorum are alike; once
   one fails in a round, the rest of its class in that round fail alike without a fit check,
   as the cycle fails a class (:func:`~batchsched.core.equivalence.unit_class`);
+- **preemption**: a job that does not fit evicts what the policy lets it
+  (:mod:`~batchsched.insight.victims`), at most ``maxSearches`` searches a round;
 - **which nodes**: each member only on the nodes it passes every filter of (taints,
   cordons, node selectors and affinity, its ResourceClaims' nodes:
   :class:`~batchsched.core.placement.nodefilter.NodeFilter`), the fullest that fits first.
 
 Left out, so the estimate is later or earlier than the scheduler by what they change: the
 topology a gang asks for and pod (anti-)affinity and spread (members fit any allowed node
-with room), cards shared by several pods (a share counts as the cards it holds), preemption
-(a job starts only in capacity that frees), elastic members beyond the quorum, nominations,
+with room), cards shared by several pods (a share counts as the cards it holds), the victim search's
+cost (the fewest units of the lowest priority are evicted, :mod:`~batchsched.insight.victims`),
+elastic members beyond the quorum, nominations,
 back-off timers, and the telling (conditions, Events, statuses). Its error against the
 stepped copy is measured by ``python -m perf.estimatebench --compare``.
 
@@ -36,6 +39,7 @@ Pure: the caller bounds the work with ``keep_going`` (asked before each round).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +56,7 @@ from batchsched.core.queues.tree import QueueTree
 from batchsched.core.reservation import declared_runtime
 from batchsched.core.runtimes import RunTimes, like_key
 from batchsched.core.session import Session
+from batchsched.insight.victims import RunningWork
 
 __all__ = ["ClassForward", "Started", "Waiting"]
 
@@ -119,6 +124,8 @@ class _Round:
     holders: dict[QueueName | None, int] = field(default_factory=dict)
     #: classes whose first member fits no node at all this round (no fit check needed)
     unfit: set[Hashable] = field(default_factory=set)
+    #: victim searches made
+    searches: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,12 +163,16 @@ class ClassForward:
         self.history = qi.history
         self.max_wait = qi.max_wait
         self.reserve = sim.settings.reservation
-        self.jobs = [_pad(w, width) for w in rows if w.queue is None or self.tree.leaf_problem(w.queue) is None]
+        kinds: dict[Hashable, int] = {}  # each class as a small number: cheap to hash, as it is often
+        self.jobs = [dataclasses.replace(_pad(w, width), cls=kinds.setdefault(w.cls, len(kinds))) for w in rows
+                     if w.queue is None or self.tree.leaf_problem(w.queue) is None]
         #: the node columns any waiting job asks for: the only ones that can keep one from fitting
         self.cols = np.flatnonzero(np.any([w.reqs.any(axis=0) for w in self.jobs], axis=0)) if self.jobs \
             else np.zeros(0, dtype=np.intp)
         #: each job's members' requests in those columns
         self.asks = {w.key: w.reqs[:, self.cols] for w in self.jobs}
+        #: each job's runs of alike members, ``(first, past the last)``: placed in one pass
+        self.alike = {key: _runs(asks) for key, asks in self.asks.items()}
         self.free: IntArray = (snap.alloc - snap.used)[:, self.cols]
         #: each job's nodes: those every member may use (taints, cordons, selectors, affinity)
         self.where = _eligible(self.jobs, NodeFilter(snap.nodes))
@@ -172,6 +183,13 @@ class ClassForward:
         self.ended = {"declared": 0, "observed": 0}
         self.unknown = 0
         self._reserved: dict[str, _Hold] = {}
+        #: the running units, which a job of higher priority or a queue reclaiming may evict
+        self.work = RunningWork(self.free.shape)
+        #: each pod's expected end, by its sequence number (an evicted pod's end is taken out)
+        self._end_at: dict[int, float] = {}
+        self.preemption = sim.queues.settings.preemption
+        self.max_searches = qi.max_searches
+        self.evictions = 0
         self._charge_running(sim, qi.running() if callable(qi.running) else qi.running, snap.rows, width)
 
     # -- building --------------------------------------------------------------------------
@@ -182,9 +200,12 @@ class ClassForward:
         state = sim.state
         row_of = {int(r): i for i, r in enumerate(rows)}
         queue_of: dict[str, QueueName | None] = {}
+        unit_of: dict[str, RunningUnit] = {}
         for unit in running:
             for rp in unit.pods:
                 queue_of[rp.uid] = unit.queue
+                if not unit.protected:
+                    unit_of[rp.uid] = unit
             if unit.queue is not None and self.tree.leaf_problem(unit.queue) is None:
                 self.tree.admit(unit.queue, np.sum([rp.req for rp in unit.pods], axis=0))
         for uid, (node, vec) in state.charges.items():
@@ -195,7 +216,12 @@ class ClassForward:
             q = queue_of.get(uid)
             if q is not None and self.tree.leaf_problem(q) is not None:
                 q = None
-            self._end(pod, i, np.pad(vec, (0, width - len(vec))), q)
+            full = np.pad(vec, (0, width - len(vec)))
+            self._seq += 1
+            owner = unit_of.get(uid)
+            if owner is not None:
+                self.work.add(self._seq, owner.key, q, owner.priority, owner.start, i, full[self.cols], full)
+            self._end(pod, i, full, q)
 
     def _waiting(self, vector: Callable[[dict[str, int]], IntArray], key: str, queue: str | None, priority: int,
                  created: float, arrival: int, pods: Sequence[Pod], need: int) -> Waiting:
@@ -230,8 +256,9 @@ class ClassForward:
 
     def _push(self, end: float, node: int, frees: IntArray, charge: IntArray, queue: QueueName | None,
               source: str) -> None:
-        self._seq += 1
+        """The end of the pod given sequence number ``self._seq``."""
         bisect.insort(self.ends, (end, self._seq, _End(end, self._seq, node, frees, charge, queue, source)))
+        self._end_at[self._seq] = end
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -271,6 +298,8 @@ class ClassForward:
     def _finish_due(self, t: float) -> None:
         due = bisect.bisect_right(self.ends, (t, math.inf))
         for _, _, e in self.ends[:due]:
+            self._end_at.pop(e.seq, None)
+            self.work.ended(e.seq)
             self.free[e.node] += e.frees
             if e.queue is not None:
                 self.tree.release(e.queue, e.charge)
@@ -286,8 +315,8 @@ class ClassForward:
                 if self.tree.is_leaf(name):
                     self.history.record(name, self.tree.usage_vector(name), t)
         walk = _Round(unfit=self._unfit(left))
-        if len(walk.unfit) == len({w.cls for w in left}):
-            return []  # nothing fits anywhere: nothing starts, no order to walk
+        if len(walk.unfit) == len({w.cls for w in left}) and not any(self._may_evict(w) for w in left):
+            return []  # nothing fits anywhere and nobody may evict: nothing starts, no order to walk
         left = self._admissible(left)
         order = FairOrder(self.tree, self._contenders(left, walk.unfit, t), now=t, history=self.history, max_wait=self.max_wait,
                           request=_quorum if self.tree.names else None)
@@ -297,11 +326,18 @@ class ClassForward:
                 walk.failed.add(w.cls)
                 order.skipped(w)
                 continue
-            room = self._room(w, t, walk.holds)
-            nodes = None if w.cls in walk.unfit else self._place(w.key, room)
+            held = self._held_from(w, t, walk.holds)
+            if (w.cls, held) in walk.failed:  # alike, and kept from the same reservations
+                order.skipped(w)
+                continue
+            nodes = None if w.cls in walk.unfit else self._place(w.key, self._room(w, t, walk.holds))
+            if nodes is None and walk.searches < self.max_searches and self._may_evict(w):
+                walk.searches += 1
+                nodes = self._preempt(w, t, walk.holds)
             if nodes is None:
-                if room is self.free:  # held back by no reservation: the rest of its class fails alike
-                    walk.failed.add(w.cls)
+                # the rest of its class fails alike: all of it when no reservation kept it out,
+                # else those kept from the same reservations (a shorter one may go ahead)
+                walk.failed.add(w.cls if not held else (w.cls, held))
                 self._hold(w, t, walk)
                 order.skipped(w)
                 continue
@@ -315,21 +351,20 @@ class ClassForward:
     def _contenders(self, left: Sequence[Waiting], unfit: set[Hashable], t: float,
                     ) -> dict[QueueName | None, list[Waiting]]:
         """The jobs worth walking, by queue: those of classes that may fit, and the first
-        ``per_queue`` of each queue that cannot (in the queue's order: they may be the ones
-        that hold its reservation). The others would fail alike and change nothing."""
+        job of each class that cannot (in the queue's order: it may hold its queue's
+        reservation, or get in by evicting). The others would fail alike and change nothing."""
         by_queue: dict[QueueName | None, list[Waiting]] = {}
         for w in left:
             by_queue.setdefault(w.queue, []).append(w)
-        keep = self.reserve.per_queue if self.reserve.enabled else 0
         for q, jobs in by_queue.items():
             jobs.sort(key=lambda w: self._within(w, t))
             kept: list[Waiting] = []
-            heads = 0
+            heads: set[Hashable] = set()
             for w in jobs:
                 if w.cls in unfit:
-                    if heads >= keep:
+                    if w.cls in heads:
                         continue
-                    heads += 1
+                    heads.add(w.cls)
                 kept.append(w)
             by_queue[q] = kept
         return {q: jobs for q, jobs in by_queue.items() if jobs}
@@ -367,16 +402,60 @@ class ClassForward:
                 out.add(w.cls)
         return out
 
+    def _may_evict(self, w: Waiting) -> bool:
+        """Whether ``w`` might get in by evicting (a quick bound: some running unit of its
+        queue or unqueued has a lower priority, or it fits within its queue's nominal)."""
+        if not self.preemption or any(p.never_preempts for p in w.pods):
+            return False
+        for queue in {w.queue, None}:
+            lowest = self.work.lowest(queue)
+            if lowest is not None and lowest <= w.priority:
+                return True
+        return w.queue is not None and not self.tree.would_borrow(w.queue, _quorum(w))
+
+    def _preempt(self, w: Waiting, t: float, holds: dict[str, _Hold]) -> list[int] | None:
+        """The fewest units ``w`` may evict (whom first: :mod:`~batchsched.insight.victims`)
+        that let its quorum fit, evicted, and its nodes; None when no such set exists."""
+        quorum = _quorum(w)
+        reclaim = w.queue is not None and not self.tree.would_borrow(w.queue, quorum)
+        groups = self.work.groups(self.tree, w.queue, w.priority, reclaim=reclaim, asks=quorum > 0)
+        room = self._room(w, t, holds)
+        if not groups or self._place(w.key, room + self.work.held(groups)) is None:
+            return None  # not even evicting all of them would make room
+        found = self.work.candidates(groups, w.priority)
+        lo, hi = 0, 1  # evicting the first ``lo`` does not make room; the first ``hi`` may
+        while self._place(w.key, room + self.work.freed(found[:hi])) is None:
+            lo, hi = hi, min(2 * hi, len(found))
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._place(w.key, room + self.work.freed(found[:mid])) is None:
+                lo = mid
+            else:
+                hi = mid
+        for key in found[:hi]:
+            for seq, node, frees, charge, queue in self.work.evict(key):
+                self.free[node] += frees
+                if queue is not None:
+                    self.tree.release(queue, charge)
+                at = self._end_at.pop(seq, None)
+                if at is not None:  # its end never comes
+                    del self.ends[bisect.bisect_left(self.ends, (at, seq))]
+        self.evictions += hi
+        return self._place(w.key, self._room(w, t, holds))
+
     def _room(self, w: Waiting, t: float, holds: dict[str, _Hold]) -> IntArray:
-        """What ``w`` may use: the free capacity less the holds it may not take (it takes a
-        hold when it ends by the hold's start or outranks its holder)."""
+        """What ``w`` may use: the free capacity less the holds it may not take."""
         room = self.free
-        end = t + w.longest
-        for hold in holds.values():
-            if end <= hold.start or w.priority > hold.priority:
-                continue
-            room = room - hold.amount
+        for key in self._held_from(w, t, holds):
+            room = room - holds[key].amount
         return room
+
+    @staticmethod
+    def _held_from(w: Waiting, t: float, holds: dict[str, _Hold]) -> tuple[str, ...]:
+        """The holds ``w`` may not take (it takes one when it ends by the hold's start or
+        outranks its holder)."""
+        end = t + w.longest
+        return tuple(key for key, h in holds.items() if not (end <= h.start or w.priority > h.priority))
 
     def _place(self, key: str, room: IntArray) -> list[int] | None:
         """Nodes for job ``key``'s members, in order, among those it may use, the fullest
@@ -386,19 +465,14 @@ class ClassForward:
         asks, where = self.asks[key], self.where[key]
         room = room.copy()
         nodes: list[int] = []
-        i = 0
-        while i < len(asks):
+        for i, j in self.alike[key]:
             req = asks[i]
-            j = i + 1
-            while j < len(asks) and np.array_equal(asks[j], req):
-                j += 1
             asked = req > 0
             if not asked.any():
                 usable = np.flatnonzero(where)
                 if not len(usable):
                     return None
                 nodes.extend([int(usable[0])] * (j - i))
-                i = j
                 continue
             cap = np.where(where, np.maximum(0, (room[:, asked] // req[asked]).min(axis=1)), 0)
             if int(cap.sum()) < j - i:
@@ -411,13 +485,14 @@ class ClassForward:
                 nodes.extend([node] * take)
                 if len(nodes) == j:
                     break
-            i = j
         return nodes
 
     def _start(self, w: Waiting, nodes: list[int], t: float) -> None:
         asks = self.asks[w.key]
         for node, ask, req, (run, source) in zip(nodes, asks, w.reqs, w.runs, strict=True):
             self.free[node] -= ask
+            self._seq += 1
+            self.work.add(self._seq, w.key, w.queue, w.priority, t, node, ask, req)
             if run is None:
                 self.unknown += 1
             else:
@@ -476,6 +551,19 @@ def _eligible(jobs: Sequence[Waiting], nodes: NodeFilter) -> dict[str, npt.NDArr
         for pod in w.pods:
             mask &= nodes.mask(pod)
         out[w.key] = mask
+    return out
+
+
+def _runs(asks: IntArray) -> list[tuple[int, int]]:
+    """The runs of equal rows of ``asks``: ``(first, past the last)``."""
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < len(asks):
+        j = i + 1
+        while j < len(asks) and np.array_equal(asks[j], asks[i]):
+            j += 1
+        out.append((i, j))
+        i = j
     return out
 
 

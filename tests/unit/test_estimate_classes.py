@@ -45,8 +45,10 @@ class World:
         self.session.on_podgroup("ADDED", parse_podgroup(XK8S, g.obj()))
 
     def pod(self, name: str, gpus: int, runtime: str, *, group: str = "", queue: str = "",
-            priority: int = 0, pool: str = "") -> str:
+            priority: int = 0, pool: str = "", evicts: bool = True) -> str:
         b = make_pod(name).req(cpu="1", **{GPU: str(gpus)}).created(self.now).priority(priority)
+        if not evicts:
+            b = b.preemption_policy("Never")
         b = b.annotate({"batchsched.io/expected-runtime": runtime})
         if pool:
             b = b.selector(pool=pool)
@@ -69,6 +71,14 @@ class World:
             obj["status"]["startTime"] = format_time(self.now)
             self.session.on_bind_result(b, "bound", now=self.now)
             self.session.on_pod("MODIFIED", parse_pod(obj))
+        for e in d.evictions:
+            obj = self.pods.pop(e.uid)
+            self.session.on_evict_result(e, "evicted")
+            self.session.on_pod("DELETED", parse_pod(obj))
+
+    def finish(self, uid: str) -> None:
+        self.pods[uid]["status"]["phase"] = "Succeeded"
+        self.session.on_pod("MODIFIED", parse_pod(self.pods[uid]))
 
     def bound(self, uid: str) -> bool:
         return bool(self.pods[uid]["spec"].get("nodeName"))
@@ -121,7 +131,7 @@ def test_within_a_queue_priority_goes_first_then_arrival() -> None:
     w.step(after=1)
     w.pod("second", 8, "20m")
     w.step(after=1)
-    w.pod("urgent", 8, "20m", priority=100)
+    w.pod("urgent", 8, "20m", priority=100, evicts=False)
     w.step(after=1)
     starts = w.starts()
     # from T0: the running pod ends at 10 min, then urgent, first, second 20 min each
@@ -142,6 +152,26 @@ def test_a_queue_at_its_quota_waits_for_its_own_work_though_nodes_are_free() -> 
     w.step(after=MIN)
     assert w.bound(qb)
     assert w.starts() == {"qa-next": pytest.approx(59, abs=0.01)}
+
+
+def test_a_job_of_higher_priority_gets_in_by_evicting_once_the_rest_of_its_room_frees() -> None:
+    w = World()
+    w.node("n0")
+    w.node("n1")
+    blocker = w.pod("blocker", 8, "10m", priority=200)  # on n0: nobody may evict it
+    low = w.pod("low", 8, "60m")  # on n1
+    w.step()
+    w.group("high", 2)
+    high = [w.pod(f"high-{i}", 8, "20m", group="high", priority=100) for i in range(2)]
+    w.step(after=MIN)
+    # no room now (evicting low frees one node of two); at 10 min n0 frees and low is evicted
+    assert w.starts() == {"high": pytest.approx(9, abs=0.01)}
+    # and so the scheduler does
+    w.finish(blocker)
+    w.step(after=9 * MIN)
+    assert low not in w.pods
+    w.step(after=1)
+    assert all(w.bound(u) for u in high)
 
 
 def _reserved_world() -> World:
