@@ -10,10 +10,11 @@ run forward at each batch of ends, so the jobs ahead of a job start before it, i
 the policy gives them, and run their own declared or observed time. Two models do it:
 
 - **over classes of work** (the default, :class:`~batchsched.insight.ahead.ClassForward`):
-  the policy's fair order, quotas and reservations over the copy's queue tree, free
-  capacity per node, and alike jobs failing together, without the cycle's placement
-  filters, preemption or telling. At 1,000 nodes and 9,000 waiting pods it runs every
-  waiting job to its start in seconds;
+  the policy's fair order, quotas, reservations and preemption over the copy's queue tree
+  and free capacity per node, each member on the nodes its filters allow, alike jobs
+  failing together; without topology, the victim search's cost, nominations, back-off or
+  telling. At 1,000 nodes and 9,000 waiting pods it runs every waiting job to its start in
+  seconds;
 - **exact** (``exact=True``, :class:`Forward`): the copy stepped as the scheduler steps, at
   each end and whenever the back-off of a unit an end woke runs out, every Binding and
   eviction it decides carried out at once. Each step costs a live cycle, so it reaches far
