@@ -38,6 +38,7 @@ Pure: the caller bounds the work with ``keep_going`` (asked before each round).
 
 from __future__ import annotations
 
+import array
 import bisect
 import dataclasses
 import math
@@ -84,15 +85,14 @@ class Waiting:
     cls: Hashable
     #: the members still to bind
     pods: tuple[Pod, ...] = ()
+    #: how long its longest member runs (infinite when one declares no end)
+    longest: float = 0.0
+    #: the summed requests of the members (what its queue is charged)
+    quorum: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def uid(self) -> str:
         return self.key
-
-    @property
-    def longest(self) -> float:
-        """How long its longest member runs (infinite when one declares no end)."""
-        return max((math.inf if r is None else r for r, _ in self.runs), default=0.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -164,8 +164,9 @@ class ClassForward:
         self.max_wait = qi.max_wait
         self.reserve = sim.settings.reservation
         kinds: dict[Hashable, int] = {}  # each class as a small number: cheap to hash, as it is often
-        self.jobs = [dataclasses.replace(_pad(w, width), cls=kinds.setdefault(w.cls, len(kinds))) for w in rows
-                     if w.queue is None or self.tree.leaf_problem(w.queue) is None]
+        self.jobs = [dataclasses.replace(p, cls=kinds.setdefault(w.cls, len(kinds)), quorum=p.reqs.sum(axis=0))
+                     for w in rows if w.queue is None or self.tree.leaf_problem(w.queue) is None
+                     for p in (_pad(w, width),)]
         #: the node columns any waiting job asks for: the only ones that can keep one from fitting
         self.cols = np.flatnonzero(np.any([w.reqs.any(axis=0) for w in self.jobs], axis=0)) if self.jobs \
             else np.zeros(0, dtype=np.intp)
@@ -177,8 +178,10 @@ class ClassForward:
         #: each job's nodes: those every member may use (taints, cordons, selectors, affinity)
         self.where = _eligible(self.jobs, NodeFilter(snap.nodes))
         self.alloc: IntArray = np.maximum(snap.alloc[:, self.cols], 1)
-        #: each pod's expected end, soonest first (kept sorted: reservations read it in order)
+        #: each pod's expected end, soonest first (kept sorted: reservations read it in order),
+        #: and their sequence numbers in the same order
         self.ends: list[tuple[float, int, _End]] = []
+        self._seqs = array.array("q")
         self._seq = 0
         self.ended = {"declared": 0, "observed": 0}
         self.unknown = 0
@@ -187,9 +190,14 @@ class ClassForward:
         self.work = RunningWork(self.free.shape)
         #: each pod's expected end, by its sequence number (an evicted pod's end is taken out)
         self._end_at: dict[int, float] = {}
+        #: by sequence number, each pod's node and what it frees there (reservations sum them)
+        self._node_of: npt.NDArray[np.intp] = np.zeros(1024, dtype=np.intp)
+        self._frees_of: IntArray = np.zeros((1024, len(self.cols)), dtype=np.int64)
         self.preemption = sim.queues.settings.preemption
         self.max_searches = qi.max_searches
         self.evictions = 0
+        #: counts the model's charges and releases to the tree: the same count, the same usage
+        self._usage_mark = 0
         self._charge_running(sim, qi.running() if callable(qi.running) else qi.running, snap.rows, width)
 
     # -- building --------------------------------------------------------------------------
@@ -232,8 +240,9 @@ class ClassForward:
         runs = tuple(self._run_time(p) for p in members)
         q = QueueName(queue) if queue else None
         where = tuple(p.constraint_key() for p in members)
+        longest = max((math.inf if r is None else r for r, _ in runs), default=0.0)
         return Waiting(key=key, queue=q, priority=priority, created=created, arrival=arrival, reqs=reqs, runs=runs,
-                       cls=(q, priority, reqs.tobytes(), reqs.shape, where), pods=tuple(members))
+                       cls=(q, priority, reqs.tobytes(), reqs.shape, where), pods=tuple(members), longest=longest)
 
     def _run_time(self, pod: Pod) -> tuple[float | None, str]:
         run = declared_runtime(pod)
@@ -257,8 +266,16 @@ class ClassForward:
     def _push(self, end: float, node: int, frees: IntArray, charge: IntArray, queue: QueueName | None,
               source: str) -> None:
         """The end of the pod given sequence number ``self._seq``."""
-        bisect.insort(self.ends, (end, self._seq, _End(end, self._seq, node, frees, charge, queue, source)))
+        at = bisect.bisect_left(self.ends, (end, self._seq))
+        self.ends.insert(at, (end, self._seq, _End(end, self._seq, node, frees, charge, queue, source)))
+        self._seqs.insert(at, self._seq)
         self._end_at[self._seq] = end
+        if self._seq >= len(self._node_of):
+            grow = max(len(self._node_of), self._seq + 1 - len(self._node_of))
+            self._node_of = np.pad(self._node_of, (0, grow))
+            self._frees_of = np.pad(self._frees_of, ((0, grow), (0, 0)))
+        self._node_of[self._seq] = node
+        self._frees_of[self._seq] = frees
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -303,8 +320,10 @@ class ClassForward:
             self.free[e.node] += e.frees
             if e.queue is not None:
                 self.tree.release(e.queue, e.charge)
+                self._usage_mark += 1
             self.ended[e.source] = self.ended.get(e.source, 0) + 1
         del self.ends[:due]
+        del self._seqs[:due]
 
     def _round(self, left: Sequence[Waiting], t: float) -> list[str]:
         """One pass over the waiting jobs in the policy's order at ``t``: each placed if its
@@ -344,6 +363,7 @@ class ClassForward:
             self._start(w, nodes, t)
             if q is not None:
                 self.tree.admit(q, _quorum(w))
+                self._usage_mark += 1
             order.admitted(w)
             out.append(w.key)
         return out
@@ -418,7 +438,8 @@ class ClassForward:
         that let its quorum fit, evicted, and its nodes; None when no such set exists."""
         quorum = _quorum(w)
         reclaim = w.queue is not None and not self.tree.would_borrow(w.queue, quorum)
-        groups = self.work.groups(self.tree, w.queue, w.priority, reclaim=reclaim, asks=quorum > 0)
+        groups = self.work.groups(self.tree, w.queue, w.priority, reclaim=reclaim, asks=quorum > 0,
+                                  usage=self._usage_mark)
         room = self._room(w, t, holds)
         if not groups or self._place(w.key, room + self.work.held(groups)) is None:
             return None  # not even evicting all of them would make room
@@ -437,9 +458,12 @@ class ClassForward:
                 self.free[node] += frees
                 if queue is not None:
                     self.tree.release(queue, charge)
+                    self._usage_mark += 1
                 at = self._end_at.pop(seq, None)
                 if at is not None:  # its end never comes
-                    del self.ends[bisect.bisect_left(self.ends, (at, seq))]
+                    i = bisect.bisect_left(self.ends, (at, seq))
+                    del self.ends[i]
+                    del self._seqs[i]
         self.evictions += hi
         return self._place(w.key, self._room(w, t, holds))
 
@@ -512,36 +536,44 @@ class ClassForward:
             self._reserved[w.key] = hold
         else:  # the same start and nodes; what frees there by then is less as ends pass
             due = bisect.bisect_right(self.ends, (hold.start, math.inf))
-            hold.amount = np.maximum(0, hold.need - _freed_by([e for _, _, e in self.ends[:due]], due,
-                                                              self.free.shape))
+            hold.amount = np.maximum(0, hold.need - self._freed_by(self._end_seqs(due), due))
         walk.holds[w.key] = hold
+
+    def _end_seqs(self, k: int | None = None) -> npt.NDArray[np.intp]:
+        """The sequence numbers of the first ``k`` ends to come (all by default)."""
+        return np.frombuffer(self._seqs[:len(self._seqs) if k is None else k], dtype=np.int64).astype(np.intp)
+
+    def _freed_by(self, seqs: npt.NDArray[np.intp], k: int) -> IntArray:
+        """What the pods of the first ``k`` of ``seqs`` free on each node."""
+        out = np.zeros_like(self.free)
+        np.add.at(out, self._node_of[seqs[:k]], self._frees_of[seqs[:k]])
+        return out
 
     def _reservation(self, w: Waiting) -> _Hold | None:
         """The earliest end by which ``w``'s quorum fits (the fewest ends, soonest first,
         found by doubling then halving), and what it then needs on each node beyond what
         frees there by then; None when no end makes it fit."""
-        ends, asks = [e for _, _, e in self.ends], self.asks[w.key]
-        if not ends:
+        seqs = self._end_seqs()
+        if not len(seqs):
             return None
         lo, hi = 0, 1  # the quorum does not fit after ``lo`` ends; after ``hi`` it may
-        while self._place(w.key, self.free + _freed_by(ends, hi, self.free.shape)) is None:
-            if hi >= len(ends):
+        while self._place(w.key, self.free + self._freed_by(seqs, hi)) is None:
+            if hi >= len(seqs):
                 return None
-            lo, hi = hi, min(2 * hi, len(ends))
+            lo, hi = hi, min(2 * hi, len(seqs))
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self._place(w.key, self.free + _freed_by(ends, mid, self.free.shape)) is None:
+            if self._place(w.key, self.free + self._freed_by(seqs, mid)) is None:
                 lo = mid
             else:
                 hi = mid
-        gone = _freed_by(ends, hi, self.free.shape)
+        gone = self._freed_by(seqs, hi)
         nodes = self._place(w.key, self.free + gone)
         assert nodes is not None
         need = np.zeros_like(self.free)
-        for node, ask in zip(nodes, asks, strict=True):
+        for node, ask in zip(nodes, self.asks[w.key], strict=True):
             need[node] += ask
-        return _Hold(start=ends[hi - 1].at, priority=w.priority, need=need, amount=np.maximum(0, need - gone))
-
+        return _Hold(start=self.ends[hi - 1][0], priority=w.priority, need=need, amount=np.maximum(0, need - gone))
 
 def _eligible(jobs: Sequence[Waiting], nodes: NodeFilter) -> dict[str, npt.NDArray[np.bool_]]:
     """Per job, the nodes each of its members passes every filter of."""
@@ -567,18 +599,8 @@ def _runs(asks: IntArray) -> list[tuple[int, int]]:
     return out
 
 
-def _freed_by(ends: Sequence[_End], k: int, shape: tuple[int, ...]) -> IntArray:
-    """What the first ``k`` ``ends`` free on each node."""
-    out = np.zeros(shape, dtype=np.int64)
-    if k:
-        np.add.at(out, np.fromiter((e.node for e in ends[:k]), dtype=np.intp, count=k),
-                  np.array([e.frees for e in ends[:k]]).reshape(k, shape[1]))
-    return out
-
-
 def _quorum(w: Waiting) -> IntArray:
-    out: IntArray = w.reqs.sum(axis=0)
-    return out
+    return w.quorum
 
 
 def _pad(w: Waiting, width: int) -> Waiting:
@@ -586,4 +608,4 @@ def _pad(w: Waiting, width: int) -> Waiting:
         return w
     reqs = np.pad(w.reqs, ((0, 0), (0, width - w.reqs.shape[1])))
     return Waiting(key=w.key, queue=w.queue, priority=w.priority, created=w.created, arrival=w.arrival,
-                   reqs=reqs, runs=w.runs, cls=w.cls, pods=w.pods)
+                   reqs=reqs, runs=w.runs, cls=w.cls, pods=w.pods, longest=w.longest)

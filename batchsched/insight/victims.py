@@ -60,6 +60,8 @@ class RunningWork:
         self._unit_of: dict[int, str] = {}
         self._groups: dict[Group, set[str]] = {}
         self._held: dict[Group, IntArray] = {}
+        #: (queue, columns asked) -> (the tree's usage mark, the queues of its cohort over nominal)
+        self._over: dict[tuple[QueueName, bytes], tuple[int, set[QueueName]]] = {}
 
     def add(self, seq: int, unit: str, queue: QueueName | None, priority: int, start: float, node: int,
             frees: IntArray, charge: IntArray) -> None:
@@ -97,12 +99,18 @@ class RunningWork:
         return min((p for q, p in self._groups if q == queue), default=None)
 
     def groups(self, tree: QueueTree, queue: QueueName | None, priority: int, *, reclaim: bool,
-               asks: npt.NDArray[np.bool_]) -> list[Group]:
+               asks: npt.NDArray[np.bool_], usage: int) -> list[Group]:
         """The groups of units a job of ``queue`` at ``priority`` may evict; ``reclaim``:
-        the job fits within its queue's nominal; ``asks``: the quota columns it asks for."""
+        the job fits within its queue's nominal; ``asks``: the quota columns it asks for;
+        ``usage``: the tree's mark of its usage (the same mark, the same usage)."""
         within = WithinQueuePolicy.LOWER_PRIORITY if queue is None else tree.queue(queue).within_queue
         lender = ReclaimPolicy.NEVER if queue is None or not reclaim else tree.queue(queue).reclaim
-        over = self._over_nominal(tree, queue, asks) if lender is not ReclaimPolicy.NEVER else set()
+        over: set[QueueName] = set()
+        if queue is not None and lender is not ReclaimPolicy.NEVER:
+            kept = self._over.get((queue, asks.tobytes()))
+            if kept is None or kept[0] != usage:
+                kept = self._over[(queue, asks.tobytes())] = (usage, self._over_nominal(tree, queue, asks))
+            over = kept[1]
         out: list[Group] = []
         for q, p in self._groups:
             if q is None:  # unqueued work has no guarantee: a higher priority evicts it
