@@ -224,7 +224,7 @@ class ClassForward:
             q = queue_of.get(uid)
             if q is not None and self.tree.leaf_problem(q) is not None:
                 q = None
-            full = np.pad(vec, (0, width - len(vec)))
+            full = vec if len(vec) == width else np.pad(vec, (0, width - len(vec)))
             self._seq += 1
             owner = unit_of.get(uid)
             if owner is not None:
@@ -486,10 +486,11 @@ class ClassForward:
         node that fits first (as binpacking scores), filled with alike members before the
         next; None when the quorum does not fit. A run of alike members is placed in one
         pass."""
-        asks, where = self.asks[key], self.where[key]
-        room = room.copy()
+        asks, where, runs = self.asks[key], self.where[key], self.alike[key]
+        if len(runs) > 1:
+            room = room.copy()  # each run takes what it is given before the next is placed
         nodes: list[int] = []
-        for i, j in self.alike[key]:
+        for i, j in runs:
             req = asks[i]
             asked = req > 0
             if not asked.any():
@@ -504,8 +505,9 @@ class ClassForward:
             fits = np.flatnonzero(cap)
             left = ((room[fits][:, asked] - req[asked]) / self.alloc[fits][:, asked]).sum(axis=1)
             for node in fits[np.argsort(left, kind="stable")].tolist():
-                take = min(int(cap[node]), j - i - (len(nodes) - i))
-                room[node] -= take * req
+                take = min(int(cap[node]), j - len(nodes))
+                if len(runs) > 1:
+                    room[node] -= take * req
                 nodes.extend([node] * take)
                 if len(nodes) == j:
                     break
