@@ -16,9 +16,11 @@ keeps what decides *when* a job starts and drops the rest:
   do not hold what their quorum needs beyond what frees by their start; later jobs take it
   only if they end by that start or have a higher priority
   (:mod:`batchsched.core.reservation`);
-- **classes**: jobs of one queue with the same members' requests and quorum are alike; once
-  one fails in a round, the rest of its class in that round fail alike without a fit check,
-  as the cycle fails a class (:func:`~batchsched.core.equivalence.unit_class`);
+- **classes**: jobs of one queue and priority whose members ask the same and may use the
+  same nodes are alike; once one fails in a round, the rest of its class in that round
+  fail alike without a fit check (those kept out only by reservations: the rest kept out by
+  the same ones), as the cycle fails a class
+  (:func:`~batchsched.core.equivalence.unit_class`);
 - **preemption**: a job that does not fit evicts what the policy lets it
   (:mod:`~batchsched.insight.victims`), at most ``maxSearches`` searches a round;
 - **which nodes**: each member only on the nodes it passes every filter of (taints,
@@ -27,11 +29,11 @@ keeps what decides *when* a job starts and drops the rest:
 
 Left out, so the estimate is later or earlier than the scheduler by what they change: the
 topology a gang asks for and pod (anti-)affinity and spread (members fit any allowed node
-with room), cards shared by several pods (a share counts as the cards it holds), the victim search's
-cost (the fewest units of the lowest priority are evicted, :mod:`~batchsched.insight.victims`),
-elastic members beyond the quorum, nominations,
-back-off timers, and the telling (conditions, Events, statuses). Its error against the
-stepped copy is measured by ``python -m perf.estimatebench --compare``.
+with room), cards shared by several pods (a share counts as the cards it holds), the victim
+search's cheapest set (the fewest units of the lowest priority are evicted instead),
+elastic members beyond the quorum, nominations, back-off timers, and the telling
+(conditions, Events, statuses). Its error against the stepped copy is measured by
+``python -m perf.estimatebench --compare`` (perf/reports/2026-11-26-estimates).
 
 Pure: the caller bounds the work with ``keep_going`` (asked before each round).
 """
