@@ -1,14 +1,25 @@
-"""Start-time estimates: a copy of the session, run forward on a virtual clock.
+"""Start-time estimates: the waiting work run forward on a virtual clock from a copy of the
+session.
 
 The copy holds the same nodes, queues, PodGroups and pods as the live session. Each pod
 that runs is given an end: its declared runtime (``activeDeadlineSeconds`` or the
 annotation ``batchsched.io/expected-runtime``, counted from its start), else the median
 run time of pods like it that were seen to succeed
-(:class:`~batchsched.core.runtimes.RunTimes`); a pod with neither runs on. Then the copy
-is stepped, as the scheduler steps, at each end and whenever the back-off of a unit an end
-woke runs out, every Binding it decides carried out at once, so the units
-ahead of a job start before it, in the order the policy (fair share, priorities,
-reservations, preemption) gives them, and run their own declared or observed time.
+(:class:`~batchsched.core.runtimes.RunTimes`); a pod with neither runs on. Then the work is
+run forward at each batch of ends, so the jobs ahead of a job start before it, in the order
+the policy gives them, and run their own declared or observed time. Two models do it:
+
+- **over classes of work** (the default, :class:`~batchsched.insight.ahead.ClassForward`):
+  the policy's fair order, quotas, reservations and preemption over the copy's queue tree
+  and free capacity per node, each member on the nodes its filters allow, alike jobs
+  failing together; without topology, the victim search's cost, nominations, back-off or
+  telling. At 1,000 nodes and 9,000 waiting pods it runs every waiting job to its start in
+  seconds;
+- **exact** (``exact=True``, :class:`Forward`): the copy stepped as the scheduler steps, at
+  each end and whenever the back-off of a unit an end woke runs out, every Binding and
+  eviction it decides carried out at once. Each step costs a live cycle, so it reaches far
+  only on small clusters; it is what the model over classes is measured against
+  (``python -m perf.estimatebench --compare``).
 
 A job's estimated start is the virtual time its required members are bound. The estimate
 says what it rests on (how many of the ends it waited for were declared and how many
@@ -16,8 +27,8 @@ observed) and how sure it is: ``high`` when it fits now or every end it waited f
 declared, ``medium`` when some were observed, ``none`` when it does not start before the
 horizon (it waits for pods that never end, or is held).
 
-Nothing here reads a clock: the caller bounds the work with ``max_steps`` (each step is one
-scheduling cycle of the copy) and ``keep_going`` (its budget of time).
+Nothing here reads a clock: the caller bounds the work with ``max_steps`` (the cycles of
+the exact copy) and ``keep_going`` (its budget of time).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from batchsched.core.model import Pod, PodUID
 from batchsched.core.reservation import declared_runtime
 from batchsched.core.runtimes import like_key
 from batchsched.core.session import Session
+from batchsched.insight.ahead import ClassForward
 from batchsched.insight.views import HELD_STATES, Job
 
 __all__ = ["Estimate", "Forward", "estimate_starts"]
@@ -167,24 +179,74 @@ class Forward:
 def estimate_starts(session: Session, jobs: Iterable[Job], now: float, *, max_steps: int = 400,
                     horizon: float = HORIZON_SECONDS, use_jit: bool = True,
                     prepared: Forward | None = None,
-                    keep_going: Callable[[], bool] | None = None) -> dict[str, Estimate]:
+                    keep_going: Callable[[], bool] | None = None, exact: bool = False) -> dict[str, Estimate]:
     """Estimated start of each waiting job (by job key); see the module docstring.
     ``prepared``: the copy, made earlier from ``session`` at ``now`` (else made here);
-    ``keep_going()``: asked before each cycle of the copy, false to stop (the caller's
-    budget of time)."""
-    all_jobs = list(jobs)
+    ``keep_going()``: asked before each cycle (or round) of the model, false to stop (the
+    caller's budget of time); ``exact``: step the copy of the session (every decision, each
+    cycle as dear as a live one) instead of the model over classes of work
+    (:mod:`batchsched.insight.ahead`); ``max_steps`` bounds the cycles of the copy only."""
     out: dict[str, Estimate] = {}
     need: dict[str, int] = {}
-    for j in all_jobs:
+    waiting: list[Job] = []
+    for j in jobs:
         if not j.waiting:
             continue
         if j.state in HELD_STATES:
             out[j.key] = _none(explain.estimate_unknown(explain.ESTIMATE_HELD))
         else:
             need[j.key] = max(1, j.required - j.bound)
+            waiting.append(j)
     if not need:
         return out
     fwd = prepared if prepared is not None else Forward(session, now, use_jit)
+    if exact:
+        run = _stepped(fwd, need, now, max_steps=max_steps, horizon=horizon, keep_going=keep_going)
+    else:
+        run = _by_classes(fwd, waiting, need, now, horizon=horizon, keep_going=keep_going)
+    for key in need:
+        out[key] = run.estimate(key, now)
+    return out
+
+
+@dataclasses.dataclass(slots=True)
+class _Run:
+    """What a forward run found: each job's start with the ends it waited for by source,
+    how far it got, and why it stopped."""
+
+    started: dict[str, tuple[float, int, int]]
+    reached: float
+    cycles: int
+    cut: bool
+    unknown: int
+
+    def estimate(self, key: str, now: float) -> Estimate:
+        found = self.started.get(key)
+        if found is None:
+            if self.cut:
+                why = explain.estimate_budget(self.reached - now, self.cycles)
+            else:
+                why = explain.ESTIMATE_NEVER_ENDS if self.unknown else explain.ESTIMATE_BEYOND
+            return _none(explain.estimate_unknown(why))
+        at, declared, observed = found
+        return _known(at, now, declared, observed)
+
+
+def _by_classes(fwd: Forward, waiting: list[Job], need: Mapping[str, int], now: float, *, horizon: float,
+                keep_going: Callable[[], bool] | None) -> _Run:
+    """The model over classes of work (:class:`~batchsched.insight.ahead.ClassForward`) on
+    the copy."""
+    model = ClassForward(fwd.sim, fwd.runtimes, (
+        (j.key, j.queue, j.priority, j.created, j.arrival, [p for p in j.pods if not p.node_name], need[j.key])
+        for j in waiting), now)
+    starts, reached, rounds, cut = model.run(horizon=horizon, keep_going=keep_going)
+    return _Run({k: (s.at, s.declared, s.observed) for k, s in starts.items()}, reached if rounds else now,
+                rounds, cut, model.unknown)
+
+
+def _stepped(fwd: Forward, need: Mapping[str, int], now: float, *, max_steps: int, horizon: float,
+             keep_going: Callable[[], bool] | None) -> _Run:
+    """The copy of the session stepped at each batch of ends, every decision carried out."""
     started: dict[str, float] = {}
     counts: dict[str, int] = {}
     due: float | None = now
@@ -208,28 +270,18 @@ def estimate_starts(session: Session, jobs: Iterable[Job], now: float, *, max_st
                     started[unit] = t
         # next: the next end, or when a woken unit's back-off ends, as the scheduler steps
         due = t + AGAIN_SECONDS if again else fwd.sim.next_due(t)
-    unknown = fwd.unknown_running()
-    reached = t if steps else now
-    for key in need:
-        at = started.get(key)
-        if at is None:
-            if cut:
-                why = explain.estimate_budget(reached - now, steps)
-            else:
-                why = explain.ESTIMATE_NEVER_ENDS if unknown else explain.ESTIMATE_BEYOND
-            out[key] = _none(explain.estimate_unknown(why))
-            continue
-        out[key] = _known(at, now, [s for t, s in fwd.ended if t <= at])
-    return out
+    found: dict[str, tuple[float, int, int]] = {}
+    for key, at in started.items():
+        sources = [s for e, s in fwd.ended if e <= at]
+        found[key] = (at, sources.count("declared"), sources.count("observed"))
+    return _Run(found, t if steps else now, steps, cut, fwd.unknown_running())
 
 
 def _none(basis: str) -> Estimate:
     return {"start": None, "inSeconds": None, "basis": basis, "confidence": "none"}
 
 
-def _known(at: float, now: float, sources: list[str]) -> Estimate:
-    declared = sum(1 for s in sources if s == "declared")
-    observed = sum(1 for s in sources if s == "observed")
+def _known(at: float, now: float, declared: int, observed: int) -> Estimate:
     if at <= now:
         basis, confidence = explain.ESTIMATE_FITS_NOW, "high"
     else:
