@@ -61,7 +61,9 @@ Estimate = dict[str, Any]
 
 
 def _copy(session: Session, use_jit: bool) -> Session:
-    sim = Session(session.settings, use_jit=use_jit)
+    # each step of the copy tries every unit: its estimates must not depend on how fast
+    # the machine walks (the live cycle's walk budget)
+    sim = Session(dataclasses.replace(session.settings, walk_budget=None), use_jit=use_jit)
     live = session
     sim.queues.replace_namespaces(
         [{"metadata": {"name": n, "labels": dict(labels)}} for n, labels in live.queues.namespaces.items()]
