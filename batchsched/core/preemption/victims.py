@@ -79,7 +79,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,7 @@ from batchsched.core.queues import (
 
 __all__ = [
     "NoPreemption",
+    "PieceCache",
     "Preemption",
     "Preemptor",
     "RunningPod",
@@ -175,17 +176,149 @@ class NoPreemption:
     reason: str
 
 
-@dataclass(slots=True)
+#: a piece's place in the order of cost: GPU-hours, pods, priority, newer first, uid, whole
+PieceCost = tuple[float, int, int, float, str, int]
+
+
+@dataclass(slots=True, frozen=True)
+class _Shape:
+    """Pods of one running unit that may go together (all of them, or its elastic extras),
+    with what evicting them frees and costs: the same for every preemptor of a cycle."""
+
+    pods: tuple[RunningPod, ...]
+    whole: bool
+    vec: IntArray
+    """Their summed requests (read only)."""
+    gpu_hours: float
+    cost: PieceCost
+    nodes: IntArray
+    """The node row of each pod."""
+
+
+class PieceCache:
+    """The shapes of running units, built once per cycle instead of once per search.
+
+    A unit's shapes depend on the unit and the time only (GPU-hours done), so a cycle's
+    searches share them. A victim chosen earlier in the cycle is replaced in the candidates
+    by what is left of it (a new unit) or leaves them: its entry is never asked for again,
+    and :meth:`forget` drops it. What a victim changes besides (the queues' usage, the
+    nodes' room) is read afresh by every search."""
+
+    def __init__(self) -> None:
+        self.now: float | None = None
+        #: id of the unit -> the unit (kept, so that its id is not reused) and its shapes
+        self._shapes: dict[int, tuple[RunningUnit, tuple[_Shape, ...]]] = {}
+
+    def shapes(self, w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
+        """``w`` whole, then its elastic extras alone when it has some and other pods."""
+        if now != self.now:
+            self._shapes.clear()
+            self.now = now
+        hit = self._shapes.get(id(w))
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        shapes = _shapes(w, now, width)
+        self._shapes[id(w)] = (w, shapes)
+        return shapes
+
+    def forget(self, w: RunningUnit) -> None:
+        """``w`` was chosen as a victim: it is no candidate any more."""
+        self._shapes.pop(id(w), None)
+
+
+def _shapes(w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
+    options: list[tuple[tuple[RunningPod, ...], bool]] = [(w.pods, True)]
+    extras = tuple(pod for pod in w.pods if pod.elastic)
+    if extras and len(extras) < len(w.pods):
+        options.append((extras, False))
+    span = max(0.0, now - w.start) / SECONDS_PER_HOUR
+    out: list[_Shape] = []
+    for pods, whole in options:
+        if len(pods) == 1:
+            vec = pods[0].req  # read only
+        else:
+            vec = np.zeros(width, dtype=np.int64)
+            for pod in pods:
+                vec += pod.req
+        gpu_hours = sum(pod.gpus for pod in pods) * span
+        cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
+        nodes = np.fromiter((pod.node for pod in pods), dtype=np.int64, count=len(pods))
+        out.append(_Shape(pods, whole, vec, gpu_hours, cost, nodes))
+    return tuple(out)
+
+
+@dataclass(slots=True, frozen=True)
 class _Piece:
+    """A shape as one preemptor may evict it: as what kind of victim, and (a reclaim) the
+    resource its queue was borrowing."""
+
     unit: RunningUnit
     pods: tuple[RunningPod, ...]
     whole: bool
     kind: VictimKind
     vec: IntArray
     gpu_hours: float
-    message: str = ""
-    borrowed: str = ""
-    cost: tuple[float, int, int, float, str, int] = field(default=(0.0, 0, 0, 0.0, "", 0))
+    borrowed: str
+    cost: PieceCost
+    nodes: IntArray
+
+
+class _Sums:
+    """A set of pieces and what evicting it releases per queue, kept as pieces come and go,
+    so that changing a set and checking it cost the same whatever its size."""
+
+    __slots__ = ("_count", "_pieces", "reclaimed", "removed")
+
+    def __init__(self, pieces: Sequence[_Piece] = ()) -> None:
+        #: id of a piece -> the piece, in the order they came
+        self._pieces: dict[int, _Piece] = {}
+        #: queue -> the requests of the set's pieces of that queue
+        self.removed: dict[str, IntArray] = {}
+        #: queue -> how many of the set's pieces are of that queue
+        self._count: dict[str, int] = {}
+        #: queue -> how many of the set's pieces are reclaimed from it
+        self.reclaimed: dict[str, int] = {}
+        for pc in pieces:
+            self.add(pc)
+
+    @property
+    def pieces(self) -> list[_Piece]:
+        return list(self._pieces.values())
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def add(self, pc: _Piece) -> None:
+        self._pieces[id(pc)] = pc
+        q = pc.unit.queue
+        if q is None:
+            return
+        self.removed[q] = self.removed[q] + pc.vec if q in self.removed else pc.vec.copy()
+        self._count[q] = self._count.get(q, 0) + 1
+        if pc.kind is VictimKind.RECLAIM:
+            self.reclaimed[q] = self.reclaimed.get(q, 0) + 1
+
+    def drop(self, pc: _Piece) -> None:
+        del self._pieces[id(pc)]
+        q = pc.unit.queue
+        if q is None:
+            return
+        if _decrement(self._count, q):
+            self.removed[q] = self.removed[q] - pc.vec
+        else:
+            del self.removed[q]  # the last of its queue: nothing left over
+        if pc.kind is VictimKind.RECLAIM:
+            _decrement(self.reclaimed, q)
+
+
+def _decrement(counts: dict[str, int], key: str) -> bool:
+    """One fewer of ``key``; False (and the key gone) when none is left."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+    return bool(left)
 
 
 class _Search:
@@ -200,6 +333,7 @@ class _Search:
         scoring: ScoringArrays,
         now: float,
         place: Place,
+        cache: PieceCache,
     ) -> None:
         self.p = p
         self.alloc = alloc
@@ -208,6 +342,7 @@ class _Search:
         self.scoring = scoring
         self.now = now
         self.place = place
+        self.cache = cache
         mc = max(1, p.min_count)
         self.mc = mc
         self.core = np.ascontiguousarray(p.reqs[:mc], dtype=np.int64)
@@ -229,11 +364,17 @@ class _Search:
         self.nominal: dict[str, IntArray] = {}
         #: queue -> the columns P asks for that the queue is borrowing in
         self._borrowing: dict[str, list[int]] = {}
+        #: id of a piece -> what evicting it frees on the nodes in reach
+        self._reach_freed: dict[int, IntArray] = {}
         self.pieces: list[_Piece] = []
         if self.valid:
+            width = used.shape[1]
             for w in running:
-                self._candidates(w)
+                self._candidates(w, width)
         self.pieces.sort(key=lambda pc: pc.cost)
+        #: whether a set with a reclaimed piece, and one without, may pass the quota check
+        #: (:meth:`_bounds`)
+        self.reclaim_may, self.plain_may = True, True
 
     # -- candidates
 
@@ -243,9 +384,6 @@ class _Search:
             self.usage[q] = self.tree.usage_vector(q)
             self.nominal[q] = self.tree.nominal_vector(q)
         return self.usage[q], self.nominal[q]
-
-    def _kind(self, w: RunningUnit) -> tuple[VictimKind, str] | None:
-        return eviction_kind(w, self.p, self.tree)
 
     def _borrowing_columns(self, queue: str) -> list[int]:
         """The columns P asks for that ``queue`` is borrowing in."""
@@ -259,60 +397,82 @@ class _Search:
         """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
         return next((c for c in self._borrowing_columns(queue) if vec[c] > 0), -1)
 
-    def _candidates(self, w: RunningUnit) -> None:
+    def _candidates(self, w: RunningUnit, width: int) -> None:
         if w.queue is not None and w.queue != self.p.queue and self.tree is not None and (
                 self.tree.leaf_problem(w.queue) is not None or not self._borrowing_columns(w.queue)):
             return  # another queue's work is only ever reclaimed, and only from a borrower
-        kind = self._kind(w)
-        if kind is None or not w.pods:
+        if not w.pods:
             return
-        width = self.used.shape[1]
-        options: list[tuple[tuple[RunningPod, ...], bool]] = [(w.pods, True)]
-        extras = tuple(pod for pod in w.pods if pod.elastic)
-        if extras and len(extras) < len(w.pods):
-            options.append((extras, False))
-        span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
-        for pods, whole in options:
-            if len(pods) == 1:
-                vec = pods[0].req  # read only
-            else:
-                vec = np.zeros(width, dtype=np.int64)
-                for pod in pods:
-                    vec += pod.req
-            message, borrowed = kind[1], ""
+        kind = eviction_kind(w, self.p, self.tree)
+        if kind is None:
+            return
+        for s in self.cache.shapes(w, self.now, width):
+            borrowed = ""
             if kind[0] is VictimKind.RECLAIM:
                 assert w.queue is not None
-                col = self._borrowed_resource(w.queue, vec)
+                col = self._borrowed_resource(w.queue, s.vec)
                 if col < 0:
                     continue
                 borrowed = self.columns[col]
-                message = f"{message}: queue {w.queue} was borrowing {borrowed}"
-            if not whole:
-                message = f"{message}; only its {len(pods)} elastic extra pod(s)"
-            gpu_hours = sum(pod.gpus for pod in pods) * span
-            piece = _Piece(w, pods, whole, kind[0], vec, gpu_hours, message, borrowed)
-            piece.cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
-            self.pieces.append(piece)
+            self.pieces.append(_Piece(w, s.pods, s.whole, kind[0], s.vec, s.gpu_hours, borrowed, s.cost, s.nodes))
+
+    def _message(self, pc: _Piece) -> str:
+        """What the victim ``pc`` is told (built for the chosen victims only)."""
+        kind = eviction_kind(pc.unit, self.p, self.tree)
+        assert kind is not None
+        message = kind[1]
+        if pc.kind is VictimKind.RECLAIM:
+            message = f"{message}: queue {pc.unit.queue} was borrowing {pc.borrowed}"
+        if not pc.whole:
+            message = f"{message}; only its {len(pc.pods)} elastic extra pod(s)"
+        return message
+
+    # -- bounds
+
+    def _bounds(self) -> bool:
+        """Whether some set of the candidates may be valid, by what evicting every one of
+        them (one piece per unit, the whole unit: it frees the most) could free at most:
+        on the nodes in reach, and in quota. Quota is weighed apart for the sets that
+        reclaim (restore only: P's queue within its nominal once its own candidates are
+        gone) and for those that do not; :meth:`_check` skips a set whose kind cannot pass.
+        A necessary condition only: the search decides."""
+        everything = self._one_per_unit(self.pieces)
+        freed = np.zeros(self.used.shape[1], dtype=np.int64)
+        for pc in everything:
+            freed += self._in_reach(pc)
+        if bool((freed < self._short()).any()):
+            self.reclaim_may = self.plain_may = False
+            return False
+        p, tree = self.p, self.tree
+        if p.queue is None or tree is None:
+            return True
+        removed = _Sums(everything).removed
+        own = [(p.queue, removed[p.queue])] if p.queue in removed else []
+        used, nominal = self._queue_arrays(p.queue)
+        after = used - removed.get(p.queue, 0) + self.x
+        self.reclaim_may = any(pc.kind is VictimKind.RECLAIM for pc in everything) and not bool(
+            (self.managed & (self.x > 0) & (after > nominal)).any()
+        ) and tree.admissible(p.queue, self.x, without=sorted(removed.items())) is None
+        self.plain_may = tree.admissible(p.queue, self.x, without=own) is None
+        return self.reclaim_may or self.plain_may
+
+    @staticmethod
+    def _one_per_unit(pieces: Sequence[_Piece]) -> list[_Piece]:
+        """One piece per unit, the whole unit where it is a candidate: it frees the most."""
+        units: dict[int, _Piece] = {}
+        for pc in pieces:
+            if id(pc.unit) not in units or pc.whole:
+                units[id(pc.unit)] = pc
+        return sorted(units.values(), key=lambda pc: pc.cost)
 
     # -- checks
 
-    def _removed(self, pieces: Sequence[_Piece]) -> dict[str, IntArray]:
-        out: dict[str, IntArray] = {}
-        for pc in pieces:
-            if pc.unit.queue is None:
-                continue
-            q = pc.unit.queue
-            out[q] = out[q] + pc.vec if q in out else pc.vec.copy()
-        return out
-
-    def _below_nominal(self, pieces: Sequence[_Piece]) -> str | None:
+    def _below_nominal(self, sums: _Sums) -> str | None:
         """Rule "never below nominal" for the reclaim victims' queues."""
-        removed = self._removed(pieces)
-        reclaimed = {pc.unit.queue for pc in pieces if pc.kind is VictimKind.RECLAIM}
-        for q in sorted(q for q in reclaimed if q is not None):
+        for q in sorted(sums.reclaimed):
             used, nominal = self._queue_arrays(q)
             borrowing = self.managed & (used > nominal)
-            bad = borrowing & (used - removed[q] < nominal)
+            bad = borrowing & (used - sums.removed[q] < nominal)
             if bad.any():
                 c = int(np.argmax(bad))
                 res = self.columns[c]
@@ -322,17 +482,21 @@ class _Search:
                 )
         return None
 
-    def _check(self, pieces: Sequence[_Piece]) -> tuple[str, str, IntArray | None]:
+    def _hopeless(self, sums: _Sums) -> bool:
+        """Whether the bounds already say that the set fails the quota check."""
+        return not (self.reclaim_may if sums.reclaimed else self.plain_may)
+
+    def _check(self, pieces: Sequence[_Piece] | _Sums) -> tuple[str, str, IntArray | None]:
         """``(failure kind, message, nodes)``; kind "" and the quorum's nodes when it fits."""
+        sums = pieces if isinstance(pieces, _Sums) else _Sums(pieces)
         p = self.p
         if p.queue is not None and self.tree is not None:
-            removed = self._removed(pieces)
-            if any(pc.kind is VictimKind.RECLAIM for pc in pieces):
-                below = self._below_nominal(pieces)
+            if sums.reclaimed:
+                below = self._below_nominal(sums)
                 if below is not None:
                     return "victim", below, None
                 used, nominal = self._queue_arrays(p.queue)
-                after = used - removed.get(p.queue, 0) + self.x
+                after = used - sums.removed.get(p.queue, 0) + self.x
                 over = self.managed & (self.x > 0) & (after > nominal)
                 if over.any():
                     c = int(np.argmax(over))
@@ -342,11 +506,11 @@ class _Search:
                         f"its nominal {format_units(res, int(nominal[c]))}: reclaim only restores a "
                         "queue's nominal"
                     ), None
-            reason = self.tree.admissible(p.queue, self.x, without=sorted(removed.items()))
+            reason = self.tree.admissible(p.queue, self.x, without=sorted(sums.removed.items()))
             if reason is not None:
                 return "quota", reason, None
         scratch = self.used.copy()
-        for pc in pieces:
+        for pc in sums.pieces:
             for pod in pc.pods:
                 scratch[pod.node] -= pod.req
         out = np.full(self.mc, -1, dtype=np.int64)
@@ -358,6 +522,10 @@ class _Search:
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         return "", "", out
 
+    def _passes(self, sums: _Sums) -> bool:
+        """Whether the set is valid; sets the bounds rule out are not checked."""
+        return not self._hopeless(sums) and not self._check(sums)[0]
+
     def _helps(self, pc: _Piece, failure: str) -> bool:
         p = self.p
         if failure == "nominal":
@@ -365,44 +533,52 @@ class _Search:
         if failure == "quota":
             return pc.unit.queue is not None and (pc.unit.queue == p.queue or pc.kind is VictimKind.RECLAIM)
         if failure == "place":
-            return any(bool(self.reach[pod.node]) for pod in pc.pods)
+            return bool(self.reach[pc.nodes].any())
         return False
 
     # -- search
 
     def _greedy(self, candidates: Sequence[_Piece]) -> tuple[list[_Piece] | None, str]:
-        chosen: list[_Piece] = []
+        chosen = _Sums()
         failure, message, _ = self._check(chosen)
         if not failure:
-            return chosen, ""
+            return chosen.pieces, ""
+        by_unit: dict[int, _Piece] = {}
         for pc in candidates:
-            same = [c for c in chosen if c.unit is pc.unit]
-            if same and (same[0].whole or not pc.whole):
+            same = by_unit.get(id(pc.unit))
+            if same is not None and (same.whole or not pc.whole):
                 continue
             if not self._helps(pc, failure):
                 continue
-            trial = [c for c in chosen if c.unit is not pc.unit] + [pc]
-            if pc.kind is VictimKind.RECLAIM and self._below_nominal(trial) is not None:
+            if same is not None:
+                chosen.drop(same)
+            chosen.add(pc)
+            if pc.kind is VictimKind.RECLAIM and self._below_nominal(chosen) is not None:
+                chosen.drop(pc)
+                if same is not None:
+                    chosen.add(same)
                 continue
-            chosen = trial
+            by_unit[id(pc.unit)] = pc
             failure, message, _ = self._check(chosen)
             if not failure:
-                return chosen, ""
+                return chosen.pieces, ""
         return None, message
 
     def _prune(self, chosen: list[_Piece]) -> list[_Piece]:
         extras = {id(pc.unit): pc for pc in self.pieces if not pc.whole}
+        sums = _Sums(chosen)
         for pc in sorted(chosen, key=lambda c: c.cost, reverse=True):
-            rest = [c for c in chosen if c is not pc]
-            if not self._check(rest)[0]:
-                chosen = rest
+            sums.drop(pc)
+            if self._passes(sums):
                 continue
             smaller = extras.get(id(pc.unit))
             if pc.whole and smaller is not None:
-                trial = [*rest, smaller]
-                if not self._check(trial)[0]:
-                    chosen = trial
-        return chosen
+                sums.add(smaller)
+                if self._passes(sums):
+                    continue
+                sums.drop(smaller)
+            sums.add(pc)
+        return sums.pieces
 
     def _cheapest(self, candidates: Sequence[_Piece]) -> tuple[list[_Piece] | None, str]:
         """The cheapest valid set of ``candidates`` the search finds (see the module
@@ -434,24 +610,24 @@ class _Search:
         needed): evicting everything is tried, then sets cheapest first (few candidates,
         at most :data:`FALLBACK_CHECKS` checks), else everything with the most expensive
         pieces dropped one by one while enough room is still freed in all."""
-        units: dict[int, _Piece] = {}
-        for pc in candidates:  # one piece per unit: the whole unit frees the most
-            if id(pc.unit) not in units or pc.whole:
-                units[id(pc.unit)] = pc
-        everything = sorted(units.values(), key=lambda pc: pc.cost)
-        if not self._check(everything)[0]:
+        everything = self._one_per_unit(candidates)
+        chosen = _Sums(everything)
+        if self._passes(chosen):
             return everything
         if len(candidates) <= EXHAUSTIVE_PIECES:
             return self._exhaustive(candidates, None, None, checks=FALLBACK_CHECKS)
         short = self._short()
-        chosen = list(everything)
+        freed = np.zeros(self.used.shape[1], dtype=np.int64)
+        for pc in everything:
+            freed += self._in_reach(pc)
         for pc in reversed(everything):
-            rest = [c for c in chosen if c is not pc]
-            if not rest or bool((np.sum([self._in_reach(c) for c in rest], axis=0) < short).any()):
+            rest = freed - self._in_reach(pc)
+            if len(chosen) == 1 or bool((rest < short).any()):
                 continue
-            chosen = rest
-            if not self._check(chosen)[0]:
-                return chosen
+            chosen.drop(pc)
+            freed = rest
+            if self._passes(chosen):
+                return chosen.pieces
         return None
 
     def _short(self) -> IntArray:
@@ -460,12 +636,15 @@ class _Search:
         return np.asarray((self.x - free) * (self.x > 0), dtype=np.int64)
 
     def _in_reach(self, pc: _Piece) -> IntArray:
-        """What evicting ``pc`` frees on the nodes the quorum may use."""
-        vec = np.zeros(self.used.shape[1], dtype=np.int64)
-        for pod in pc.pods:
-            if self.reach[pod.node]:
-                vec += pod.req
-        return vec
+        """What evicting ``pc`` frees on the nodes the quorum may use (read only)."""
+        freed = self._reach_freed.get(id(pc))
+        if freed is None:
+            freed = np.zeros(self.used.shape[1], dtype=np.int64)
+            for pod in pc.pods:
+                if self.reach[pod.node]:
+                    freed += pod.req
+            self._reach_freed[id(pc)] = freed
+        return freed
 
     def _exhaustive(
         self, candidates: Sequence[_Piece], best: list[_Piece] | None, cost: SetCost | None, *,
@@ -479,13 +658,12 @@ class _Search:
         for pc in candidates:
             units.setdefault(id(pc.unit), []).append(pc)
         short = self._short()
-        freed = {id(pc): self._in_reach(pc) for pc in candidates}
         sets: list[tuple[SetCost, list[_Piece]]] = []
         for combo in itertools.product(*([None, *pcs] for pcs in units.values())):
             chosen = [pc for pc in combo if pc is not None]
             if not chosen:
                 continue
-            total = np.sum([freed[id(pc)] for pc in chosen], axis=0)
+            total = np.sum([self._in_reach(pc) for pc in chosen], axis=0)
             if bool((total < short).any()):
                 continue
             c = _set_cost(chosen)
@@ -534,6 +712,10 @@ class _Search:
                               placed=self.core.copy())
         if not self.pieces:
             return NoPreemption(self._nobody())
+        if not self._bounds():
+            # no set works: the reason is the one adding candidates as they help ends with
+            _, message = self._greedy(self.pieces)
+            return self._none(message)
         extras = [pc for pc in self.pieces if not pc.whole]
         chosen: list[_Piece] | None = None
         if extras:
@@ -542,13 +724,14 @@ class _Search:
         if chosen is None:
             chosen, message = self._cheapest(self.pieces)
         if chosen is None:
-            units = len({id(pc.unit) for pc in self.pieces})
-            return NoPreemption(f"evicting any of the {units} unit(s) it may preempt does not make room: {message}")
+            return self._none(message)
         failure, message, out = self._check(chosen)
         if failure or out is None:  # pruning only keeps sets that pass: a bug
             raise AssertionError(f"preemption search lost its solution: {message}")
         chosen.sort(key=lambda c: c.cost)
-        victims = tuple(Victim(pc.unit, pc.pods, pc.kind, pc.gpu_hours, pc.message, pc.borrowed) for pc in chosen)
+        victims = tuple(
+            Victim(pc.unit, pc.pods, pc.kind, pc.gpu_hours, self._message(pc), pc.borrowed) for pc in chosen
+        )
         return Preemption(
             victims=victims,
             nodes=tuple(int(n) for n in out),
@@ -556,6 +739,10 @@ class _Search:
             pods=sum(len(v.pods) for v in victims),
             placed=self.core.copy(),
         )
+
+    def _none(self, message: str) -> NoPreemption:
+        units = len({id(pc.unit) for pc in self.pieces})
+        return NoPreemption(f"evicting any of the {units} unit(s) it may preempt does not make room: {message}")
 
     def _nobody(self) -> str:
         p = self.p
@@ -712,6 +899,7 @@ def select_victims(
     scoring: ScoringArrays,
     now: float,
     place: Place = kernels.place,
+    cache: PieceCache | None = None,
 ) -> Preemption | NoPreemption:
     """The victims that make room for ``preemptor``'s quorum, or why there are none.
 
@@ -719,9 +907,13 @@ def select_victims(
     ``tree``: the queues with every running unit charged (None: no queues at all);
     ``running``: the candidates (the caller may pass all running units: the rules above
     filter them). ``place`` is the placement: the kernel, its twin, or one built on them
-    (:meth:`batchsched.core.placer.Placer.placer`). Nothing is modified. A unit that fits already gets a :class:`Preemption` with no victims.
+    (:meth:`batchsched.core.placer.Placer.placer`). ``cache``: the pieces of the running
+    units kept across the searches of one cycle (:class:`PieceCache`; None: built for this
+    search alone). Nothing else is modified. A unit that fits already gets a
+    :class:`Preemption` with no victims.
     """
     search = _Search(
-        preemptor, running, alloc=alloc, used=used, tree=tree, scoring=scoring, now=now, place=place
+        preemptor, running, alloc=alloc, used=used, tree=tree, scoring=scoring, now=now, place=place,
+        cache=PieceCache() if cache is None else cache,
     )
     return search.run()
