@@ -196,34 +196,94 @@ class _Shape:
 
 
 class PieceCache:
-    """The shapes of running units, built once per cycle instead of once per search.
+    """The pieces of running units, built once per cycle instead of once per search.
 
     A unit's shapes depend on the unit and the time only (GPU-hours done), so a cycle's
-    searches share them. A victim chosen earlier in the cycle is replaced in the candidates
-    by what is left of it (a new unit) or leaves them: its entry is never asked for again,
-    and :meth:`forget` drops it. What a victim changes besides (the queues' usage, the
+    searches share them. The pieces a borrowing queue offers to be reclaimed are the same
+    for every preemptor of a cohort that asks for the same borrowed resources under the
+    same policy and priority (:meth:`lent`): they are kept too, with their sums. A victim
+    chosen earlier in the cycle is replaced in the candidates by what is left of it (a new
+    unit) or leaves them: the entries built from it are never asked for again, and
+    :meth:`forget` drops its shapes. What a victim changes besides (the queues' usage, the
     nodes' room) is read afresh by every search."""
 
     def __init__(self) -> None:
         self.now: float | None = None
+        self.tree: QueueTree | None = None
         #: id of the unit -> the unit (kept, so that its id is not reused) and its shapes
         self._shapes: dict[int, tuple[RunningUnit, tuple[_Shape, ...]]] = {}
+        #: what a borrowing queue lends, by :meth:`lent`'s key
+        self._lent: dict[tuple[Any, ...], _Lent] = {}
+
+    def _same_cycle(self, now: float, tree: QueueTree | None) -> None:
+        if now != self.now or tree is not self.tree:
+            self._shapes.clear()
+            self._lent.clear()
+            self.now, self.tree = now, tree
 
     def shapes(self, w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
         """``w`` whole, then its elastic extras alone when it has some and other pods."""
-        if now != self.now:
-            self._shapes.clear()
-            self.now = now
         hit = self._shapes.get(id(w))
-        if hit is not None and hit[0] is w:
+        if hit is not None and hit[0] is w and now == self.now:
             return hit[1]
+        if now != self.now:
+            self._same_cycle(now, self.tree)
         shapes = _shapes(w, now, width)
         self._shapes[id(w)] = (w, shapes)
         return shapes
 
+    def lent(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit], cols: Sequence[int]) -> _Lent | None:
+        """The pieces ``search``'s preemptor may reclaim from ``units``, the running work of
+        the borrowing queue ``queue`` (``cols``: the columns it asks for that ``queue``
+        borrows in); None when the preemptor is one of them (it never evicts itself)."""
+        p, tree = search.p, search.tree
+        assert tree is not None and p.queue is not None
+        self._same_cycle(search.now, tree)
+        key = (queue, tuple(map(id, units)), tree.root(p.queue), tree.queue(p.queue).reclaim, p.priority, tuple(cols))
+        hit = self._lent.get(key)
+        if hit is None:
+            hit = self._lent[key] = _Lent.build(search, queue, units, cols)
+        if p.key in hit.names or p.uid in hit.names:
+            return None
+        return hit
+
     def forget(self, w: RunningUnit) -> None:
         """``w`` was chosen as a victim: it is no candidate any more."""
         self._shapes.pop(id(w), None)
+
+
+@dataclass(slots=True, frozen=True)
+class _Lent:
+    """What a borrowing queue offers a preemptor to reclaim: its pieces in the order of
+    cost, with the sums the bounds and the reason read."""
+
+    queue: QueueName
+    pieces: tuple[_Piece, ...]
+    units: int
+    """How many of its units offer a piece."""
+    vecs: IntArray
+    """The pieces' requests, one row each."""
+    whole: IntArray
+    """The summed requests of those units, whole."""
+    names: frozenset[str]
+    """The keys and uids of all the queue's units looked at."""
+
+    @staticmethod
+    def build(search: _Search, queue: QueueName, units: Sequence[RunningUnit], cols: Sequence[int]) -> _Lent:
+        width = search.used.shape[1]
+        pieces: list[_Piece] = []
+        whole = np.zeros(width, dtype=np.int64)
+        count = 0
+        for w in units:
+            before = len(pieces)
+            search.pieces_of(w, width, pieces)
+            if len(pieces) > before:
+                count += 1
+                whole += pieces[before].vec  # a unit's whole piece comes first
+        pieces.sort(key=lambda pc: pc.cost)
+        vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
+        names = frozenset(n for w in units for n in (w.key, w.uid))
+        return _Lent(queue, tuple(pieces), count, vecs, whole, names)
 
 
 def _shapes(w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
@@ -366,12 +426,14 @@ class _Search:
         self._borrowing: dict[str, list[int]] = {}
         #: id of a piece -> what evicting it frees on the nodes in reach
         self._reach_freed: dict[int, IntArray] = {}
-        self.pieces: list[_Piece] = []
+        #: the pieces of P's own queue and of unqueued work (and, where no cache entry
+        #: serves, of others), built for this search
+        self._own: list[_Piece] = []
+        #: what each borrowing queue offers to be reclaimed (:meth:`PieceCache.lent`)
+        self._lent: list[_Lent] = []
+        self._sorted: list[_Piece] | None = None
         if self.valid:
-            width = used.shape[1]
-            for w in running:
-                self._candidates(w, width)
-        self.pieces.sort(key=lambda pc: pc.cost)
+            self._gather(running)
         #: whether a set with a reclaimed piece, and one without, may pass the quota check
         #: (:meth:`_bounds`)
         self.reclaim_may, self.plain_may = True, True
@@ -397,7 +459,40 @@ class _Search:
         """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
         return next((c for c in self._borrowing_columns(queue) if vec[c] > 0), -1)
 
-    def _candidates(self, w: RunningUnit, width: int) -> None:
+    @property
+    def pieces(self) -> list[_Piece]:
+        """Every candidate piece, cheapest first."""
+        if self._sorted is None:
+            self._sorted = sorted(itertools.chain(self._own, *(lent.pieces for lent in self._lent)),
+                                  key=lambda pc: pc.cost)
+        return self._sorted
+
+    def _gather(self, running: Sequence[RunningUnit]) -> None:
+        """The candidates, queue by queue: another queue's work is only ever reclaimed, and
+        only from a borrower, so a queue that borrows nothing P asks for is passed over
+        whole; a borrower's pieces come from the cycle's cache."""
+        p, tree, width = self.p, self.tree, self.used.shape[1]
+        groups: dict[QueueName | None, list[RunningUnit]] = {}
+        for w in running:
+            groups.setdefault(w.queue, []).append(w)
+        for q, units in groups.items():
+            lent: _Lent | None = None
+            if q is not None and q != p.queue and tree is not None and p.queue is not None:
+                if tree.leaf_problem(q) is not None:
+                    continue
+                cols = self._borrowing_columns(q)
+                if not cols:
+                    continue
+                lent = self.cache.lent(self, q, units, cols)
+            if lent is not None:
+                if lent.pieces:
+                    self._lent.append(lent)
+                continue
+            for w in units:
+                self.pieces_of(w, width, self._own)
+
+    def pieces_of(self, w: RunningUnit, width: int, out: list[_Piece]) -> None:
+        """Append to ``out`` the pieces of ``w`` P may evict (whole first)."""
         if w.queue is not None and w.queue != self.p.queue and self.tree is not None and (
                 self.tree.leaf_problem(w.queue) is not None or not self._borrowing_columns(w.queue)):
             return  # another queue's work is only ever reclaimed, and only from a borrower
@@ -414,7 +509,7 @@ class _Search:
                 if col < 0:
                     continue
                 borrowed = self.columns[col]
-            self.pieces.append(_Piece(w, s.pods, s.whole, kind[0], s.vec, s.gpu_hours, borrowed, s.cost, s.nodes))
+            out.append(_Piece(w, s.pods, s.whole, kind[0], s.vec, s.gpu_hours, borrowed, s.cost, s.nodes))
 
     def _message(self, pc: _Piece) -> str:
         """What the victim ``pc`` is told (built for the chosen victims only)."""
@@ -448,13 +543,45 @@ class _Search:
             return True
         removed = _Sums(everything).removed
         own = [(p.queue, removed[p.queue])] if p.queue in removed else []
-        used, nominal = self._queue_arrays(p.queue)
-        after = used - removed.get(p.queue, 0) + self.x
-        self.reclaim_may = any(pc.kind is VictimKind.RECLAIM for pc in everything) and not bool(
-            (self.managed & (self.x > 0) & (after > nominal)).any()
-        ) and tree.admissible(p.queue, self.x, without=sorted(removed.items())) is None
+        _, over = self._after(removed.get(p.queue))
+        self.reclaim_may = any(pc.kind is VictimKind.RECLAIM for pc in everything) and not bool(over.any()) \
+            and tree.admissible(p.queue, self.x, without=sorted(removed.items())) is None
         self.plain_may = tree.admissible(p.queue, self.x, without=own) is None
         return self.reclaim_may or self.plain_may
+
+    def _ruled_out_by_quota(self) -> str | None:
+        """When quota alone rules every set out, the reason the search ends with, read off
+        the sums without building or ordering the borrowers' pieces; else None.
+
+        Every set fails the quota check when P's queue stays above its nominal with all its
+        own candidates gone (no set may reclaim) and is not admitted then either (no set
+        without reclaim passes). Adding candidates as they help then adds every piece of
+        P's queue (each helps either failure; a unit ends whole) and, if any piece a
+        borrower lends passes "never below nominal" alone, one such piece: it ends with
+        "above its nominal" for P's queue without its own candidates, else with the quota's
+        reason for that."""
+        p, tree = self.p, self.tree
+        if p.queue is None or tree is None or any(pc.kind is VictimKind.RECLAIM for pc in self._own):
+            return None
+        own = [pc.vec for pc in self._own if pc.unit.queue == p.queue and pc.whole]
+        removed = np.sum(own, axis=0) if own else None
+        after, over = self._after(removed)
+        if self._lent and not over.any():
+            return None
+        quota = tree.admissible(p.queue, self.x, without=[] if removed is None else [(p.queue, removed)])
+        if quota is None:
+            return None
+        if any(self._alone(lent) for lent in self._lent):
+            return self._above_nominal(after, over)
+        return quota
+
+    def _alone(self, lent: _Lent) -> bool:
+        """Whether some piece ``lent`` offers, reclaimed alone, keeps its queue at or above
+        its nominal where it borrows (rule "never below nominal")."""
+        used, nominal = self._queue_arrays(lent.queue)
+        borrowing = self.managed & (used > nominal)
+        bad = ((used - lent.vecs) < nominal) & borrowing
+        return not bool(bad.any(axis=1).all())
 
     @staticmethod
     def _one_per_unit(pieces: Sequence[_Piece]) -> list[_Piece]:
@@ -495,17 +622,9 @@ class _Search:
                 below = self._below_nominal(sums)
                 if below is not None:
                     return "victim", below, None
-                used, nominal = self._queue_arrays(p.queue)
-                after = used - sums.removed.get(p.queue, 0) + self.x
-                over = self.managed & (self.x > 0) & (after > nominal)
+                after, over = self._after(sums.removed.get(p.queue))
                 if over.any():
-                    c = int(np.argmax(over))
-                    res = self.columns[c]
-                    return "nominal", (
-                        f"queue {p.queue} would use {format_units(res, int(after[c]))} {res}, above "
-                        f"its nominal {format_units(res, int(nominal[c]))}: reclaim only restores a "
-                        "queue's nominal"
-                    ), None
+                    return "nominal", self._above_nominal(after, over), None
             reason = self.tree.admissible(p.queue, self.x, without=sorted(sums.removed.items()))
             if reason is not None:
                 return "quota", reason, None
@@ -521,6 +640,24 @@ class _Search:
         if placed < self.mc:
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         return "", "", out
+
+    def _after(self, removed: IntArray | None) -> tuple[IntArray, BoolArray]:
+        """P's queue's usage with ``removed`` released and P admitted, and the columns P
+        asks for in which that is above its nominal (restore only)."""
+        assert self.p.queue is not None
+        used, nominal = self._queue_arrays(self.p.queue)
+        after = used - (0 if removed is None else removed) + self.x
+        return after, self.managed & (self.x > 0) & (after > nominal)
+
+    def _above_nominal(self, after: IntArray, over: BoolArray) -> str:
+        assert self.p.queue is not None
+        nominal = self._queue_arrays(self.p.queue)[1]
+        c = int(np.argmax(over))
+        res = self.columns[c]
+        return (
+            f"queue {self.p.queue} would use {format_units(res, int(after[c]))} {res}, above "
+            f"its nominal {format_units(res, int(nominal[c]))}: reclaim only restores a queue's nominal"
+        )
 
     def _passes(self, sums: _Sums) -> bool:
         """Whether the set is valid; sets the bounds rule out are not checked."""
@@ -710,8 +847,11 @@ class _Search:
         if not failure and out is not None:
             return Preemption(victims=(), nodes=tuple(int(n) for n in out), gpu_hours=0.0, pods=0,
                               placed=self.core.copy())
-        if not self.pieces:
+        if not self._own and not self._lent:
             return NoPreemption(self._nobody())
+        ruled_out = self._ruled_out_by_quota()
+        if ruled_out is not None:
+            return self._none(ruled_out)
         if not self._bounds():
             # no set works: the reason is the one adding candidates as they help ends with
             _, message = self._greedy(self.pieces)
@@ -741,7 +881,7 @@ class _Search:
         )
 
     def _none(self, message: str) -> NoPreemption:
-        units = len({id(pc.unit) for pc in self.pieces})
+        units = len({id(pc.unit) for pc in self._own}) + sum(lent.units for lent in self._lent)
         return NoPreemption(f"evicting any of the {units} unit(s) it may preempt does not make room: {message}")
 
     def _nobody(self) -> str:
