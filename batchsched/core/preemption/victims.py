@@ -212,14 +212,30 @@ class PieceCache:
         self.tree: QueueTree | None = None
         #: id of the unit -> the unit (kept, so that its id is not reused) and its shapes
         self._shapes: dict[int, tuple[RunningUnit, tuple[_Shape, ...]]] = {}
-        #: what a borrowing queue lends, by :meth:`lent`'s key
-        self._lent: dict[tuple[Any, ...], _Lent] = {}
+        #: what a borrowing queue lends, by :meth:`lent`'s key, with the ids of the units it
+        #: was built from
+        self._lent: dict[tuple[Any, ...], tuple[tuple[int, ...], _Lent]] = {}
+        #: (id of a unit, what else :meth:`lent`'s key holds) -> the unit and its pieces
+        self._lent_by_unit: dict[tuple[Any, ...], tuple[RunningUnit, list[_Piece]]] = {}
+        #: queue -> (its usage generation, its usage and nominal)
+        self._arrays: dict[str, tuple[int, IntArray, IntArray]] = {}
 
     def _same_cycle(self, now: float, tree: QueueTree | None) -> None:
         if now != self.now or tree is not self.tree:
             self._shapes.clear()
             self._lent.clear()
+            self._lent_by_unit.clear()
+            self._arrays.clear()
             self.now, self.tree = now, tree
+
+    def queue_arrays(self, tree: QueueTree, queue: str, now: float) -> tuple[IntArray, IntArray]:
+        """``queue``'s usage and nominal vectors (read only), kept while its usage holds."""
+        self._same_cycle(now, tree)
+        gen = tree.queue_generation(queue)
+        hit = self._arrays.get(queue)
+        if hit is None or hit[0] != gen:
+            hit = self._arrays[queue] = (gen, tree.usage_vector(queue), tree.nominal_vector(queue))
+        return hit[1], hit[2]
 
     def shapes(self, w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
         """``w`` whole, then its elastic extras alone when it has some and other pods."""
@@ -239,13 +255,37 @@ class PieceCache:
         p, tree = search.p, search.tree
         assert tree is not None and p.queue is not None
         self._same_cycle(search.now, tree)
-        key = (queue, tuple(map(id, units)), tree.root(p.queue), tree.queue(p.queue).reclaim, p.priority, tuple(cols))
-        hit = self._lent.get(key)
-        if hit is None:
-            hit = self._lent[key] = _Lent.build(search, queue, units, cols)
-        if p.key in hit.names or p.uid in hit.names:
+        context = (tree.root(p.queue), tree.queue(p.queue).reclaim, p.priority, tuple(cols))
+        ids = tuple(map(id, units))
+        hit = self._lent.get((queue, *context))
+        if hit is None or hit[0] != ids:
+            hit = self._lent[(queue, *context)] = (ids, self._build(search, queue, units, context))
+        lent = hit[1]
+        if p.key in lent.names or p.uid in lent.names:
             return None
-        return hit
+        return lent
+
+    def _build(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit], context: tuple[Any, ...]) -> _Lent:
+        """A borrower's :class:`_Lent`, each unit's pieces kept for the next build (after a
+        victim left the queue, the others are the same)."""
+        width = search.used.shape[1]
+        pieces: list[_Piece] = []
+        whole = np.zeros(width, dtype=np.int64)
+        count = 0
+        for w in units:
+            hit = self._lent_by_unit.get((id(w), *context))
+            if hit is None or hit[0] is not w:
+                hit = (w, [])
+                search.pieces_of(w, width, hit[1])
+                self._lent_by_unit[(id(w), *context)] = hit
+            if hit[1]:
+                count += 1
+                whole += hit[1][0].vec  # a unit's whole piece comes first
+                pieces.extend(hit[1])
+        pieces.sort(key=lambda pc: pc.cost)
+        vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
+        names = frozenset(n for w in units for n in (w.key, w.uid))
+        return _Lent(queue, tuple(pieces), count, vecs, whole, names)
 
     def forget(self, w: RunningUnit) -> None:
         """``w`` was chosen as a victim: it is no candidate any more."""
@@ -267,23 +307,6 @@ class _Lent:
     """The summed requests of those units, whole."""
     names: frozenset[str]
     """The keys and uids of all the queue's units looked at."""
-
-    @staticmethod
-    def build(search: _Search, queue: QueueName, units: Sequence[RunningUnit], cols: Sequence[int]) -> _Lent:
-        width = search.used.shape[1]
-        pieces: list[_Piece] = []
-        whole = np.zeros(width, dtype=np.int64)
-        count = 0
-        for w in units:
-            before = len(pieces)
-            search.pieces_of(w, width, pieces)
-            if len(pieces) > before:
-                count += 1
-                whole += pieces[before].vec  # a unit's whole piece comes first
-        pieces.sort(key=lambda pc: pc.cost)
-        vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
-        names = frozenset(n for w in units for n in (w.key, w.uid))
-        return _Lent(queue, tuple(pieces), count, vecs, whole, names)
 
 
 def _shapes(w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
@@ -443,8 +466,7 @@ class _Search:
     def _queue_arrays(self, q: str) -> tuple[IntArray, IntArray]:
         assert self.tree is not None
         if q not in self.usage:
-            self.usage[q] = self.tree.usage_vector(q)
-            self.nominal[q] = self.tree.nominal_vector(q)
+            self.usage[q], self.nominal[q] = self.cache.queue_arrays(self.tree, q, self.now)
         return self.usage[q], self.nominal[q]
 
     def _borrowing_columns(self, queue: str) -> list[int]:
@@ -531,10 +553,19 @@ class _Search:
         reclaim (restore only: P's queue within its nominal once its own candidates are
         gone) and for those that do not; :meth:`_check` skips a set whose kind cannot pass.
         A necessary condition only: the search decides."""
-        everything = self._one_per_unit(self.pieces)
-        freed = np.zeros(self.used.shape[1], dtype=np.int64)
+        width = self.used.shape[1]
+        everything = self._one_per_unit(self._own)
+        freed = np.zeros(width, dtype=np.int64)
         for pc in everything:
             freed += self._in_reach(pc)
+        all_in_reach = bool(self.reach.all())
+        for lent in self._lent:
+            if all_in_reach:
+                freed += lent.whole
+            else:
+                for pc in lent.pieces:
+                    if pc.whole:
+                        freed += self._in_reach(pc)
         if bool((freed < self._short()).any()):
             self.reclaim_may = self.plain_may = False
             return False
@@ -542,9 +573,12 @@ class _Search:
         if p.queue is None or tree is None:
             return True
         removed = _Sums(everything).removed
+        for lent in self._lent:
+            removed[lent.queue] = lent.whole
         own = [(p.queue, removed[p.queue])] if p.queue in removed else []
         _, over = self._after(removed.get(p.queue))
-        self.reclaim_may = any(pc.kind is VictimKind.RECLAIM for pc in everything) and not bool(over.any()) \
+        reclaims = bool(self._lent) or any(pc.kind is VictimKind.RECLAIM for pc in everything)
+        self.reclaim_may = reclaims and not bool(over.any()) \
             and tree.admissible(p.queue, self.x, without=sorted(removed.items())) is None
         self.plain_may = tree.admissible(p.queue, self.x, without=own) is None
         return self.reclaim_may or self.plain_may
