@@ -89,7 +89,7 @@ from batchsched.core.placement import kernels
 from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import ScoringArrays
 from batchsched.core.plan import QueueName, RunningPod, RunningUnit, Victim, VictimKind
-from batchsched.core.preemption.candidates import eviction_kind
+from batchsched.core.preemption.candidates import eviction_kind, eviction_rule
 from batchsched.core.quantity import format_units
 from batchsched.core.queues import (
     QueueTree,
@@ -191,8 +191,6 @@ class _Shape:
     """Their summed requests (read only)."""
     gpu_hours: float
     cost: PieceCost
-    nodes: IntArray
-    """The node row of each pod."""
 
 
 class PieceCache:
@@ -325,8 +323,7 @@ def _shapes(w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
                 vec += pod.req
         gpu_hours = sum(pod.gpus for pod in pods) * span
         cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
-        nodes = np.fromiter((pod.node for pod in pods), dtype=np.int64, count=len(pods))
-        out.append(_Shape(pods, whole, vec, gpu_hours, cost, nodes))
+        out.append(_Shape(pods, whole, vec, gpu_hours, cost))
     return tuple(out)
 
 
@@ -343,7 +340,6 @@ class _Piece:
     gpu_hours: float
     borrowed: str
     cost: PieceCost
-    nodes: IntArray
 
 
 class _Sums:
@@ -520,18 +516,18 @@ class _Search:
             return  # another queue's work is only ever reclaimed, and only from a borrower
         if not w.pods:
             return
-        kind = eviction_kind(w, self.p, self.tree)
+        kind = eviction_rule(w, self.p, self.tree)
         if kind is None:
             return
         for s in self.cache.shapes(w, self.now, width):
             borrowed = ""
-            if kind[0] is VictimKind.RECLAIM:
+            if kind is VictimKind.RECLAIM:
                 assert w.queue is not None
                 col = self._borrowed_resource(w.queue, s.vec)
                 if col < 0:
                     continue
                 borrowed = self.columns[col]
-            out.append(_Piece(w, s.pods, s.whole, kind[0], s.vec, s.gpu_hours, borrowed, s.cost, s.nodes))
+            out.append(_Piece(w, s.pods, s.whole, kind, s.vec, s.gpu_hours, borrowed, s.cost))
 
     def _message(self, pc: _Piece) -> str:
         """What the victim ``pc`` is told (built for the chosen victims only)."""
@@ -704,7 +700,7 @@ class _Search:
         if failure == "quota":
             return pc.unit.queue is not None and (pc.unit.queue == p.queue or pc.kind is VictimKind.RECLAIM)
         if failure == "place":
-            return bool(self.reach[pc.nodes].any())
+            return any(bool(self.reach[pod.node]) for pod in pc.pods)
         return False
 
     # -- search
