@@ -191,6 +191,8 @@ class _Shape:
     """Their summed requests (read only)."""
     gpu_hours: float
     cost: PieceCost
+    positive: frozenset[int]
+    """The columns ``vec`` asks for (more than zero)."""
 
 
 class PieceCache:
@@ -323,7 +325,7 @@ def _shapes(w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
                 vec += pod.req
         gpu_hours = sum(pod.gpus for pod in pods) * span
         cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
-        out.append(_Shape(pods, whole, vec, gpu_hours, cost))
+        out.append(_Shape(pods, whole, vec, gpu_hours, cost, frozenset(np.flatnonzero(vec > 0).tolist())))
     return tuple(out)
 
 
@@ -473,9 +475,10 @@ class _Search:
             cols = self._borrowing[queue] = [int(c) for c in np.flatnonzero(self.managed & (self.x > 0) & (used > nominal))]
         return cols
 
-    def _borrowed_resource(self, queue: str, vec: IntArray) -> int:
-        """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
-        return next((c for c in self._borrowing_columns(queue) if vec[c] > 0), -1)
+    def _borrowed_resource(self, queue: str, positive: frozenset[int]) -> int:
+        """A column P asks for, a piece uses (``positive``) and ``queue`` is borrowing in;
+        -1 if none."""
+        return next((c for c in self._borrowing_columns(queue) if c in positive), -1)
 
     @property
     def pieces(self) -> list[_Piece]:
@@ -523,7 +526,7 @@ class _Search:
             borrowed = ""
             if kind is VictimKind.RECLAIM:
                 assert w.queue is not None
-                col = self._borrowed_resource(w.queue, s.vec)
+                col = self._borrowed_resource(w.queue, s.positive)
                 if col < 0:
                     continue
                 borrowed = self.columns[col]
