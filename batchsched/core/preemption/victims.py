@@ -57,6 +57,29 @@ then the fewest pods, then lower priorities and newer units. How it finds it:
 The search is pure and bounded per call; the cycle bounds the searches per cycle in number
 and time (:mod:`batchsched.core.preemption.attempt`).
 
+**What a search costs.** A busy cluster runs thousands of units, and most searches of a
+churn step find nothing: a queue above its nominal in a cohort that lends nothing. So a
+search pays for what can matter:
+
+- another queue's work is looked at only when that queue borrows a resource P asks for
+  (else the queue is passed over whole), and its pieces come from the cycle's
+  :class:`PieceCache`: built once per cycle for all the preemptors that share the cohort,
+  the policy, the priority and the borrowed columns asked for, with their summed
+  requests; each unit's pieces (what it holds, its cost) are kept there too, so a queue
+  whose work changed (a victim left) is rebuilt from the pieces already made;
+- before any set is tried, what evicting every candidate could free bounds the search:
+  on the nodes in reach (the quorum needs that much room in all), and in quota, apart for
+  the sets that reclaim (P's queue within its nominal once its own candidates are gone)
+  and those that do not (P admitted then). When no set can pass, no set is tried: the
+  reason is the one adding candidates as they help ends with, read off the sums when
+  quota decides (see ``_ruled_out_by_quota``), else found by that pass alone. Otherwise
+  the sets of a kind that cannot pass are never checked;
+- a set's per-queue release is kept as pieces come and go (``_Sums``), so that dropping
+  pieces from everything, one by one, costs the same per step whatever the set's size.
+
+The answer is the plain search's (:mod:`batchsched.core.preemption.reference`, the twin
+``tests/unit/test_victim_search.py`` holds it equal to).
+
 **Invariant (no ping-pong).** Once a preemption has been carried out (victims gone, P
 placed and charged to p), selecting victims for any of P's victims V, as preemptor, in that
 same state never evicts P:
