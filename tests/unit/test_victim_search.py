@@ -26,6 +26,7 @@ from batchsched.core.preemption import (
 )
 from batchsched.core.preemption.victims import EXHAUSTIVE_PIECES, PieceCache
 from batchsched.core.queues import QueueTree
+from batchsched.core.queues.running import RunningBook
 from tests.unit.test_preemption import (
     COLUMNS,
     NOW,
@@ -131,7 +132,10 @@ def evict(world: World, result: Preemption, p: Preemptor) -> None:
 def test_a_cycle_of_searches_sharing_pieces_gives_the_twins_answers(case: tuple[World, list[Preemptor]]) -> None:
     """One cache across the searches, as a cycle keeps it, while earlier victims go."""
     world, ps = case
-    cache = PieceCache()
+    book = RunningBook()  # keeps what the units running from the start hold
+    for w in world.running:
+        book.units[w.key] = w
+    cache = PieceCache(book)
     for p in ps:
         pieces = sum(len(w.pods) > 0 for w in world.running)
         event("many candidates" if pieces > EXHAUSTIVE_PIECES else "few candidates")
@@ -170,3 +174,22 @@ def test_the_bounds_leave_the_reason_of_the_full_search() -> None:
     assert isinstance(result, NoPreemption)
     assert "reclaim only restores a queue's nominal" in result.reason, result.reason
     assert np.all(world.used[:, 3] == 8)
+
+
+def test_the_running_book_keeps_what_its_units_hold() -> None:
+    """Across cycles: the same answer for the same unit, a new one once its members change,
+    none for a unit the book does not keep."""
+    world = World([8], QueueTree.from_objects([queue_obj("q", nominal=100)], COLUMNS))
+    unit = world.run("r0", "q", [0, 0], gpus=2, extras=1)
+    book = RunningBook()
+    assert book.held(unit, len(COLUMNS)) is None
+    book.units[unit.key] = unit
+    first = book.held(unit, len(COLUMNS))
+    assert first is not None
+    assert [(len(h.pods), h.whole, h.gpus, h.vec.tolist()) for h in first] == [
+        (2, True, 4, [2000, 0, 2, 4]), (1, False, 2, [1000, 0, 1, 2])]
+    assert book.held(unit, len(COLUMNS)) is first
+    smaller = replace(unit, pods=unit.pods[:1])
+    book.units[unit.key] = smaller
+    again = book.held(smaller, len(COLUMNS))
+    assert again is not None and [(len(h.pods), h.whole) for h in again] == [(1, True)]

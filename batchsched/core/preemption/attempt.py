@@ -84,7 +84,7 @@ class CyclePreemption:
         self.running = running
         self.candidates: Candidates | None = None
         #: the candidates' pieces, shared by the cycle's searches
-        self.pieces = PieceCache()
+        self.pieces = PieceCache(qi.running_book)
         self.searches = 0
         self.time = 0.0
         #: failed victim searches of this cycle, by what decides them

@@ -119,6 +119,7 @@ from batchsched.core.queues import (
     ReclaimPolicy,
     WithinQueuePolicy,
 )
+from batchsched.core.queues.running import Held, RunningBook, held
 
 __all__ = [
     "NoPreemption",
@@ -203,38 +204,29 @@ class NoPreemption:
 PieceCost = tuple[float, int, int, float, str, int]
 
 
-@dataclass(slots=True, frozen=True)
-class _Shape:
-    """Pods of one running unit that may go together (all of them, or its elastic extras),
-    with what evicting them frees and costs: the same for every preemptor of a cycle."""
-
-    pods: tuple[RunningPod, ...]
-    whole: bool
-    vec: IntArray
-    """Their summed requests (read only)."""
-    gpu_hours: float
-    cost: PieceCost
-    positive: frozenset[int]
-    """The columns ``vec`` asks for (more than zero)."""
-
-
 class PieceCache:
     """The pieces of running units, built once per cycle instead of once per search.
 
-    A unit's shapes depend on the unit and the time only (GPU-hours done), so a cycle's
-    searches share them. The pieces a borrowing queue offers to be reclaimed are the same
-    for every preemptor of a cohort that asks for the same borrowed resources under the
-    same policy and priority (:meth:`lent`): they are kept too, with their sums. A victim
-    chosen earlier in the cycle is replaced in the candidates by what is left of it (a new
-    unit) or leaves them: the entries built from it are never asked for again, and
-    :meth:`forget` drops its shapes. What a victim changes besides (the queues' usage, the
-    nodes' room) is read afresh by every search."""
+    What a unit holds (whole, or its elastic extras alone: :class:`Held`) depends on the
+    unit only: the :class:`~batchsched.core.queues.running.RunningBook` the units come from
+    keeps it across cycles (``book``; units of a cycle's own making are kept here for the
+    cycle). The pieces a borrowing queue offers to be reclaimed are the same for every
+    preemptor of a cohort that asks for the same borrowed resources under the same policy
+    (and priority, under ``LowerPriority``) (:meth:`lent`): they are kept for the cycle,
+    with their sums (their GPU-hours done depend on the time). A victim chosen earlier in
+    the cycle is replaced in the candidates by what is left of it (a new unit) or leaves
+    them: the entries built from it are never asked for again, and :meth:`forget` drops
+    what it held. What a victim changes besides (the queues' usage, the nodes' room) is
+    read afresh by every search."""
 
-    def __init__(self) -> None:
+    def __init__(self, book: RunningBook | None = None) -> None:
         self.now: float | None = None
         self.tree: QueueTree | None = None
-        #: id of the unit -> the unit (kept, so that its id is not reused) and its shapes
-        self._shapes: dict[int, tuple[RunningUnit, tuple[_Shape, ...]]] = {}
+        #: the book the running units come from: it keeps what each holds across cycles
+        self.book = book
+        #: id of a unit the book does not keep -> the unit (kept, so that its id is not
+        #: reused) and what it holds
+        self._held: dict[int, tuple[RunningUnit, tuple[Held, ...]]] = {}
         #: what a borrowing queue lends, by :meth:`lent`'s key, with the ids of the units it
         #: was built from
         self._lent: dict[tuple[Any, ...], tuple[tuple[int, ...], _Lent]] = {}
@@ -245,7 +237,7 @@ class PieceCache:
 
     def _same_cycle(self, now: float, tree: QueueTree | None) -> None:
         if now != self.now or tree is not self.tree:
-            self._shapes.clear()
+            self._held.clear()
             self._lent.clear()
             self._lent_by_unit.clear()
             self._arrays.clear()
@@ -260,16 +252,18 @@ class PieceCache:
             hit = self._arrays[queue] = (gen, tree.usage_vector(queue), tree.nominal_vector(queue))
         return hit[1], hit[2]
 
-    def shapes(self, w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
-        """``w`` whole, then its elastic extras alone when it has some and other pods."""
-        hit = self._shapes.get(id(w))
-        if hit is not None and hit[0] is w and now == self.now:
+    def held(self, w: RunningUnit, width: int) -> tuple[Held, ...]:
+        """What ``w`` holds: whole, then its elastic extras alone when it has some and
+        other pods (:func:`~batchsched.core.queues.running.held`)."""
+        kept = None if self.book is None else self.book.held(w, width)
+        if kept is not None:
+            return kept
+        hit = self._held.get(id(w))
+        if hit is not None and hit[0] is w:
             return hit[1]
-        if now != self.now:
-            self._same_cycle(now, self.tree)
-        shapes = _shapes(w, now, width)
-        self._shapes[id(w)] = (w, shapes)
-        return shapes
+        out = held(w, width)
+        self._held[id(w)] = (w, out)
+        return out
 
     def lent(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit], cols: Sequence[int]) -> _Lent | None:
         """The pieces ``search``'s preemptor may reclaim from ``units``, the running work of
@@ -278,7 +272,11 @@ class PieceCache:
         p, tree = search.p, search.tree
         assert tree is not None and p.queue is not None
         self._same_cycle(search.now, tree)
-        context = (tree.root(p.queue), tree.queue(p.queue).reclaim, p.priority, tuple(cols))
+        policy = tree.queue(p.queue).reclaim
+        # the preemptor's priority decides who may be reclaimed only under LowerPriority
+        # (:func:`~batchsched.core.preemption.candidates.eviction_rule`)
+        priority = p.priority if policy is ReclaimPolicy.LOWER_PRIORITY else None
+        context = (tree.root(p.queue), policy, priority, tuple(cols))
         ids = tuple(map(id, units))
         hit = self._lent.get((queue, *context))
         if hit is None or hit[0] != ids:
@@ -312,7 +310,7 @@ class PieceCache:
 
     def forget(self, w: RunningUnit) -> None:
         """``w`` was chosen as a victim: it is no candidate any more."""
-        self._shapes.pop(id(w), None)
+        self._held.pop(id(w), None)
 
 
 @dataclass(slots=True, frozen=True)
@@ -330,26 +328,6 @@ class _Lent:
     """The summed requests of those units, whole."""
     names: frozenset[str]
     """The keys and uids of all the queue's units looked at."""
-
-
-def _shapes(w: RunningUnit, now: float, width: int) -> tuple[_Shape, ...]:
-    options: list[tuple[tuple[RunningPod, ...], bool]] = [(w.pods, True)]
-    extras = tuple(pod for pod in w.pods if pod.elastic)
-    if extras and len(extras) < len(w.pods):
-        options.append((extras, False))
-    span = max(0.0, now - w.start) / SECONDS_PER_HOUR
-    out: list[_Shape] = []
-    for pods, whole in options:
-        if len(pods) == 1:
-            vec = pods[0].req  # read only
-        else:
-            vec = np.zeros(width, dtype=np.int64)
-            for pod in pods:
-                vec += pod.req
-        gpu_hours = sum(pod.gpus for pod in pods) * span
-        cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
-        out.append(_Shape(pods, whole, vec, gpu_hours, cost, frozenset(np.flatnonzero(vec > 0).tolist())))
-    return tuple(out)
 
 
 @dataclass(slots=True, frozen=True)
@@ -545,7 +523,8 @@ class _Search:
         kind = eviction_rule(w, self.p, self.tree)
         if kind is None:
             return
-        for s in self.cache.shapes(w, self.now, width):
+        span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
+        for s in self.cache.held(w, width):
             borrowed = ""
             if kind is VictimKind.RECLAIM:
                 assert w.queue is not None
@@ -553,7 +532,9 @@ class _Search:
                 if col < 0:
                     continue
                 borrowed = self.columns[col]
-            out.append(_Piece(w, s.pods, s.whole, kind, s.vec, s.gpu_hours, borrowed, s.cost))
+            gpu_hours = s.gpus * span
+            cost = (gpu_hours, len(s.pods), w.priority, -w.created, w.uid, int(s.whole))
+            out.append(_Piece(w, s.pods, s.whole, kind, s.vec, gpu_hours, borrowed, cost))
 
     def _message(self, pc: _Piece) -> str:
         """What the victim ``pc`` is told (built for the chosen victims only)."""
