@@ -306,7 +306,8 @@ class PieceCache:
         pieces.sort(key=lambda pc: pc.cost)
         vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
         names = frozenset(n for w in units for n in (w.key, w.uid))
-        return _Lent(queue, tuple(pieces), count, vecs, whole, names)
+        on_nodes = _on_nodes([pc for pc in pieces if pc.whole], search.used.shape)
+        return _Lent(queue, tuple(pieces), count, vecs, whole, on_nodes, names)
 
     def forget(self, w: RunningUnit) -> None:
         """``w`` was chosen as a victim: it is no candidate any more."""
@@ -326,8 +327,20 @@ class _Lent:
     """The pieces' requests, one row each."""
     whole: IntArray
     """The summed requests of those units, whole."""
+    on_nodes: IntArray
+    """Per node row, the summed requests of those units' pods there."""
     names: frozenset[str]
     """The keys and uids of all the queue's units looked at."""
+
+
+def _on_nodes(pieces: Sequence[_Piece], shape: tuple[int, ...]) -> IntArray:
+    """Per node row, the summed requests of ``pieces``' pods there."""
+    out = np.zeros(shape, dtype=np.int64)
+    pods = [pod for pc in pieces for pod in pc.pods]
+    if pods:
+        np.add.at(out, np.fromiter((pod.node for pod in pods), dtype=np.int64, count=len(pods)),
+                  np.stack([pod.req for pod in pods]))
+    return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -456,9 +469,9 @@ class _Search:
         self._sorted: list[_Piece] | None = None
         if self.valid:
             self._gather(running)
-        #: whether a set with a reclaimed piece, and one without, may pass the quota check
-        #: (:meth:`_bounds`)
-        self.reclaim_may, self.plain_may = True, True
+        #: whether a set with a reclaimed piece, and one without, may pass the quota check,
+        #: and whether any set may free room for every quorum member (:meth:`_bounds`)
+        self.reclaim_may, self.plain_may, self.place_may = True, True, True
 
     # -- candidates
 
@@ -569,8 +582,8 @@ class _Search:
                 for pc in lent.pieces:
                     if pc.whole:
                         freed += self._in_reach(pc)
-        if bool((freed < self._short()).any()):
-            self.reclaim_may = self.plain_may = False
+        if bool((freed < self._short()).any()) or not self._room_for_each_member(everything):
+            self.reclaim_may = self.plain_may = self.place_may = False
             return False
         p, tree = self.p, self.tree
         if p.queue is None or tree is None:
@@ -585,6 +598,19 @@ class _Search:
             and tree.admissible(p.queue, self.x, without=sorted(removed.items())) is None
         self.plain_may = tree.admissible(p.queue, self.x, without=own) is None
         return self.reclaim_may or self.plain_may
+
+    def _room_for_each_member(self, everything: Sequence[_Piece]) -> bool:
+        """Whether each quorum member has a node it may use with room for it once every
+        candidate there is gone (no set frees more on a node)."""
+        freeable = _on_nodes(everything, self.used.shape)
+        for lent in self._lent:
+            freeable += lent.on_nodes
+        room = self.alloc - self.used + freeable
+        for req, sig in {(tuple(r), int(g)): (r, g) for r, g in zip(self.core.tolist(), self.core_sig.tolist(), strict=True)}.values():
+            fits = (room >= np.asarray(req, dtype=np.int64)).all(axis=1) & self.p.masks[sig]
+            if not bool(fits.any()):
+                return False
+        return True
 
     def _ruled_out_by_quota(self) -> str | None:
         """When quota alone rules every set out, the reason the search ends with, read off
@@ -665,6 +691,8 @@ class _Search:
             reason = self.tree.admissible(p.queue, self.x, without=sorted(sums.removed.items()))
             if reason is not None:
                 return "quota", reason, None
+        if not self.place_may:  # the bounds: no set frees room for every member
+            return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         scratch = self.used.copy()
         for pc in sums.pieces:
             for pod in pc.pods:
