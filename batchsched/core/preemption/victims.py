@@ -345,8 +345,9 @@ def _on_nodes(pieces: Sequence[_Piece], shape: tuple[int, ...]) -> IntArray:
 
 @dataclass(slots=True, frozen=True)
 class _Piece:
-    """A shape as one preemptor may evict it: as what kind of victim, and (a reclaim) the
-    resource its queue was borrowing."""
+    """Pods of a unit that may go together (:class:`Held`) as one preemptor may evict
+    them: as what kind of victim, at what cost now, and (a reclaim) the resource their
+    queue was borrowing."""
 
     unit: RunningUnit
     pods: tuple[RunningPod, ...]
