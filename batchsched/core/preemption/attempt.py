@@ -48,7 +48,7 @@ from batchsched.core.plan import (
     VictimKind,
 )
 from batchsched.core.preemption.candidates import Candidates
-from batchsched.core.preemption.victims import NoPreemption, Preemptor, select_victims
+from batchsched.core.preemption.victims import NoPreemption, PieceCache, Preemptor, select_victims
 from batchsched.core.queues import QueueInput, QueueName, WithinQueuePolicy
 from batchsched.core.statement import Statement
 
@@ -69,8 +69,8 @@ class Verdict(enum.Enum):
 
 
 class CyclePreemption:
-    """The preemption state of one cycle: the candidates (built when first needed), the
-    failed searches, the number of searches and the time spent. ``placer`` lays out and
+    """The preemption state of one cycle: the candidates (built when first needed) and
+    their pieces (:class:`~batchsched.core.preemption.victims.PieceCache`), the failed searches, the number of searches and the time spent. ``placer`` lays out and
     places (read here only for the victim search's room check); ``running``: the running
     work, loaded when first needed."""
 
@@ -83,6 +83,8 @@ class CyclePreemption:
         self.placer = placer
         self.running = running
         self.candidates: Candidates | None = None
+        #: the candidates' pieces, shared by the cycle's searches
+        self.pieces = PieceCache(qi.running_book)
         self.searches = 0
         self.time = 0.0
         #: failed victim searches of this cycle, by what decides them
@@ -152,7 +154,7 @@ class CyclePreemption:
         )
         result = select_victims(
             preemptor, cands, alloc=self.snap.alloc, used=st.used, tree=st.tree,
-            scoring=self.placer.arrays, now=qi.now, place=self.placer.placer(unit),
+            scoring=self.placer.arrays, now=qi.now, place=self.placer.placer(unit), cache=self.pieces,
         )
         if isinstance(result, NoPreemption):
             why = result.reason
@@ -179,6 +181,7 @@ class CyclePreemption:
         for v in victims:
             st.evict(v.unit.key, v.unit.queue, [(pod.uid, pod.node, pod.req) for pod in v.pods])
             self.candidates.remove(v)
+            self.pieces.forget(v.unit)
         st.spare(unit.key)
         self._candidates()
         core = lay.reqs[:mc] if placed is None else placed

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from batchsched.core.plan import QueueName, RunningUnit, Victim, VictimKind
 from batchsched.core.queues import QueueTree, ReclaimPolicy, WithinQueuePolicy
 
-__all__ = ["Candidates", "Claim", "Claimant", "entitled", "eviction_kind"]
+__all__ = ["Candidates", "Claim", "Claimant", "entitled", "eviction_kind", "eviction_rule"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -61,17 +61,30 @@ class Claim:
 
 def eviction_kind(w: RunningUnit, p: Claimant, tree: QueueTree | None) -> tuple[VictimKind, str] | None:
     """Whether ``p`` may evict running unit ``w``, as what kind of victim and why (the
-    victim's message); None when it may not. The rule of this module, in one place.
+    victim's message); None when it may not (:func:`eviction_rule`)."""
+    kind = eviction_rule(w, p, tree)
+    if kind is None:
+        return None
+    who = p.name or p.key
+    if kind is VictimKind.RECLAIM:
+        return kind, f"reclaimed by queue {p.queue} for {who}"
+    if w.queue is None:
+        return kind, f"preempted by {who} (priority {p.priority} > {w.priority})"
+    if w.priority < p.priority:
+        return kind, f"preempted by {who} in queue {p.queue} (priority {p.priority} > {w.priority})"
+    return kind, f"preempted by {who} in queue {p.queue} (same priority {p.priority}, older)"
+
+
+def eviction_rule(w: RunningUnit, p: Claimant, tree: QueueTree | None) -> VictimKind | None:
+    """Whether ``p`` may evict running unit ``w``, and as what kind of victim; None when it
+    may not. The rule of this module, in one place (:func:`eviction_kind` adds the words).
     Reclaim also needs ``w``'s queue to be borrowing what ``p`` asks for: the search
     checks that against the resources."""
     if w.key == p.key or w.uid == p.uid or w.protected:
         return None
-    who = p.name or p.key
     if w.queue is None:
         # unqueued work has no guarantee: anyone of a higher priority may evict it
-        if w.priority < p.priority:
-            return VictimKind.PRIORITY, f"preempted by {who} (priority {p.priority} > {w.priority})"
-        return None
+        return VictimKind.PRIORITY if w.priority < p.priority else None
     if p.queue is None:
         return None  # unqueued work never evicts queued work
     if tree is None or tree.leaf_problem(w.queue) is not None or tree.leaf_problem(p.queue) is not None:
@@ -80,17 +93,13 @@ def eviction_kind(w: RunningUnit, p: Claimant, tree: QueueTree | None) -> tuple[
     if w.queue == p.queue:
         policy = own.within_queue
         if w.priority < p.priority and policy is not WithinQueuePolicy.NEVER:
-            return VictimKind.PRIORITY, (
-                f"preempted by {who} in queue {p.queue} (priority {p.priority} > {w.priority})"
-            )
+            return VictimKind.PRIORITY
         if (
             policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
             and w.priority == p.priority
             and (w.created, w.arrival, w.uid) > (p.created, p.arrival, p.uid)
         ):
-            return VictimKind.PRIORITY, (
-                f"preempted by {who} in queue {p.queue} (same priority {p.priority}, older)"
-            )
+            return VictimKind.PRIORITY
         return None
     if tree.root(w.queue) != tree.root(p.queue):
         return None
@@ -99,7 +108,7 @@ def eviction_kind(w: RunningUnit, p: Claimant, tree: QueueTree | None) -> tuple[
         return None
     if reclaim is ReclaimPolicy.LOWER_PRIORITY and not w.priority < p.priority:
         return None
-    return VictimKind.RECLAIM, f"reclaimed by queue {p.queue} for {who}"
+    return VictimKind.RECLAIM
 
 
 def entitled(p: Claimant, running: Sequence[RunningUnit], tree: QueueTree | None, width: int) -> IntArray:
@@ -116,10 +125,10 @@ def entitled(p: Claimant, running: Sequence[RunningUnit], tree: QueueTree | None
             vec += pod.req[:width]
         if w.queue is not None:
             usage[w.queue] = usage.get(w.queue, np.zeros(width, dtype=np.int64)) + vec
-        kind = eviction_kind(w, p, tree)
+        kind = eviction_rule(w, p, tree)
         if kind is None:
             continue
-        if kind[0] is VictimKind.RECLAIM and w.queue is not None:
+        if kind is VictimKind.RECLAIM and w.queue is not None:
             reclaimable[w.queue] = reclaimable.get(w.queue, np.zeros(width, dtype=np.int64)) + vec
         else:
             total += vec

@@ -57,6 +57,29 @@ then the fewest pods, then lower priorities and newer units. How it finds it:
 The search is pure and bounded per call; the cycle bounds the searches per cycle in number
 and time (:mod:`batchsched.core.preemption.attempt`).
 
+**What a search costs.** A busy cluster runs thousands of units, and most searches of a
+churn step find nothing: a queue above its nominal in a cohort that lends nothing. So a
+search pays for what can matter:
+
+- another queue's work is looked at only when that queue borrows a resource P asks for
+  (else the queue is passed over whole), and its pieces come from the cycle's
+  :class:`PieceCache`: built once per cycle for all the preemptors that share the cohort,
+  the policy, the priority and the borrowed columns asked for, with their summed
+  requests; each unit's pieces (what it holds, its cost) are kept there too, so a queue
+  whose work changed (a victim left) is rebuilt from the pieces already made;
+- before any set is tried, what evicting every candidate could free bounds the search:
+  on the nodes in reach (the quorum needs that much room in all), and in quota, apart for
+  the sets that reclaim (P's queue within its nominal once its own candidates are gone)
+  and those that do not (P admitted then). When no set can pass, no set is tried: the
+  reason is the one adding candidates as they help ends with, read off the sums when
+  quota decides (see ``_ruled_out_by_quota``), else found by that pass alone. Otherwise
+  the sets of a kind that cannot pass are never checked;
+- a set's per-queue release is kept as pieces come and go (``_Sums``), so that dropping
+  pieces from everything, one by one, costs the same per step whatever the set's size.
+
+The answer is the plain search's (:mod:`batchsched.core.preemption.reference`, the twin
+``tests/unit/test_victim_search.py`` holds it equal to).
+
 **Invariant (no ping-pong).** Once a preemption has been carried out (victims gone, P
 placed and charged to p), selecting victims for any of P's victims V, as preemptor, in that
 same state never evicts P:
@@ -79,7 +102,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -89,16 +112,18 @@ from batchsched.core.placement import kernels
 from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import ScoringArrays
 from batchsched.core.plan import QueueName, RunningPod, RunningUnit, Victim, VictimKind
-from batchsched.core.preemption.candidates import eviction_kind
+from batchsched.core.preemption.candidates import eviction_kind, eviction_rule
 from batchsched.core.quantity import format_units
 from batchsched.core.queues import (
     QueueTree,
     ReclaimPolicy,
     WithinQueuePolicy,
 )
+from batchsched.core.queues.running import Held, RunningBook, held
 
 __all__ = [
     "NoPreemption",
+    "PieceCache",
     "Preemption",
     "Preemptor",
     "RunningPod",
@@ -175,17 +200,221 @@ class NoPreemption:
     reason: str
 
 
-@dataclass(slots=True)
+#: a piece's place in the order of cost: GPU-hours, pods, priority, newer first, uid, whole
+PieceCost = tuple[float, int, int, float, str, int]
+
+
+class PieceCache:
+    """The pieces of running units, built once per cycle instead of once per search.
+
+    What a unit holds (whole, or its elastic extras alone: :class:`Held`) depends on the
+    unit only: the :class:`~batchsched.core.queues.running.RunningBook` the units come from
+    keeps it across cycles (``book``; units of a cycle's own making are kept here for the
+    cycle). The pieces a borrowing queue offers to be reclaimed are the same for every
+    preemptor of a cohort that asks for the same borrowed resources under the same policy
+    (and priority, under ``LowerPriority``) (:meth:`lent`): they are kept for the cycle,
+    with their sums (their GPU-hours done depend on the time). A victim chosen earlier in
+    the cycle is replaced in the candidates by what is left of it (a new unit) or leaves
+    them: the entries built from it are never asked for again, and :meth:`forget` drops
+    what it held. What a victim changes besides (the queues' usage, the nodes' room) is
+    read afresh by every search."""
+
+    def __init__(self, book: RunningBook | None = None) -> None:
+        self.now: float | None = None
+        self.tree: QueueTree | None = None
+        #: the book the running units come from: it keeps what each holds across cycles
+        self.book = book
+        #: id of a unit the book does not keep -> the unit (kept, so that its id is not
+        #: reused) and what it holds
+        self._held: dict[int, tuple[RunningUnit, tuple[Held, ...]]] = {}
+        #: what a borrowing queue lends, by :meth:`lent`'s key, with the ids of the units it
+        #: was built from
+        self._lent: dict[tuple[Any, ...], tuple[tuple[int, ...], _Lent]] = {}
+        #: (id of a unit, what else :meth:`lent`'s key holds) -> the unit and its pieces
+        self._lent_by_unit: dict[tuple[Any, ...], tuple[RunningUnit, list[_Piece]]] = {}
+        #: queue -> (its usage generation, its usage and nominal)
+        self._arrays: dict[str, tuple[int, IntArray, IntArray]] = {}
+
+    def _same_cycle(self, now: float, tree: QueueTree | None) -> None:
+        if now != self.now or tree is not self.tree:
+            self._held.clear()
+            self._lent.clear()
+            self._lent_by_unit.clear()
+            self._arrays.clear()
+            self.now, self.tree = now, tree
+
+    def queue_arrays(self, tree: QueueTree, queue: str, now: float) -> tuple[IntArray, IntArray]:
+        """``queue``'s usage and nominal vectors (read only), kept while its usage holds."""
+        self._same_cycle(now, tree)
+        gen = tree.queue_generation(queue)
+        hit = self._arrays.get(queue)
+        if hit is None or hit[0] != gen:
+            hit = self._arrays[queue] = (gen, tree.usage_vector(queue), tree.nominal_vector(queue))
+        return hit[1], hit[2]
+
+    def held(self, w: RunningUnit, width: int) -> tuple[Held, ...]:
+        """What ``w`` holds: whole, then its elastic extras alone when it has some and
+        other pods (:func:`~batchsched.core.queues.running.held`)."""
+        kept = None if self.book is None else self.book.held(w, width)
+        if kept is not None:
+            return kept
+        hit = self._held.get(id(w))
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        out = held(w, width)
+        self._held[id(w)] = (w, out)
+        return out
+
+    def lent(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit], cols: Sequence[int]) -> _Lent | None:
+        """The pieces ``search``'s preemptor may reclaim from ``units``, the running work of
+        the borrowing queue ``queue`` (``cols``: the columns it asks for that ``queue``
+        borrows in); None when the preemptor is one of them (it never evicts itself)."""
+        p, tree = search.p, search.tree
+        assert tree is not None and p.queue is not None
+        self._same_cycle(search.now, tree)
+        policy = tree.queue(p.queue).reclaim
+        # the preemptor's priority decides who may be reclaimed only under LowerPriority
+        # (:func:`~batchsched.core.preemption.candidates.eviction_rule`)
+        priority = p.priority if policy is ReclaimPolicy.LOWER_PRIORITY else None
+        context = (tree.root(p.queue), policy, priority, tuple(cols))
+        ids = tuple(map(id, units))
+        hit = self._lent.get((queue, *context))
+        if hit is None or hit[0] != ids:
+            hit = self._lent[(queue, *context)] = (ids, self._build(search, queue, units, context))
+        lent = hit[1]
+        if p.key in lent.names or p.uid in lent.names:
+            return None
+        return lent
+
+    def _build(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit], context: tuple[Any, ...]) -> _Lent:
+        """A borrower's :class:`_Lent`, each unit's pieces kept for the next build (after a
+        victim left the queue, the others are the same)."""
+        width = search.used.shape[1]
+        pieces: list[_Piece] = []
+        whole = np.zeros(width, dtype=np.int64)
+        count = 0
+        for w in units:
+            hit = self._lent_by_unit.get((id(w), *context))
+            if hit is None or hit[0] is not w:
+                hit = (w, [])
+                search.pieces_of(w, width, hit[1])
+                self._lent_by_unit[(id(w), *context)] = hit
+            if hit[1]:
+                count += 1
+                whole += hit[1][0].vec  # a unit's whole piece comes first
+                pieces.extend(hit[1])
+        pieces.sort(key=lambda pc: pc.cost)
+        vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
+        names = frozenset(n for w in units for n in (w.key, w.uid))
+        on_nodes = _on_nodes([pc for pc in pieces if pc.whole], search.used.shape)
+        return _Lent(queue, tuple(pieces), count, vecs, whole, on_nodes, names)
+
+    def forget(self, w: RunningUnit) -> None:
+        """``w`` was chosen as a victim: it is no candidate any more."""
+        self._held.pop(id(w), None)
+
+
+@dataclass(slots=True, frozen=True)
+class _Lent:
+    """What a borrowing queue offers a preemptor to reclaim: its pieces in the order of
+    cost, with the sums the bounds and the reason read."""
+
+    queue: QueueName
+    pieces: tuple[_Piece, ...]
+    units: int
+    """How many of its units offer a piece."""
+    vecs: IntArray
+    """The pieces' requests, one row each."""
+    whole: IntArray
+    """The summed requests of those units, whole."""
+    on_nodes: IntArray
+    """Per node row, the summed requests of those units' pods there."""
+    names: frozenset[str]
+    """The keys and uids of all the queue's units looked at."""
+
+
+def _on_nodes(pieces: Sequence[_Piece], shape: tuple[int, ...]) -> IntArray:
+    """Per node row, the summed requests of ``pieces``' pods there."""
+    out = np.zeros(shape, dtype=np.int64)
+    pods = [pod for pc in pieces for pod in pc.pods]
+    if pods:
+        np.add.at(out, np.fromiter((pod.node for pod in pods), dtype=np.int64, count=len(pods)),
+                  np.stack([pod.req for pod in pods]))
+    return out
+
+
+@dataclass(slots=True, frozen=True)
 class _Piece:
+    """Pods of a unit that may go together (:class:`Held`) as one preemptor may evict
+    them: as what kind of victim, at what cost now, and (a reclaim) the resource their
+    queue was borrowing."""
+
     unit: RunningUnit
     pods: tuple[RunningPod, ...]
     whole: bool
     kind: VictimKind
     vec: IntArray
     gpu_hours: float
-    message: str = ""
-    borrowed: str = ""
-    cost: tuple[float, int, int, float, str, int] = field(default=(0.0, 0, 0, 0.0, "", 0))
+    borrowed: str
+    cost: PieceCost
+
+
+class _Sums:
+    """A set of pieces and what evicting it releases per queue, kept as pieces come and go,
+    so that changing a set and checking it cost the same whatever its size."""
+
+    __slots__ = ("_count", "_pieces", "reclaimed", "removed")
+
+    def __init__(self, pieces: Sequence[_Piece] = ()) -> None:
+        #: id of a piece -> the piece, in the order they came
+        self._pieces: dict[int, _Piece] = {}
+        #: queue -> the requests of the set's pieces of that queue
+        self.removed: dict[str, IntArray] = {}
+        #: queue -> how many of the set's pieces are of that queue
+        self._count: dict[str, int] = {}
+        #: queue -> how many of the set's pieces are reclaimed from it
+        self.reclaimed: dict[str, int] = {}
+        for pc in pieces:
+            self.add(pc)
+
+    @property
+    def pieces(self) -> list[_Piece]:
+        return list(self._pieces.values())
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def add(self, pc: _Piece) -> None:
+        self._pieces[id(pc)] = pc
+        q = pc.unit.queue
+        if q is None:
+            return
+        self.removed[q] = self.removed[q] + pc.vec if q in self.removed else pc.vec.copy()
+        self._count[q] = self._count.get(q, 0) + 1
+        if pc.kind is VictimKind.RECLAIM:
+            self.reclaimed[q] = self.reclaimed.get(q, 0) + 1
+
+    def drop(self, pc: _Piece) -> None:
+        del self._pieces[id(pc)]
+        q = pc.unit.queue
+        if q is None:
+            return
+        if _decrement(self._count, q):
+            self.removed[q] = self.removed[q] - pc.vec
+        else:
+            del self.removed[q]  # the last of its queue: nothing left over
+        if pc.kind is VictimKind.RECLAIM:
+            _decrement(self.reclaimed, q)
+
+
+def _decrement(counts: dict[str, int], key: str) -> bool:
+    """One fewer of ``key``; False (and the key gone) when none is left."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+    return bool(left)
 
 
 class _Search:
@@ -200,6 +429,7 @@ class _Search:
         scoring: ScoringArrays,
         now: float,
         place: Place,
+        cache: PieceCache,
     ) -> None:
         self.p = p
         self.alloc = alloc
@@ -208,6 +438,7 @@ class _Search:
         self.scoring = scoring
         self.now = now
         self.place = place
+        self.cache = cache
         mc = max(1, p.min_count)
         self.mc = mc
         self.core = np.ascontiguousarray(p.reqs[:mc], dtype=np.int64)
@@ -229,23 +460,27 @@ class _Search:
         self.nominal: dict[str, IntArray] = {}
         #: queue -> the columns P asks for that the queue is borrowing in
         self._borrowing: dict[str, list[int]] = {}
-        self.pieces: list[_Piece] = []
+        #: id of a piece -> what evicting it frees on the nodes in reach
+        self._reach_freed: dict[int, IntArray] = {}
+        #: the pieces of P's own queue and of unqueued work (and, where no cache entry
+        #: serves, of others), built for this search
+        self._own: list[_Piece] = []
+        #: what each borrowing queue offers to be reclaimed (:meth:`PieceCache.lent`)
+        self._lent: list[_Lent] = []
+        self._sorted: list[_Piece] | None = None
         if self.valid:
-            for w in running:
-                self._candidates(w)
-        self.pieces.sort(key=lambda pc: pc.cost)
+            self._gather(running)
+        #: whether a set with a reclaimed piece, and one without, may pass the quota check,
+        #: and whether any set may free room for every quorum member (:meth:`_bounds`)
+        self.reclaim_may, self.plain_may, self.place_may = True, True, True
 
     # -- candidates
 
     def _queue_arrays(self, q: str) -> tuple[IntArray, IntArray]:
         assert self.tree is not None
         if q not in self.usage:
-            self.usage[q] = self.tree.usage_vector(q)
-            self.nominal[q] = self.tree.nominal_vector(q)
+            self.usage[q], self.nominal[q] = self.cache.queue_arrays(self.tree, q, self.now)
         return self.usage[q], self.nominal[q]
-
-    def _kind(self, w: RunningUnit) -> tuple[VictimKind, str] | None:
-        return eviction_kind(w, self.p, self.tree)
 
     def _borrowing_columns(self, queue: str) -> list[int]:
         """The columns P asks for that ``queue`` is borrowing in."""
@@ -255,64 +490,180 @@ class _Search:
             cols = self._borrowing[queue] = [int(c) for c in np.flatnonzero(self.managed & (self.x > 0) & (used > nominal))]
         return cols
 
-    def _borrowed_resource(self, queue: str, vec: IntArray) -> int:
-        """A column P asks for, ``vec`` uses and ``queue`` is borrowing in; -1 if none."""
-        return next((c for c in self._borrowing_columns(queue) if vec[c] > 0), -1)
+    def _borrowed_resource(self, queue: str, positive: frozenset[int]) -> int:
+        """A column P asks for, a piece uses (``positive``) and ``queue`` is borrowing in;
+        -1 if none."""
+        return next((c for c in self._borrowing_columns(queue) if c in positive), -1)
 
-    def _candidates(self, w: RunningUnit) -> None:
+    @property
+    def pieces(self) -> list[_Piece]:
+        """Every candidate piece, cheapest first."""
+        if self._sorted is None:
+            self._sorted = sorted(itertools.chain(self._own, *(lent.pieces for lent in self._lent)),
+                                  key=lambda pc: pc.cost)
+        return self._sorted
+
+    def _gather(self, running: Sequence[RunningUnit]) -> None:
+        """The candidates, queue by queue: another queue's work is only ever reclaimed, and
+        only from a borrower, so a queue that borrows nothing P asks for is passed over
+        whole; a borrower's pieces come from the cycle's cache."""
+        p, tree, width = self.p, self.tree, self.used.shape[1]
+        groups: dict[QueueName | None, list[RunningUnit]] = {}
+        for w in running:
+            groups.setdefault(w.queue, []).append(w)
+        for q, units in groups.items():
+            lent: _Lent | None = None
+            if q is not None and q != p.queue and tree is not None and p.queue is not None:
+                if tree.leaf_problem(q) is not None:
+                    continue
+                cols = self._borrowing_columns(q)
+                if not cols:
+                    continue
+                lent = self.cache.lent(self, q, units, cols)
+            if lent is not None:
+                if lent.pieces:
+                    self._lent.append(lent)
+                continue
+            for w in units:
+                self.pieces_of(w, width, self._own)
+
+    def pieces_of(self, w: RunningUnit, width: int, out: list[_Piece]) -> None:
+        """Append to ``out`` the pieces of ``w`` P may evict (whole first)."""
         if w.queue is not None and w.queue != self.p.queue and self.tree is not None and (
                 self.tree.leaf_problem(w.queue) is not None or not self._borrowing_columns(w.queue)):
             return  # another queue's work is only ever reclaimed, and only from a borrower
-        kind = self._kind(w)
-        if kind is None or not w.pods:
+        if not w.pods:
             return
-        width = self.used.shape[1]
-        options: list[tuple[tuple[RunningPod, ...], bool]] = [(w.pods, True)]
-        extras = tuple(pod for pod in w.pods if pod.elastic)
-        if extras and len(extras) < len(w.pods):
-            options.append((extras, False))
+        kind = eviction_rule(w, self.p, self.tree)
+        if kind is None:
+            return
         span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
-        for pods, whole in options:
-            if len(pods) == 1:
-                vec = pods[0].req  # read only
-            else:
-                vec = np.zeros(width, dtype=np.int64)
-                for pod in pods:
-                    vec += pod.req
-            message, borrowed = kind[1], ""
-            if kind[0] is VictimKind.RECLAIM:
+        for s in self.cache.held(w, width):
+            borrowed = ""
+            if kind is VictimKind.RECLAIM:
                 assert w.queue is not None
-                col = self._borrowed_resource(w.queue, vec)
+                col = self._borrowed_resource(w.queue, s.positive)
                 if col < 0:
                     continue
                 borrowed = self.columns[col]
-                message = f"{message}: queue {w.queue} was borrowing {borrowed}"
-            if not whole:
-                message = f"{message}; only its {len(pods)} elastic extra pod(s)"
-            gpu_hours = sum(pod.gpus for pod in pods) * span
-            piece = _Piece(w, pods, whole, kind[0], vec, gpu_hours, message, borrowed)
-            piece.cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
-            self.pieces.append(piece)
+            gpu_hours = s.gpus * span
+            cost = (gpu_hours, len(s.pods), w.priority, -w.created, w.uid, int(s.whole))
+            out.append(_Piece(w, s.pods, s.whole, kind, s.vec, gpu_hours, borrowed, cost))
+
+    def _message(self, pc: _Piece) -> str:
+        """What the victim ``pc`` is told (built for the chosen victims only)."""
+        kind = eviction_kind(pc.unit, self.p, self.tree)
+        assert kind is not None
+        message = kind[1]
+        if pc.kind is VictimKind.RECLAIM:
+            message = f"{message}: queue {pc.unit.queue} was borrowing {pc.borrowed}"
+        if not pc.whole:
+            message = f"{message}; only its {len(pc.pods)} elastic extra pod(s)"
+        return message
+
+    # -- bounds
+
+    def _bounds(self) -> bool:
+        """Whether some set of the candidates may be valid, by what evicting every one of
+        them (one piece per unit, the whole unit: it frees the most) could free at most:
+        on the nodes in reach, and in quota. Quota is weighed apart for the sets that
+        reclaim (restore only: P's queue within its nominal once its own candidates are
+        gone) and for those that do not; :meth:`_check` skips a set whose kind cannot pass.
+        A necessary condition only: the search decides."""
+        width = self.used.shape[1]
+        everything = self._one_per_unit(self._own)
+        freed = np.zeros(width, dtype=np.int64)
+        for pc in everything:
+            freed += self._in_reach(pc)
+        all_in_reach = bool(self.reach.all())
+        for lent in self._lent:
+            if all_in_reach:
+                freed += lent.whole
+            else:
+                for pc in lent.pieces:
+                    if pc.whole:
+                        freed += self._in_reach(pc)
+        if bool((freed < self._short()).any()) or not self._room_for_each_member(everything):
+            self.reclaim_may = self.plain_may = self.place_may = False
+            return False
+        p, tree = self.p, self.tree
+        if p.queue is None or tree is None:
+            return True
+        removed = _Sums(everything).removed
+        for lent in self._lent:
+            removed[lent.queue] = lent.whole
+        own = [(p.queue, removed[p.queue])] if p.queue in removed else []
+        _, over = self._after(removed.get(p.queue))
+        reclaims = bool(self._lent) or any(pc.kind is VictimKind.RECLAIM for pc in everything)
+        self.reclaim_may = reclaims and not bool(over.any()) \
+            and tree.admissible(p.queue, self.x, without=sorted(removed.items())) is None
+        self.plain_may = tree.admissible(p.queue, self.x, without=own) is None
+        return self.reclaim_may or self.plain_may
+
+    def _room_for_each_member(self, everything: Sequence[_Piece]) -> bool:
+        """Whether each quorum member has a node it may use with room for it once every
+        candidate there is gone (no set frees more on a node)."""
+        freeable = _on_nodes(everything, self.used.shape)
+        for lent in self._lent:
+            freeable += lent.on_nodes
+        room = self.alloc - self.used + freeable
+        for req, sig in {(tuple(r), int(g)): (r, g) for r, g in zip(self.core.tolist(), self.core_sig.tolist(), strict=True)}.values():
+            fits = (room >= np.asarray(req, dtype=np.int64)).all(axis=1) & self.p.masks[sig]
+            if not bool(fits.any()):
+                return False
+        return True
+
+    def _ruled_out_by_quota(self) -> str | None:
+        """When quota alone rules every set out, the reason the search ends with, read off
+        the sums without building or ordering the borrowers' pieces; else None.
+
+        Every set fails the quota check when P's queue stays above its nominal with all its
+        own candidates gone (no set may reclaim) and is not admitted then either (no set
+        without reclaim passes). Adding candidates as they help then adds every piece of
+        P's queue (each helps either failure; a unit ends whole) and, if any piece a
+        borrower lends passes "never below nominal" alone, one such piece: it ends with
+        "above its nominal" for P's queue without its own candidates, else with the quota's
+        reason for that."""
+        p, tree = self.p, self.tree
+        if p.queue is None or tree is None or any(pc.kind is VictimKind.RECLAIM for pc in self._own):
+            return None
+        own = [pc.vec for pc in self._own if pc.unit.queue == p.queue and pc.whole]
+        removed = np.sum(own, axis=0) if own else None
+        after, over = self._after(removed)
+        if self._lent and not over.any():
+            return None
+        quota = tree.admissible(p.queue, self.x, without=[] if removed is None else [(p.queue, removed)])
+        if quota is None:
+            return None
+        if any(self._alone(lent) for lent in self._lent):
+            return self._above_nominal(after, over)
+        return quota
+
+    def _alone(self, lent: _Lent) -> bool:
+        """Whether some piece ``lent`` offers, reclaimed alone, keeps its queue at or above
+        its nominal where it borrows (rule "never below nominal")."""
+        used, nominal = self._queue_arrays(lent.queue)
+        borrowing = self.managed & (used > nominal)
+        bad = ((used - lent.vecs) < nominal) & borrowing
+        return not bool(bad.any(axis=1).all())
+
+    @staticmethod
+    def _one_per_unit(pieces: Sequence[_Piece]) -> list[_Piece]:
+        """One piece per unit, the whole unit where it is a candidate: it frees the most."""
+        units: dict[int, _Piece] = {}
+        for pc in pieces:
+            if id(pc.unit) not in units or pc.whole:
+                units[id(pc.unit)] = pc
+        return sorted(units.values(), key=lambda pc: pc.cost)
 
     # -- checks
 
-    def _removed(self, pieces: Sequence[_Piece]) -> dict[str, IntArray]:
-        out: dict[str, IntArray] = {}
-        for pc in pieces:
-            if pc.unit.queue is None:
-                continue
-            q = pc.unit.queue
-            out[q] = out[q] + pc.vec if q in out else pc.vec.copy()
-        return out
-
-    def _below_nominal(self, pieces: Sequence[_Piece]) -> str | None:
+    def _below_nominal(self, sums: _Sums) -> str | None:
         """Rule "never below nominal" for the reclaim victims' queues."""
-        removed = self._removed(pieces)
-        reclaimed = {pc.unit.queue for pc in pieces if pc.kind is VictimKind.RECLAIM}
-        for q in sorted(q for q in reclaimed if q is not None):
+        for q in sorted(sums.reclaimed):
             used, nominal = self._queue_arrays(q)
             borrowing = self.managed & (used > nominal)
-            bad = borrowing & (used - removed[q] < nominal)
+            bad = borrowing & (used - sums.removed[q] < nominal)
             if bad.any():
                 c = int(np.argmax(bad))
                 res = self.columns[c]
@@ -322,31 +673,29 @@ class _Search:
                 )
         return None
 
-    def _check(self, pieces: Sequence[_Piece]) -> tuple[str, str, IntArray | None]:
+    def _hopeless(self, sums: _Sums) -> bool:
+        """Whether the bounds already say that the set fails the quota check."""
+        return not (self.reclaim_may if sums.reclaimed else self.plain_may)
+
+    def _check(self, pieces: Sequence[_Piece] | _Sums) -> tuple[str, str, IntArray | None]:
         """``(failure kind, message, nodes)``; kind "" and the quorum's nodes when it fits."""
+        sums = pieces if isinstance(pieces, _Sums) else _Sums(pieces)
         p = self.p
         if p.queue is not None and self.tree is not None:
-            removed = self._removed(pieces)
-            if any(pc.kind is VictimKind.RECLAIM for pc in pieces):
-                below = self._below_nominal(pieces)
+            if sums.reclaimed:
+                below = self._below_nominal(sums)
                 if below is not None:
                     return "victim", below, None
-                used, nominal = self._queue_arrays(p.queue)
-                after = used - removed.get(p.queue, 0) + self.x
-                over = self.managed & (self.x > 0) & (after > nominal)
+                after, over = self._after(sums.removed.get(p.queue))
                 if over.any():
-                    c = int(np.argmax(over))
-                    res = self.columns[c]
-                    return "nominal", (
-                        f"queue {p.queue} would use {format_units(res, int(after[c]))} {res}, above "
-                        f"its nominal {format_units(res, int(nominal[c]))}: reclaim only restores a "
-                        "queue's nominal"
-                    ), None
-            reason = self.tree.admissible(p.queue, self.x, without=sorted(removed.items()))
+                    return "nominal", self._above_nominal(after, over), None
+            reason = self.tree.admissible(p.queue, self.x, without=sorted(sums.removed.items()))
             if reason is not None:
                 return "quota", reason, None
+        if not self.place_may:  # the bounds: no set frees room for every member
+            return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         scratch = self.used.copy()
-        for pc in pieces:
+        for pc in sums.pieces:
             for pod in pc.pods:
                 scratch[pod.node] -= pod.req
         out = np.full(self.mc, -1, dtype=np.int64)
@@ -357,6 +706,28 @@ class _Search:
         if placed < self.mc:
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         return "", "", out
+
+    def _after(self, removed: IntArray | None) -> tuple[IntArray, BoolArray]:
+        """P's queue's usage with ``removed`` released and P admitted, and the columns P
+        asks for in which that is above its nominal (restore only)."""
+        assert self.p.queue is not None
+        used, nominal = self._queue_arrays(self.p.queue)
+        after = used - (0 if removed is None else removed) + self.x
+        return after, self.managed & (self.x > 0) & (after > nominal)
+
+    def _above_nominal(self, after: IntArray, over: BoolArray) -> str:
+        assert self.p.queue is not None
+        nominal = self._queue_arrays(self.p.queue)[1]
+        c = int(np.argmax(over))
+        res = self.columns[c]
+        return (
+            f"queue {self.p.queue} would use {format_units(res, int(after[c]))} {res}, above "
+            f"its nominal {format_units(res, int(nominal[c]))}: reclaim only restores a queue's nominal"
+        )
+
+    def _passes(self, sums: _Sums) -> bool:
+        """Whether the set is valid; sets the bounds rule out are not checked."""
+        return not self._hopeless(sums) and not self._check(sums)[0]
 
     def _helps(self, pc: _Piece, failure: str) -> bool:
         p = self.p
@@ -371,38 +742,46 @@ class _Search:
     # -- search
 
     def _greedy(self, candidates: Sequence[_Piece]) -> tuple[list[_Piece] | None, str]:
-        chosen: list[_Piece] = []
+        chosen = _Sums()
         failure, message, _ = self._check(chosen)
         if not failure:
-            return chosen, ""
+            return chosen.pieces, ""
+        by_unit: dict[int, _Piece] = {}
         for pc in candidates:
-            same = [c for c in chosen if c.unit is pc.unit]
-            if same and (same[0].whole or not pc.whole):
+            same = by_unit.get(id(pc.unit))
+            if same is not None and (same.whole or not pc.whole):
                 continue
             if not self._helps(pc, failure):
                 continue
-            trial = [c for c in chosen if c.unit is not pc.unit] + [pc]
-            if pc.kind is VictimKind.RECLAIM and self._below_nominal(trial) is not None:
+            if same is not None:
+                chosen.drop(same)
+            chosen.add(pc)
+            if pc.kind is VictimKind.RECLAIM and self._below_nominal(chosen) is not None:
+                chosen.drop(pc)
+                if same is not None:
+                    chosen.add(same)
                 continue
-            chosen = trial
+            by_unit[id(pc.unit)] = pc
             failure, message, _ = self._check(chosen)
             if not failure:
-                return chosen, ""
+                return chosen.pieces, ""
         return None, message
 
     def _prune(self, chosen: list[_Piece]) -> list[_Piece]:
         extras = {id(pc.unit): pc for pc in self.pieces if not pc.whole}
+        sums = _Sums(chosen)
         for pc in sorted(chosen, key=lambda c: c.cost, reverse=True):
-            rest = [c for c in chosen if c is not pc]
-            if not self._check(rest)[0]:
-                chosen = rest
+            sums.drop(pc)
+            if self._passes(sums):
                 continue
             smaller = extras.get(id(pc.unit))
             if pc.whole and smaller is not None:
-                trial = [*rest, smaller]
-                if not self._check(trial)[0]:
-                    chosen = trial
-        return chosen
+                sums.add(smaller)
+                if self._passes(sums):
+                    continue
+                sums.drop(smaller)
+            sums.add(pc)
+        return sums.pieces
 
     def _cheapest(self, candidates: Sequence[_Piece]) -> tuple[list[_Piece] | None, str]:
         """The cheapest valid set of ``candidates`` the search finds (see the module
@@ -434,24 +813,24 @@ class _Search:
         needed): evicting everything is tried, then sets cheapest first (few candidates,
         at most :data:`FALLBACK_CHECKS` checks), else everything with the most expensive
         pieces dropped one by one while enough room is still freed in all."""
-        units: dict[int, _Piece] = {}
-        for pc in candidates:  # one piece per unit: the whole unit frees the most
-            if id(pc.unit) not in units or pc.whole:
-                units[id(pc.unit)] = pc
-        everything = sorted(units.values(), key=lambda pc: pc.cost)
-        if not self._check(everything)[0]:
+        everything = self._one_per_unit(candidates)
+        chosen = _Sums(everything)
+        if self._passes(chosen):
             return everything
         if len(candidates) <= EXHAUSTIVE_PIECES:
             return self._exhaustive(candidates, None, None, checks=FALLBACK_CHECKS)
         short = self._short()
-        chosen = list(everything)
+        freed = np.zeros(self.used.shape[1], dtype=np.int64)
+        for pc in everything:
+            freed += self._in_reach(pc)
         for pc in reversed(everything):
-            rest = [c for c in chosen if c is not pc]
-            if not rest or bool((np.sum([self._in_reach(c) for c in rest], axis=0) < short).any()):
+            rest = freed - self._in_reach(pc)
+            if len(chosen) == 1 or bool((rest < short).any()):
                 continue
-            chosen = rest
-            if not self._check(chosen)[0]:
-                return chosen
+            chosen.drop(pc)
+            freed = rest
+            if self._passes(chosen):
+                return chosen.pieces
         return None
 
     def _short(self) -> IntArray:
@@ -460,12 +839,15 @@ class _Search:
         return np.asarray((self.x - free) * (self.x > 0), dtype=np.int64)
 
     def _in_reach(self, pc: _Piece) -> IntArray:
-        """What evicting ``pc`` frees on the nodes the quorum may use."""
-        vec = np.zeros(self.used.shape[1], dtype=np.int64)
-        for pod in pc.pods:
-            if self.reach[pod.node]:
-                vec += pod.req
-        return vec
+        """What evicting ``pc`` frees on the nodes the quorum may use (read only)."""
+        freed = self._reach_freed.get(id(pc))
+        if freed is None:
+            freed = np.zeros(self.used.shape[1], dtype=np.int64)
+            for pod in pc.pods:
+                if self.reach[pod.node]:
+                    freed += pod.req
+            self._reach_freed[id(pc)] = freed
+        return freed
 
     def _exhaustive(
         self, candidates: Sequence[_Piece], best: list[_Piece] | None, cost: SetCost | None, *,
@@ -479,13 +861,12 @@ class _Search:
         for pc in candidates:
             units.setdefault(id(pc.unit), []).append(pc)
         short = self._short()
-        freed = {id(pc): self._in_reach(pc) for pc in candidates}
         sets: list[tuple[SetCost, list[_Piece]]] = []
         for combo in itertools.product(*([None, *pcs] for pcs in units.values())):
             chosen = [pc for pc in combo if pc is not None]
             if not chosen:
                 continue
-            total = np.sum([freed[id(pc)] for pc in chosen], axis=0)
+            total = np.sum([self._in_reach(pc) for pc in chosen], axis=0)
             if bool((total < short).any()):
                 continue
             c = _set_cost(chosen)
@@ -532,8 +913,15 @@ class _Search:
         if not failure and out is not None:
             return Preemption(victims=(), nodes=tuple(int(n) for n in out), gpu_hours=0.0, pods=0,
                               placed=self.core.copy())
-        if not self.pieces:
+        if not self._own and not self._lent:
             return NoPreemption(self._nobody())
+        ruled_out = self._ruled_out_by_quota()
+        if ruled_out is not None:
+            return self._none(ruled_out)
+        if not self._bounds():
+            # no set works: the reason is the one adding candidates as they help ends with
+            _, message = self._greedy(self.pieces)
+            return self._none(message)
         extras = [pc for pc in self.pieces if not pc.whole]
         chosen: list[_Piece] | None = None
         if extras:
@@ -542,13 +930,14 @@ class _Search:
         if chosen is None:
             chosen, message = self._cheapest(self.pieces)
         if chosen is None:
-            units = len({id(pc.unit) for pc in self.pieces})
-            return NoPreemption(f"evicting any of the {units} unit(s) it may preempt does not make room: {message}")
+            return self._none(message)
         failure, message, out = self._check(chosen)
         if failure or out is None:  # pruning only keeps sets that pass: a bug
             raise AssertionError(f"preemption search lost its solution: {message}")
         chosen.sort(key=lambda c: c.cost)
-        victims = tuple(Victim(pc.unit, pc.pods, pc.kind, pc.gpu_hours, pc.message, pc.borrowed) for pc in chosen)
+        victims = tuple(
+            Victim(pc.unit, pc.pods, pc.kind, pc.gpu_hours, self._message(pc), pc.borrowed) for pc in chosen
+        )
         return Preemption(
             victims=victims,
             nodes=tuple(int(n) for n in out),
@@ -556,6 +945,10 @@ class _Search:
             pods=sum(len(v.pods) for v in victims),
             placed=self.core.copy(),
         )
+
+    def _none(self, message: str) -> NoPreemption:
+        units = len({id(pc.unit) for pc in self._own}) + sum(lent.units for lent in self._lent)
+        return NoPreemption(f"evicting any of the {units} unit(s) it may preempt does not make room: {message}")
 
     def _nobody(self) -> str:
         p = self.p
@@ -712,6 +1105,7 @@ def select_victims(
     scoring: ScoringArrays,
     now: float,
     place: Place = kernels.place,
+    cache: PieceCache | None = None,
 ) -> Preemption | NoPreemption:
     """The victims that make room for ``preemptor``'s quorum, or why there are none.
 
@@ -719,9 +1113,13 @@ def select_victims(
     ``tree``: the queues with every running unit charged (None: no queues at all);
     ``running``: the candidates (the caller may pass all running units: the rules above
     filter them). ``place`` is the placement: the kernel, its twin, or one built on them
-    (:meth:`batchsched.core.placer.Placer.placer`). Nothing is modified. A unit that fits already gets a :class:`Preemption` with no victims.
+    (:meth:`batchsched.core.placer.Placer.placer`). ``cache``: the pieces of the running
+    units kept across the searches of one cycle (:class:`PieceCache`; None: built for this
+    search alone). Nothing else is modified. A unit that fits already gets a
+    :class:`Preemption` with no victims.
     """
     search = _Search(
-        preemptor, running, alloc=alloc, used=used, tree=tree, scoring=scoring, now=now, place=place
+        preemptor, running, alloc=alloc, used=used, tree=tree, scoring=scoring, now=now, place=place,
+        cache=PieceCache() if cache is None else cache,
     )
     return search.run()

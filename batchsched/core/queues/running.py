@@ -8,7 +8,9 @@ A busy cluster changes a few of them per step, so the book reads the mirror's ch
 whose members changed. Anything else a unit is built from (the nodes, the PodGroups and
 priority classes, the queues and namespace labels, the disruption budgets) changes seldom;
 then every unit is built anew. The queues' running usage is kept the same way, as a sum
-per queue.
+per queue, and so is what each unit holds as preemption weighs it (:class:`Held`: all of
+it, or its elastic extras alone, with their summed requests), asked for by the victim
+search of every cycle and the same until the unit's members change.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,7 @@ from batchsched.core.plan import QueueName, RunningPod, RunningUnit
 from batchsched.core.queues.assign import QueueProblem
 from batchsched.core.queues.tree import QueueTree
 
-__all__ = ["RunningBook"]
+__all__ = ["Held", "RunningBook", "held"]
 
 IntArray = npt.NDArray[np.int64]
 Member = tuple[Pod, int, IntArray]
@@ -45,8 +48,43 @@ def natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
 
 
+@dataclass(slots=True, frozen=True)
+class Held:
+    """Pods of one running unit that may be evicted together (all of them, or its elastic
+    extras alone), with what they hold: what a victim search weighs of them, whoever asks."""
+
+    pods: tuple[RunningPod, ...]
+    whole: bool
+    vec: IntArray
+    """Their summed requests (read only)."""
+    gpus: float
+    """The GPU cards they hold."""
+    positive: frozenset[int]
+    """The columns ``vec`` asks for (more than zero)."""
+
+
+def held(w: RunningUnit, width: int) -> tuple[Held, ...]:
+    """``w`` whole, then its elastic extras alone when it has some and other pods."""
+    options: list[tuple[tuple[RunningPod, ...], bool]] = [(w.pods, True)]
+    extras = tuple(pod for pod in w.pods if pod.elastic)
+    if extras and len(extras) < len(w.pods):
+        options.append((extras, False))
+    out: list[Held] = []
+    for pods, whole in options:
+        if len(pods) == 1:
+            vec = pods[0].req  # read only
+        else:
+            vec = np.zeros(width, dtype=np.int64)
+            for pod in pods:
+                vec += pod.req
+        gpus = sum(pod.gpus for pod in pods)
+        out.append(Held(pods, whole, vec, gpus, frozenset(np.flatnonzero(vec > 0).tolist())))
+    return tuple(out)
+
+
 class RunningBook:
-    """The running units of one mirror, by unit key, and each queue's running usage."""
+    """The running units of one mirror, by unit key, each queue's running usage, and what
+    each unit holds (:meth:`held`)."""
 
     def __init__(self) -> None:
         self._state: ClusterState | None = None
@@ -58,6 +96,8 @@ class RunningBook:
         self._unit_of: dict[PodUID, str] = {}
         #: queue -> the summed requests of its running units
         self.usage: dict[QueueName, IntArray] = {}
+        #: unit key -> the unit and what it holds (:meth:`held`)
+        self._held: dict[str, tuple[RunningUnit, tuple[Held, ...]]] = {}
 
     def get(
         self, *, state: ClusterState, groups: GroupBook, snap: Snapshot, tree: QueueTree, now: float,
@@ -77,6 +117,7 @@ class RunningBook:
             self._members.clear()
             self._unit_of.clear()
             self.usage.clear()
+            self._held.clear()
             dirty = set()
             for uid in state.charges:
                 key = self._place(uid, state, groups, rows, width)
@@ -95,6 +136,7 @@ class RunningBook:
             self._changed.clear()
         build = _Builder(snap, groups, tree, now, queue_of, protecting)
         for key in dirty:
+            self._held.pop(key, None)
             old_unit = self.units.pop(key, None)
             if old_unit is not None:
                 self._count(old_unit, -1)
@@ -125,6 +167,19 @@ class RunningBook:
         self._members.setdefault(key, {})[uid] = (pod, row, vec)
         self._unit_of[uid] = key
         return key
+
+    def held(self, w: RunningUnit, width: int) -> tuple[Held, ...] | None:
+        """What ``w`` holds (:func:`held`), kept while the book keeps ``w`` (the victim
+        searches of every step ask for it, and a unit changes only when its members do);
+        None when ``w`` is not the book's (a unit of a cycle's own making)."""
+        if self.units.get(w.key) is not w:
+            return None
+        hit = self._held.get(w.key)
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        out = held(w, width)
+        self._held[w.key] = (w, out)
+        return out
 
     def unit_of(self, uid: str) -> RunningUnit | None:
         """The running unit a pod is a member of."""
