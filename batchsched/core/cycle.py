@@ -58,6 +58,7 @@ the order is priority, then first come, first served, as kube-scheduler's.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -112,9 +113,9 @@ class Cycle(CycleKernels):
         self.reservations = Reservations(reservation)
         #: seconds after which a walk that placed something stops (None: every unit tried)
         self.walk_budget = walk_budget
-        #: the last walk stopped at its budget: the next one walks to the end (each cycle
-        #: that stops early costs the next one its preparation again: one at most in a row)
-        self.stopped_early = False
+        #: when a walk last stopped at its budget: walks within :data:`WALK_STOP_INTERVAL`
+        #: of it go to the end (each stop costs the next cycle its preparation again)
+        self.stopped_at = -math.inf
         super().__init__(scoring, use_jit=use_jit, levels=levels, cards=cards)
 
     def run(
@@ -200,12 +201,13 @@ class _Walk:
     def _out_of_time(self) -> bool:
         """Whether the walk has spent its budget (:attr:`Cycle.walk_budget`, from the
         cycle's start) and has Bindings to send: the units not tried yet wait for the next
-        cycle, which runs at once and walks to the end. Without a Binding the walk goes on
+        cycle, which runs at once and walks to the end (as do those of the following
+        :data:`WALK_STOP_INTERVAL` seconds). Without a Binding the walk goes on
         (stopping would send nothing sooner), so every cycle that stops early placed
         something: the units left are tried in order, as in one walk, only later."""
         budget = self.cycle.walk_budget
-        return (budget is not None and not self.cycle.stopped_early and bool(self.plan.bindings)
-                and time.perf_counter() - self.t0 >= budget)
+        return (budget is not None and self.qi.now - self.cycle.stopped_at >= WALK_STOP_INTERVAL
+                and bool(self.plan.bindings) and time.perf_counter() - self.t0 >= budget)
 
     def _after_stop(self, q: QueueName | None, unit: Unit) -> None:
         """A unit after the walk stopped: one of a class that failed in this cycle fails
@@ -295,7 +297,8 @@ class _Walk:
     def finish(self) -> Plan:
         """The reservations' ages, and the cycle's timings."""
         plan = self.plan
-        self.cycle.stopped_early = plan.unfinished
+        if plan.unfinished:
+            self.cycle.stopped_at = self.qi.now
         self.reserve.finish(set(plan.tried) if plan.unfinished else None)
         plan.timings["kernel"] = self.placer.kernel_time
         plan.timings["preempt"] = self.preemption.time
@@ -564,6 +567,11 @@ class _Walk:
         lay = self.placer.topo.narrow(list(unit.pods), t.lay)
         self.reserve.fail(t.q, unit, lay, t.k, unit.min_resources_short, reason=INSUFFICIENT_MIN_RESOURCES)
 
+
+#: seconds (on the cycle's clock) after a walk stopped at its budget before another may:
+#: a large backlog's first cycle sends its Bindings early, a busy cluster's cycles are not
+#: each cut in two
+WALK_STOP_INTERVAL = 10.0
 
 #: placements of a unit tried in one cycle when its devices cannot be allocated where the
 #: kernel put it (each without the node that refused)

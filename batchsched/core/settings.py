@@ -63,8 +63,8 @@ class SessionSettings:
     #: GPU node health labels (IBM Autopilot's): see :mod:`batchsched.core.nodehealth`
     node_health: NodeHealthSettings = field(default_factory=NodeHealthSettings)
     #: seconds after which a cycle that has placed something stops walking, its Bindings
-    #: sent while the next cycle, at once, tries the units left (the first cycle over a large
-    #: backlog binds in well under a second). None: every unit handed over is tried in one
-    #: cycle, as a simulation or a replay of one step wants (:mod:`batchsched.simulate`
-    #: sets None: its result must not depend on the speed of the machine)
+    #: sent while the next cycle, at once, tries the units left (the first cycle over a
+    #: large backlog binds early; at most one walk stops so in 10 s). None: every unit
+    #: handed over is tried in one cycle, as a simulation or a replay of one step wants
+    #: (:mod:`batchsched.simulate` sets None: its result must not depend on the machine)
     walk_budget: float | None = WALK_BUDGET

@@ -694,17 +694,24 @@ def _waits_in(key: str, queues: QueueBook) -> str | None:
 
 def _fitter(snapshot: Callable[[], Snapshot]) -> Fits:
     """How many times a request fits in the free capacity of the snapshot (taken when
-    first asked)."""
+    first asked). Each distinct request is counted once per step: thousands of sleepers
+    backing off ask a few dozen different requests between them."""
     free: Any = None
     columns: dict[str, int] = {}
+    counted: dict[tuple[tuple[str, int], ...], int] = {}
 
     def fits(need: Mapping[str, int]) -> int:
         nonlocal free, columns
+        key = tuple(need.items())
+        found = counted.get(key)
+        if found is not None:
+            return found
         if free is None:
             snap = snapshot()
             free = snap.alloc - snap.used
             columns = {c: i for i, c in enumerate(snap.columns)}
-        return fit_count(free, columns, need)
+        found = counted[key] = fit_count(free, columns, need)
+        return found
 
     return fits
 
