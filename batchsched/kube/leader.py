@@ -5,7 +5,9 @@ are those of kube-scheduler's elector, written for asyncio:
 
 - **Acquire.** Create the Lease if there is none. Take it over when its holder is empty, is
   us, or has let it lapse (``renewTime + leaseDurationSeconds`` is in the past). Otherwise
-  look again every ``retry_period``.
+  look again every ``retry_period``, or at the moment the Lease as read lapses when that
+  comes sooner: a holder that died is replaced when its lease ends, not up to a retry
+  period later (a live holder has renewed by then, and the look finds the new renewTime).
 - **Write with a precondition.** Every write is a PUT carrying the resourceVersion that was
   read (or a create), so two candidates cannot both win a round: the loser gets a 409 and
   tries again later.
@@ -75,6 +77,8 @@ ENDPOINT_ANNOTATION = "batchsched.io/endpoint"
 _SLOW_RETRY_FACTOR = 10.0
 _SLOW_RETRY_MIN = 10.0
 _JITTER = 0.2
+#: a standby looks again this long after the lapse it read, so its clock is past it
+_LAPSE_MARGIN = 0.01
 
 
 def micro_time(ts: float) -> str:
@@ -238,6 +242,8 @@ class LeaderElector:
         #: (its renewTime + leaseDurationSeconds; 0 when there was none): a write that
         #: holder made is in the cluster by then
         self.predecessor_until = 0.0
+        #: when the Lease, as last read held by another candidate, lapses (0: not read so)
+        self.holder_lapses_at = 0.0
         self._seen_holder: str | None = None  # for logging changes of holder only
         #: the campaign: look every retry_period (jittered), stop waiting on release()
         self.poll = RetryPolicy(
@@ -346,8 +352,13 @@ class LeaderElector:
                 async with asyncio.timeout(self.renew_deadline), self._lock:
                     if self._stopping:
                         return False
+                    self.holder_lapses_at = 0.0
                     if await self._try_acquire_or_renew():
                         return True
+                if self.holder_lapses_at:
+                    # held by another: look again when it lapses, if that comes first
+                    to_lapse = self.holder_lapses_at - self._clock() + _LAPSE_MARGIN
+                    delay = min(delay, max(0.0, to_lapse))
             except TimeoutError:
                 log.warning("%s: acquiring the lease timed out", self.identity)
             except (TemporaryError, ConflictError) as exc:
@@ -419,6 +430,7 @@ class LeaderElector:
         holder = str(spec.get("holderIdentity") or "")
         self._observe(holder)
         if holder and holder != self.identity and not self._expired(spec, now):
+            self.holder_lapses_at = self._lapses_at(spec)
             self._lease = None
             self._lost()
             return False
