@@ -52,7 +52,7 @@ from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.gauges import observe_bound, slow_gauges
 from batchsched.kube.groupstatus import GroupStatusWriter
-from batchsched.kube.intake import Intake
+from batchsched.kube.intake import PODGROUP_PATHS, Intake
 from batchsched.kube.leader import ENDPOINT_ANNOTATION, Fence, LeaderElector
 from batchsched.kube.mixstore import MixStore, observe_mix
 from batchsched.kube.queuestatus import QueueStatusWriter
@@ -74,9 +74,16 @@ log = logging.getLogger("batchsched")
 #: at most every :data:`TRIM_EVERY_SECONDS`
 TRIM_AFTER_SECONDS = 0.5
 TRIM_EVERY_SECONDS = 30.0
-#: a collection listed this soon after the previous leader's lease lapsed is listed again
-#: when leading begins (writes in flight at that moment, clocks a little apart)
+#: a collection listed this soon after the previous leader's writes could have ended is
+#: listed again when leading begins (writes in flight at that moment, clocks a little apart)
 CATCH_UP_MARGIN_SECONDS = 2.0
+#: the collections a leader writes, by their reflectors' names (Bindings, evictions and
+#: cleanups of pods; ResourceClaims allocated for pods; PodGroup and Queue status): the
+#: only ones where a write of the previous leader can be missing from a standby's mirror
+#: (what others write reaches a leader's watches as late as it reaches a standby's)
+LEADER_WRITES = frozenset({"pods", "resourceclaims", "queues", *(f"podgroups.{api}" for api in PODGROUP_PATHS)})
+#: how often a standby looks whether its leader has gone silent (:meth:`Scheduler._read_ahead`)
+READ_AHEAD_POLL_SECONDS = 0.25
 #: the gauges that walk every queue, group and node are set at most this often
 SLOW_GAUGE_SECONDS = 5.0
 #: how often a views certificate from files is checked for a renewal
@@ -138,6 +145,8 @@ class Scheduler:
         self.elector: LeaderElector | None = None
         self._failure: BaseException | None = None
         self._trimmed = -1e18
+        #: one catch-up list of the collections a leader writes at a time
+        self._relisting = asyncio.Lock()
         self.intake = Intake(
             client, self.session, status=self.status, group_status=self.group_status,
             queue_status=self.queue_status, metrics=self.metrics, on_change=self._poke, on_failure=self._fail,
@@ -349,6 +358,7 @@ class Scheduler:
                     self.stop()
 
                 tasks.append(loop.create_task(self.elector.run(started, stopped), name="leader"))
+                tasks.append(loop.create_task(self._read_ahead(self.elector), name="read-ahead"))
             else:
                 self.leading.set()
             if self.config.explain.enabled and self.config.explain.estimate_interval_seconds > 0:
@@ -458,22 +468,45 @@ class Scheduler:
 
     async def _catch_up(self) -> None:
         """A new leader's first step waits until its mirror holds every write the previous
-        holder of the Lease made: each collection last listed before that holder's lease
-        could have lapsed is listed again. A standby's watches may lag (a loaded machine,
-        watches backing off after an apiserver outage), and a Binding the previous leader
-        made that the mirror has not seen would have its room handed out twice. A replica
-        that starts after its predecessor's lease lapsed (a restart after a crash) listed
-        everything after it, and starts at once."""
+        holder of the Lease made: each collection a leader writes that was last listed
+        before that holder's writes could have ended (:attr:`LeaderElector.predecessor_until`)
+        is listed again. A standby's watches may lag (a loaded machine, watches backing off
+        after an apiserver outage), and a Binding the previous leader made that the mirror
+        has not seen would have its room handed out twice. A replica that starts after its
+        predecessor's writes ended (a restart after a crash), or a standby that read ahead
+        (:meth:`_read_ahead`), listed them after that moment and starts at once."""
         until = self.elector.predecessor_until if self.elector is not None else 0.0
-        stale = [r for r in self.reflectors if r.listed_at <= until + CATCH_UP_MARGIN_SECONDS]
-        if stale:
-            t0 = time.monotonic()
-            await asyncio.gather(*(r.relist() for r in stale))
-            log.info("%s listed %d collections again before leading (%.1f s)",
-                     self.identity, len(stale), time.monotonic() - t0)
+        await self._list_written_before(until, "before leading")
         if self.fence.is_open() and not self._stopping.is_set():
             self.leading.set()
             self._wake.set()
+
+    async def _read_ahead(self, elector: LeaderElector) -> None:
+        """While standing by: once the holder of the Lease has gone without a renewal past
+        the moment its writes end (its fence, a few seconds before its lease lapses: it
+        died, or is cut off), list again the collections a leader writes. Done before the
+        lapse, that list is what taking over would otherwise wait for. A live holder renews
+        every retry period and never comes near that moment."""
+        while not elector.is_leader:
+            await asyncio.sleep(READ_AHEAD_POLL_SECONDS)
+            ends = elector.holder_writes_end
+            if ends and time.time() >= ends + CATCH_UP_MARGIN_SECONDS and not elector.is_leader:
+                await self._list_written_before(ends, "while the leader is silent")
+        await self._stopping.wait()
+
+    async def _list_written_before(self, until: float, when: str) -> None:
+        """List again each collection a leader writes last listed before ``until`` (plus
+        the margin); one such catch-up at a time, so a new leader waits for one begun
+        while it stood by rather than starting another."""
+        async with self._relisting:
+            stale = [r for r in self.reflectors
+                     if r.name in LEADER_WRITES and r.listed_at <= until + CATCH_UP_MARGIN_SECONDS]
+            if not stale:
+                return
+            t0 = time.monotonic()
+            await asyncio.gather(*(r.relist() for r in stale))
+            log.info("%s listed %d collections again %s (%.1f s)",
+                     self.identity, len(stale), when, time.monotonic() - t0)
 
     async def _drain(self) -> None:
         """A graceful stop: let what is queued and in flight finish (while the fence allows)."""

@@ -59,8 +59,9 @@ LEASE_NAMESPACE = "batchsched-system"
 LEASE_NAME = "batchsched"
 LEASE_POLL_SECONDS = 0.05
 MODES = ("kill", "term")
-#: what the new leader logs when it lists collections again before its first step
-_CATCH_UP = re.compile(r"listed (\d+) collections again before leading \(([\d.]+) s\)")
+#: what a replica logs when it lists collections again before its first step, or while
+#: its leader is silent (batchsched/app.py)
+_CATCH_UP = re.compile(r"listed (\d+) collections again (before leading|while the leader is silent) \(([\d.]+) s\)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -192,14 +193,15 @@ async def _until(what: str, cond: Callable[[], bool], deadline: float, event: as
             await asyncio.wait_for(event.wait(), 0.05)
 
 
-def catch_up_logged(running: Running) -> dict[str, float] | None:
-    """What a replica logged about listing again before it led (None: it did not)."""
+def catch_up_logged(running: Running) -> list[dict[str, Any]]:
+    """What a replica logged about listing collections again: when (before leading, or
+    while its leader was silent), how many, in how many seconds."""
     try:
         text = running.log.read_text(errors="replace")
     except OSError:
-        return None
-    m = _CATCH_UP.search(text)
-    return None if m is None else {"collections": int(m.group(1)), "seconds": float(m.group(2))}
+        return []
+    return [{"when": m.group(2), "collections": int(m.group(1)), "seconds": float(m.group(3))}
+            for m in _CATCH_UP.finditer(text)]
 
 
 def _since(t: float | None, t0: float) -> float | None:
@@ -310,7 +312,7 @@ def _round(v: float | None) -> float | None:
 def table(data: dict[str, Any]) -> list[str]:
     """One line per run: the figures, in seconds from the stop signal."""
     head = (f"{'mode':<5} {'run':>3} {'pending':>8} {'renewed':>8} {'released':>9} {'taken':>7} "
-            f"{'1st bind':>9} {'after take':>10} {'catch-up':>9}")
+            f"{'1st bind':>9} {'after take':>10} {'relist':>7}")
     lines = [f"lease {data['lease_duration_s']:g} s, renew deadline {data['renew_deadline_s']:g} s, "
              f"retry {data['retry_period_s']:g} s; seconds from the signal ('renewed': the last renewal, before it)",
              head]
@@ -322,11 +324,11 @@ def table(data: dict[str, Any]) -> list[str]:
         if not r.get("ok"):
             lines.append(f"{r['mode']:<5} {r['round']:>3} FAILED: {r['error']}")
             continue
-        cu = r.get("catch_up")
+        cu = sum(c["seconds"] for c in r.get("catch_up") or [] if c["when"] == "before leading")
         lines.append(
             f"{r['mode']:<5} {r['round']:>3} {r['pending_at_stop']:>8} {f(r['last_renew_before_stop_s']):>8} "
             f"{f(r['released_s']):>9} {f(r['taken_s']):>7} {f(r['first_bind_s']):>9} "
-            f"{f(r['first_bind_after_taken_s']):>10} {f(cu['seconds'] if cu else None):>9}")
+            f"{f(r['first_bind_after_taken_s']):>10} {f(cu):>7}")
     return lines
 
 

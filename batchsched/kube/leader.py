@@ -28,6 +28,11 @@ are those of kube-scheduler's elector, written for asyncio:
   later than the fence, so two replicas never write for the leader at the same time as
   long as their clocks agree to within the difference. What the fence cannot stop is a
   request sent before the deadline that the network delivers after it.
+- **When the holder's writes end.** The holder writes its ``renew_deadline`` on the Lease
+  (:data:`RENEW_DEADLINE_ANNOTATION`), so a standby knows when the holder's fence closes
+  without a renewal: ``renewTime`` plus that, never later than the lapse. A new leader
+  reads the cluster again only where its mirror may predate that moment, and a standby
+  whose holder went silent can read it before the lapse (``holder_writes_end``).
 
 Errors are the kinds of :mod:`batchsched.kube.errors`: temporary errors and conflicts are
 simply retried; permanent ones (a missing RBAC rule, a missing namespace) are logged and
@@ -62,7 +67,7 @@ from batchsched.kube.errors import (
 )
 from batchsched.kube.retry import Backoff, RetryPolicy
 
-__all__ = ["ENDPOINT_ANNOTATION", "Fence", "Fenced", "LeaderElector"]
+__all__ = ["ENDPOINT_ANNOTATION", "RENEW_DEADLINE_ANNOTATION", "Fence", "Fenced", "LeaderElector"]
 
 log = logging.getLogger("batchsched.leader")
 
@@ -73,6 +78,9 @@ _MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 #: the Lease annotation where the leader says where its views are served
 #: (``batchsched explain`` and ``batchsched dashboard`` read it)
 ENDPOINT_ANNOTATION = "batchsched.io/endpoint"
+#: the Lease annotation where the holder says its ``renew_deadline`` in seconds: it writes
+#: nothing for the leader later than its ``renewTime`` plus that (its fence)
+RENEW_DEADLINE_ANNOTATION = "batchsched.io/renew-deadline-seconds"
 # How long to wait before looking again after a permanent error (403, 404 namespace, 422).
 _SLOW_RETRY_FACTOR = 10.0
 _SLOW_RETRY_MIN = 10.0
@@ -220,7 +228,7 @@ class LeaderElector:
         self.name = name
         self.identity = identity
         #: written on the Lease while this candidate holds it (where to reach the leader)
-        self.annotations = dict(annotations or {})
+        self.annotations = {**(annotations or {}), RENEW_DEADLINE_ANNOTATION: f"{renew_deadline:g}"}
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
@@ -238,12 +246,15 @@ class LeaderElector:
         self._lock = asyncio.Lock()  # one read-modify-write of the Lease at a time
         self._lease: JSON | None = None  # the Lease as last written by us, while we hold it
         self._last_renew = 0.0  # clock time written as renewTime by our last success
-        #: when the Lease we took over could last have been used by its previous holder
-        #: (its renewTime + leaseDurationSeconds; 0 when there was none): a write that
-        #: holder made is in the cluster by then
+        #: until when the previous holder of the Lease we took over could have written for
+        #: the leader (:meth:`_writes_end`; 0 when there was none): a write that holder
+        #: made is in the cluster by then
         self.predecessor_until = 0.0
-        #: when the Lease, as last read held by another candidate, lapses (0: not read so)
+        #: the Lease as last read held by another candidate: when it lapses, and until
+        #: when that holder could have written without renewing it (both 0 when the last
+        #: read found it free or ours)
         self.holder_lapses_at = 0.0
+        self.holder_writes_end = 0.0
         self._seen_holder: str | None = None  # for logging changes of holder only
         #: the campaign: look every retry_period (jittered), stop waiting on release()
         self.poll = RetryPolicy(
@@ -352,7 +363,6 @@ class LeaderElector:
                 async with asyncio.timeout(self.renew_deadline), self._lock:
                     if self._stopping:
                         return False
-                    self.holder_lapses_at = 0.0
                     if await self._try_acquire_or_renew():
                         return True
                 if self.holder_lapses_at:
@@ -431,12 +441,14 @@ class LeaderElector:
         self._observe(holder)
         if holder and holder != self.identity and not self._expired(spec, now):
             self.holder_lapses_at = self._lapses_at(spec)
+            self.holder_writes_end = self._writes_end(lease)
             self._lease = None
             self._lost()
             return False
+        self.holder_lapses_at = self.holder_writes_end = 0.0
         write_time = self._clock()
         if holder != self.identity:
-            self.predecessor_until = self._lapses_at(spec)
+            self.predecessor_until = self._writes_end(lease)
             spec["acquireTime"] = micro_time(write_time)
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec["holderIdentity"] = self.identity
@@ -489,6 +501,21 @@ class LeaderElector:
         duration = spec.get("leaseDurationSeconds")
         seconds = float(duration) if isinstance(duration, int | float) else self.lease_duration
         return renewed + seconds
+
+    def _writes_end(self, lease: JSON) -> float:
+        """Until when the holder a Lease names could have written for the leader: its
+        renewTime plus the renew deadline it published (its fence), else the lapse."""
+        spec = lease.get("spec") or {}
+        lapse = self._lapses_at(spec)
+        renewed = parse_time(spec.get("renewTime"))
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        try:
+            deadline = float(annotations.get(RENEW_DEADLINE_ANNOTATION, ""))
+        except (TypeError, ValueError):
+            return lapse
+        if renewed is None or not 0 < deadline < math.inf:
+            return lapse
+        return min(lapse, renewed + deadline)
 
     def _expired(self, spec: JSON, now: float) -> bool:
         return self._lapses_at(spec) <= now

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
+from batchsched.app import LEADER_WRITES, Scheduler
+from batchsched.config import parse_config
 from batchsched.kube.fake import FakeKube
-from batchsched.kube.leader import LeaderElector, micro_time
+from batchsched.kube.leader import RENEW_DEADLINE_ANNOTATION, LeaderElector, micro_time
+from batchsched.kube.watch import Reflector
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l"
 
@@ -54,6 +58,107 @@ def test_a_standby_that_wakes_at_the_lapse_and_finds_the_lease_renewed_keeps_wai
             assert not took.is_set()
             assert kube.objects[LEASE]["spec"]["holderIdentity"] == "old"
             assert elector.holder_lapses_at > time.time() + 14
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_the_holder_publishes_its_renew_deadline_and_a_successor_reads_when_its_writes_ended() -> None:
+    async def main() -> None:
+        now = time.time()
+        kube = FakeKube()
+        old = LeaderElector(client=kube, namespace="ns", name="l", identity="old", clock=lambda: now - 20.0,
+                            lease_duration=15, renew_deadline=10, retry_period=2)
+        assert await old._try_acquire_or_renew()
+        assert kube.objects[LEASE]["metadata"]["annotations"][RENEW_DEADLINE_ANNOTATION] == "10"
+        new = LeaderElector(client=kube, namespace="ns", name="l", identity="new", clock=lambda: now)
+        assert await new._try_acquire_or_renew()
+        # the old holder's fence closed 10 s after its renewal, 5 s before its lease lapsed
+        assert abs(new.predecessor_until - (now - 10.0)) < 1e-3
+
+    asyncio.run(main())
+
+
+class _Relists:
+    """Stands in for the reflectors' lists: records which were listed again, and when."""
+
+    def __init__(self, sched: Scheduler, *, listed_at: float) -> None:
+        self.names: list[str] = []
+        for r in sched.reflectors:
+            r.listed_at = listed_at
+            r.relist = self._relist(r)  # type: ignore[method-assign]
+
+    def _relist(self, reflector: Reflector) -> Callable[[], Awaitable[None]]:
+        async def relist() -> None:
+            await asyncio.sleep(0.01)
+            reflector.listed_at = time.time()
+            self.names.append(reflector.name)
+
+        return relist
+
+
+def _standby() -> Scheduler:
+    return Scheduler(FakeKube(), parse_config({"leaderElection": {"enabled": True}}),  # type: ignore[arg-type]
+                     identity="standby")
+
+
+def test_a_new_leader_lists_again_only_what_a_leader_writes_and_only_if_listed_before_its_predecessor_stopped(
+) -> None:
+    async def main() -> None:
+        sched = _standby()
+        relists = _Relists(sched, listed_at=time.time() - 600)  # the mirror was listed at start
+        sched.elector = LeaderElector(client=FakeKube(), namespace="ns", name="l", identity="standby")
+        sched.elector.predecessor_until = time.time() - 5
+        await sched._catch_up()
+        assert sorted(relists.names) == sorted(r.name for r in sched.reflectors if r.name in LEADER_WRITES)
+        assert "pods" in relists.names and "nodes" not in relists.names
+        relists.names.clear()
+        await sched._catch_up()  # listed after the predecessor stopped: nothing to read again
+        assert relists.names == []
+
+    asyncio.run(main())
+
+
+def test_a_standby_whose_leader_went_silent_lists_before_the_lapse_so_taking_over_lists_nothing() -> None:
+    async def main() -> None:
+        sched = _standby()
+        relists = _Relists(sched, listed_at=time.time() - 600)
+        elector = LeaderElector(client=FakeKube(), namespace="ns", name="l", identity="standby")
+        sched.elector = elector
+        # the holder renewed 20 s ago (a live one renews every 2 s): its writes ended 10 s ago
+        elector.holder_writes_end = time.time() - 10
+        elector.holder_lapses_at = time.time() + 3
+        task = asyncio.create_task(sched._read_ahead(elector))
+        try:
+            for _ in range(100):
+                if relists.names:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
+            assert "pods" in relists.names and "nodes" not in relists.names
+            relists.names.clear()
+            elector.predecessor_until = elector.holder_writes_end  # then it takes the Lease over
+            await sched._catch_up()
+            assert relists.names == []
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_standby_whose_leader_renews_does_not_list_again() -> None:
+    async def main() -> None:
+        sched = _standby()
+        relists = _Relists(sched, listed_at=time.time() - 600)
+        elector = LeaderElector(client=FakeKube(), namespace="ns", name="l", identity="standby")
+        elector.holder_writes_end = time.time() + 8  # renewed 2 s ago
+        task = asyncio.create_task(sched._read_ahead(elector))
+        try:
+            await asyncio.sleep(0.6)
+            assert relists.names == []
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
