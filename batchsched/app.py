@@ -380,11 +380,10 @@ class Scheduler:
             self.leading.clear()
             if self.lease_lost:
                 self._abandon()
+            elif self.elector is not None:
+                await self._hand_over(self.elector)
             else:
                 await self._drain()
-                if self.elector is not None:
-                    with contextlib.suppress(Exception):
-                        await self.elector.release()
             for t in tasks + self._tasks:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
@@ -509,7 +508,7 @@ class Scheduler:
                      self.identity, len(stale), when, time.monotonic() - t0)
 
     async def _drain(self) -> None:
-        """A graceful stop: let what is queued and in flight finish (while the fence allows)."""
+        """A graceful stop without leader election: let what is queued and in flight finish."""
         if not await self.binder.drain(10.0):
             log.warning("shutting down with %d bindings in flight", self.binder.in_flight)
         if not await self.evictor.drain(5.0):
@@ -520,6 +519,25 @@ class Scheduler:
             await asyncio.wait_for(self.mix_store.write(), 5.0)
         if self.fence.is_open():  # a standby's reports wait for it to lead: none will be sent
             await self.status.drain(5.0)
+
+    async def _hand_over(self, elector: LeaderElector) -> None:
+        """A graceful stop under leader election: the Lease is given up as soon as what
+        was sent has landed, so a standby leads within its retry period. The fence closes
+        first, so what is queued (Bindings, evictions, reports, the workload mix) is never
+        sent: the next leader decides and tells again from what it reads (its watches
+        counted the same pods for the mix, saved every 30 s). What is in flight lands
+        before the Lease is released, so the next leader's list holds it."""
+        async def settle() -> None:
+            if not await self.binder.drain(10.0):
+                log.warning("giving the lease up with %d bindings in flight", self.binder.in_flight)
+            if not await self.evictor.drain(5.0):
+                log.warning("giving the lease up with %d evictions in flight", self.evictor.in_flight)
+
+        dropped = self.status.pending + self.group_status.pending + self.queue_status.pending
+        with contextlib.suppress(Exception):
+            await elector.release(settle=settle)
+        log.info("%s handed over: %d bindings and %d evictions left to the next leader, %d status writes not sent",
+                 self.identity, self.binder.fenced, self.evictor.fenced, dropped)
 
     def _abandon(self) -> None:
         """The lease was lost: the fence is closed, so nothing queued will be sent; what is

@@ -314,16 +314,22 @@ class LeaderElector:
         if failure is not None:
             raise failure
 
-    async def release(self) -> None:
+    async def release(self, settle: Callable[[], Awaitable[object]] | None = None) -> None:
         """Give the Lease up if we hold it, and stop campaigning. Never raises a KubeError.
 
-        The holder is emptied and ``leaseDurationSeconds`` set to 1, so a standby takes
-        over at its next look. Whether we hold the Lease is read from the server, so this
-        also works after :meth:`run` was cancelled.
+        The fence closes first and no renewal opens it again, so nothing more is written
+        for the leader; ``settle`` (when given) is awaited next, for the writes already
+        sent to land (a writer's drain: what was queued fails at the closed fence, at
+        once); then the holder is emptied and ``leaseDurationSeconds`` set to 1, so a
+        standby takes over at its next look instead of waiting for the lease to lapse.
+        Whether we hold the Lease is read from the server, so this also works after
+        :meth:`run` was cancelled.
         """
         self._stopping = True
         self._stop.set()
         self._lost()
+        if settle is not None:
+            await settle()
 
         async def give_up() -> bool:
             lease = self._lease or await self.client.get(self._path)
@@ -487,7 +493,8 @@ class LeaderElector:
         """The Lease now says we hold it, renewed at ``write_time``."""
         self._last_renew = write_time
         self._is_leader = True
-        self.fence.extend(write_time + self.renew_deadline)
+        if not self._stopping:  # a renewal that lands during release() opens nothing
+            self.fence.extend(write_time + self.renew_deadline)
 
     def _lost(self) -> None:
         self._is_leader = False

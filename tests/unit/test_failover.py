@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from batchsched.app import LEADER_WRITES, Scheduler
 from batchsched.config import parse_config
+from batchsched.core.plan import Binding
 from batchsched.kube.fake import FakeKube
 from batchsched.kube.leader import RENEW_DEADLINE_ANNOTATION, LeaderElector, micro_time
 from batchsched.kube.watch import Reflector
@@ -162,5 +163,50 @@ def test_a_standby_whose_leader_renews_does_not_list_again() -> None:
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_release_closes_the_fence_waits_for_what_was_sent_then_empties_the_holder() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        elector = LeaderElector(client=kube, namespace="ns", name="l", identity="old")
+        assert await elector._try_acquire_or_renew()
+        seen: list[tuple[bool, str]] = []
+
+        async def settle() -> None:
+            seen.append((elector.fence.is_open(), kube.objects[LEASE]["spec"]["holderIdentity"]))
+
+        await elector.release(settle=settle)
+        assert seen == [(False, "old")]  # nothing more passes the fence while it still holds the Lease
+        assert kube.objects[LEASE]["spec"]["holderIdentity"] == ""
+
+    asyncio.run(main())
+
+
+def test_a_leader_stopped_gracefully_hands_over_once_what_it_sent_landed_leaving_what_was_queued() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        sched = Scheduler(kube, parse_config({"leaderElection": {"enabled": True},  # type: ignore[arg-type]
+                                              "binder": {"concurrency": 1}}), identity="old")
+        elector = LeaderElector(client=kube, namespace="ns", name="l", identity="old", fence=sched.fence)
+        assert await elector._try_acquire_or_renew()
+        outcomes: list[tuple[str, str]] = []
+        sched.binder.on_result = lambda b, outcome, err: outcomes.append((b.name, outcome))
+        kube.gate = asyncio.Event()  # the apiserver answers nothing until set
+        sched.binder.submit_all([Binding(uid=f"u{i}", namespace="ns", name=f"p{i}", node="n1", unit=f"ns/p{i}")
+                                 for i in range(3)])
+        await asyncio.sleep(0.01)  # p0's Binding is in flight, p1 and p2 wait for a slot
+        hand_over = asyncio.create_task(sched._hand_over(elector))
+        await asyncio.sleep(0.01)
+        kube.gate.set()
+        await asyncio.wait_for(hand_over, 5)
+        assert [p for p in kube.paths("POST") if p.endswith("/binding")] == ["/api/v1/namespaces/ns/pods/p0/binding"]
+        assert sorted(outcomes) == [("p0", "bound"), ("p1", "fenced"), ("p2", "fenced")]
+        assert kube.objects[LEASE]["spec"]["holderIdentity"] == ""
+        # the Lease was emptied after p0's Binding was sent
+        calls = [(c.method, c.path) for c in kube.calls]
+        assert calls.index(("POST", "/api/v1/namespaces/ns/pods/p0/binding")) < len(calls) - 1 - calls[::-1].index(
+            ("PUT", LEASE))
 
     asyncio.run(main())
