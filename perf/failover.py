@@ -41,7 +41,7 @@ import yaml
 
 from batchsched.kube.binder import BOUND_BY
 from batchsched.kube.client import KubeClient
-from batchsched.kube.errors import KubeError, NotFoundError
+from batchsched.kube.errors import ConflictError, KubeError, NotFoundError
 from batchsched.kube.leader import parse_time
 from perf.live import (
     CREATE_CONCURRENCY,
@@ -218,7 +218,8 @@ async def _measure(mode: str, size: FailoverSize, kubeconfig: str, workdir: Path
                            "gpu_capacity": ex.gpu_capacity}
     try:
         for ns in (NAMESPACE, LEASE_NAMESPACE):
-            await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+            with contextlib.suppress(ConflictError):  # the Lease's may come with the sandbox
+                await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
         watch = ReplicaBindWatch(client, NAMESPACE)
         lease = LeaseWatch(client)
         tasks += [asyncio.create_task(watch.run()), asyncio.create_task(lease.run())]
