@@ -147,6 +147,8 @@ class Scheduler:
         self._trimmed = -1e18
         #: one catch-up list of the collections a leader writes at a time
         self._relisting = asyncio.Lock()
+        #: reflector name -> when this replica's last catch-up list of it began
+        self._read_at: dict[str, float] = {}
         self.intake = Intake(
             client, self.session, status=self.status, group_status=self.group_status,
             queue_status=self.queue_status, metrics=self.metrics, on_change=self._poke, on_failure=self._fail,
@@ -498,12 +500,15 @@ class Scheduler:
         the margin); one such catch-up at a time, so a new leader waits for one begun
         while it stood by rather than starting another."""
         async with self._relisting:
-            stale = [r for r in self.reflectors
-                     if r.name in LEADER_WRITES and r.listed_at <= until + CATCH_UP_MARGIN_SECONDS]
+            stale = [r for r in self.reflectors if r.name in LEADER_WRITES
+                     and max(r.listed_at, self._read_at.get(r.name, 0.0)) <= until + CATCH_UP_MARGIN_SECONDS]
             if not stale:
                 return
-            t0 = time.monotonic()
+            t0, began = time.monotonic(), time.time()
             await asyncio.gather(*(r.relist() for r in stale))
+            # as fresh as a list begun then, including a collection the cluster does not
+            # serve (its relist returns at once: there was nothing to read)
+            self._read_at.update((r.name, began) for r in stale)
             log.info("%s listed %d collections again %s (%.1f s)",
                      self.identity, len(stale), when, time.monotonic() - t0)
 

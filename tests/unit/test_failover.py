@@ -210,3 +210,23 @@ def test_a_leader_stopped_gracefully_hands_over_once_what_it_sent_landed_leaving
             ("PUT", LEASE))
 
     asyncio.run(main())
+
+
+def test_a_collection_the_cluster_does_not_serve_is_not_listed_again_and_again() -> None:
+    async def main() -> None:
+        sched = _standby()
+        relists = _Relists(sched, listed_at=time.time() - 600)
+        unserved = next(r for r in sched.reflectors if r.name.startswith("podgroups."))
+
+        async def nothing_to_list() -> None:  # as Reflector.relist for a collection not served
+            relists.names.append(unserved.name)
+
+        unserved.relist = nothing_to_list  # type: ignore[method-assign]
+        until = time.time() - 5
+        await sched._list_written_before(until, "before leading")
+        assert unserved.name in relists.names
+        relists.names.clear()
+        await sched._list_written_before(until, "before leading")
+        assert relists.names == []
+
+    asyncio.run(main())
