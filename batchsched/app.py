@@ -66,6 +66,7 @@ from batchsched.kube.tls import (
     serving_names,
 )
 from batchsched.kube.views import SessionViews
+from batchsched.kube.watch import Reflector
 from batchsched.metrics import Metrics
 
 log = logging.getLogger("batchsched")
@@ -84,6 +85,9 @@ CATCH_UP_MARGIN_SECONDS = 2.0
 LEADER_WRITES = frozenset({"pods", "resourceclaims", "queues", *(f"podgroups.{api}" for api in PODGROUP_PATHS)})
 #: how often a standby looks whether its leader has gone silent (:meth:`Scheduler._read_ahead`)
 READ_AHEAD_POLL_SECONDS = 0.25
+#: the watch that shows a collection's mirror current (:meth:`Scheduler._watch_shows_current`)
+#: lasts this long: the apiserver sends a bookmark 2 s before a watch's end
+PROBE_WATCH_SECONDS = 3
 #: the gauges that walk every queue, group and node are set at most this often
 SLOW_GAUGE_SECONDS = 5.0
 #: how often a views certificate from files is checked for a renewal
@@ -505,12 +509,50 @@ class Scheduler:
             if not stale:
                 return
             t0, began = time.monotonic(), time.time()
-            await asyncio.gather(*(r.relist() for r in stale))
+            current = await asyncio.gather(*(self._watch_shows_current(r) for r in stale))
+            relisted = [r for r, ok in zip(stale, current, strict=True) if not ok]
+            await asyncio.gather(*(r.relist() for r in relisted))
             # as fresh as a list begun then, including a collection the cluster does not
             # serve (its relist returns at once: there was nothing to read)
             self._read_at.update((r.name, began) for r in stale)
-            log.info("%s listed %d collections again %s (%.1f s)",
-                     self.identity, len(stale), when, time.monotonic() - t0)
+            log.info("%s read %d collections again %s (%.1f s): %d shown current by their watches, %d listed",
+                     self.identity, len(stale), when, time.monotonic() - t0, len(stale) - len(relisted),
+                     len(relisted))
+
+    async def _watch_shows_current(self, r: Reflector) -> bool:
+        """True once ``r``'s mirror holds every write to its collection committed before
+        now, shown without listing it again (a list of every pod takes seconds at scale).
+
+        A consistent read of one item gives the collection's resourceVersion now, R
+        (resourceVersions of one resource type compare as integers since Kubernetes 1.35).
+        A short watch from the mirror's resourceVersion replays what came since, up to an
+        event or the bookmark the apiserver sends before the watch ends, at or past R; the
+        reflector's own watch carries the same events, in the same order, so once it has
+        applied the last of them that precedes R, the mirror is as current as a list made
+        now. False (list it again) when anything is not as expected: a resourceVersion
+        that is not an integer, an error, no bookmark before the watch ends, a reflector
+        that does not catch up within the watch's time."""
+        try:
+            async with asyncio.timeout(PROBE_WATCH_SECONDS + 2):
+                start = r.resource_version
+                page = await self.client.request("GET", r.path, params={**r.params, "limit": 1}, timeout=10)
+                now_rv = int((page.get("metadata") or {})["resourceVersion"])
+                needed = int(start)
+                if needed < now_rv:
+                    async for _, obj in self.client.watch(r.path, start, timeout_seconds=PROBE_WATCH_SECONDS,
+                                                          **r.params):
+                        rv = int((obj.get("metadata") or {})["resourceVersion"])
+                        if rv >= now_rv:
+                            break
+                        needed = max(needed, rv)
+                    else:
+                        return False  # the watch ended before it reached R
+                while int(r.resource_version) < needed:
+                    await asyncio.sleep(0.01)
+                return True
+        except (KubeError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.info("%s: the watch could not show it current (%s); listing it again", r.name, exc)
+            return False
 
     async def _drain(self) -> None:
         """A graceful stop without leader election: let what is queued and in flight finish."""

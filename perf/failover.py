@@ -61,7 +61,8 @@ LEASE_POLL_SECONDS = 0.05
 MODES = ("kill", "term")
 #: what a replica logs when it lists collections again before its first step, or while
 #: its leader is silent (batchsched/app.py)
-_CATCH_UP = re.compile(r"listed (\d+) collections again (before leading|while the leader is silent) \(([\d.]+) s\)")
+_CATCH_UP = re.compile(r"read (\d+) collections again (before leading|while the leader is silent) \(([\d.]+) s\): "
+                       r"(\d+) shown current by their watches, (\d+) listed")
 
 
 @dataclass(slots=True, frozen=True)
@@ -200,8 +201,8 @@ def catch_up_logged(running: Running) -> list[dict[str, Any]]:
         text = running.log.read_text(errors="replace")
     except OSError:
         return []
-    return [{"when": m.group(2), "collections": int(m.group(1)), "seconds": float(m.group(3))}
-            for m in _CATCH_UP.finditer(text)]
+    return [{"when": m.group(2), "collections": int(m.group(1)), "seconds": float(m.group(3)),
+             "by_watch": int(m.group(4)), "listed": int(m.group(5))} for m in _CATCH_UP.finditer(text)]
 
 
 def _since(t: float | None, t0: float) -> float | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
 
 from batchsched.app import LEADER_WRITES, Scheduler
 from batchsched.config import parse_config
@@ -228,5 +230,63 @@ def test_a_collection_the_cluster_does_not_serve_is_not_listed_again_and_again()
         relists.names.clear()
         await sched._list_written_before(until, "before leading")
         assert relists.names == []
+
+    asyncio.run(main())
+
+
+class _Apiserver(FakeKube):
+    """Answers a consistent read of one item with the collection's resourceVersion now,
+    and a watch with ``events`` (then it ends, as a watch's timeout does)."""
+
+    def __init__(self, now_rv: str, events: list[tuple[str, dict[str, object]]]) -> None:
+        super().__init__()
+        self.now_rv = now_rv
+        self.events = events
+
+    async def request(self, method: str, path: str, *, params: object = None, body: object = None,
+                      timeout: float = 60.0) -> object:
+        await self._call(method, path, body)
+        return {"metadata": {"resourceVersion": self.now_rv}, "items": []}
+
+    async def watch(  # type: ignore[override]
+        self, path: str, resource_version: str, *, timeout_seconds: int = 300, **params: str | int,
+    ) -> AsyncIterator[tuple[str, dict[str, object]]]:
+        await self._call("WATCH", path)
+        for event in self.events:
+            yield event
+
+
+def _rv(kind: str, rv: int) -> tuple[str, dict[str, object]]:
+    return kind, {"metadata": {"resourceVersion": str(rv)}}
+
+
+@pytest.mark.parametrize(("events", "mirror_reaches", "listed"), [
+    # nothing changed since the mirror's resourceVersion: the bookmark says so
+    ([_rv("BOOKMARK", 120)], None, False),
+    # a Binding the mirror had not applied yet: shown current once its own watch applied it
+    ([_rv("MODIFIED", 95), _rv("BOOKMARK", 120)], 95, False),
+    # the reflector's watch never applies it: listed
+    ([_rv("MODIFIED", 95), _rv("BOOKMARK", 120)], None, True),
+    # the watch ends before reaching the resourceVersion read: listed
+    ([_rv("MODIFIED", 95)], 95, True),
+])
+def test_a_collection_shown_current_by_its_watch_is_not_listed_again(
+    events: list[tuple[str, dict[str, object]]], mirror_reaches: int | None, listed: bool,
+) -> None:
+    async def main() -> None:
+        kube = _Apiserver("100", events)
+        sched = Scheduler(kube, parse_config({"leaderElection": {"enabled": True}}), identity="standby")
+        relists = _Relists(sched, listed_at=time.time() - 600)
+        pods = next(r for r in sched.reflectors if r.name == "pods")
+        pods.resource_version = "90"
+        if mirror_reaches is not None:
+            async def own_watch_applies() -> None:
+                await asyncio.sleep(0.05)
+                pods.resource_version = str(mirror_reaches)
+
+            asyncio.get_running_loop().create_task(own_watch_applies())
+        assert await sched._watch_shows_current(pods) is not listed
+        await sched._list_written_before(time.time() - 5, "before leading")
+        assert ("pods" in relists.names) is listed
 
     asyncio.run(main())
