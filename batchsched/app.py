@@ -151,6 +151,8 @@ class Scheduler:
         self._trimmed = -1e18
         #: one catch-up list of the collections a leader writes at a time
         self._relisting = asyncio.Lock()
+        #: set while a graceful stop hands the Lease over: results no longer reach the session
+        self._handing_over = False
         #: reflector name -> when this replica's last catch-up list of it began
         self._read_at: dict[str, float] = {}
         self.intake = Intake(
@@ -184,6 +186,8 @@ class Scheduler:
 
     def _bind_result(self, b: Binding, outcome: str, err: KubeError | None) -> None:
         self.metrics.binds.labels(outcome).inc()
+        if self._handing_over:
+            return  # its session ends with it: thousands of Bindings dropped at the fence cost nothing
         if outcome == "bound":
             now = time.time()
             observe_bound(self.metrics, self.session, b, now)
@@ -192,6 +196,8 @@ class Scheduler:
         self.intake.guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time(), error=error)))
 
     def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
+        if self._handing_over:
+            return
         if outcome == "evicted":
             self.metrics.evictions.labels(e.cause).inc()
         if e.preemptor and outcome == "evicted":
@@ -532,12 +538,14 @@ class Scheduler:
         now. False (list it again) when anything is not as expected: a resourceVersion
         that is not an integer, an error, no bookmark before the watch ends, a reflector
         that does not catch up within the watch's time."""
+        start = r.resource_version
+        if not start.isdigit():  # never listed (not served, not allowed): its relist returns at once
+            return False
+        needed = int(start)
         try:
             async with asyncio.timeout(PROBE_WATCH_SECONDS + 2):
-                start = r.resource_version
                 page = await self.client.request("GET", r.path, params={**r.params, "limit": 1}, timeout=10)
                 now_rv = int((page.get("metadata") or {})["resourceVersion"])
-                needed = int(start)
                 if needed < now_rv:
                     async for _, obj in self.client.watch(r.path, start, timeout_seconds=PROBE_WATCH_SECONDS,
                                                           **r.params):
@@ -581,6 +589,7 @@ class Scheduler:
                 log.warning("giving the lease up with %d evictions in flight", self.evictor.in_flight)
 
         dropped = self.status.pending + self.group_status.pending + self.queue_status.pending
+        self._handing_over = True
         with contextlib.suppress(Exception):
             await elector.release(settle=settle)
         log.info("%s handed over: %d bindings and %d evictions left to the next leader, %d status writes not sent",
