@@ -253,7 +253,7 @@ async def _measure(mode: str, size: FailoverSize, kubeconfig: str, workdir: Path
         t_stop = time.monotonic()
         os.killpg(replicas[leader].pid, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
         wall_stop = time.time()
-        bound_at_stop = len(watch.bound)
+        bound_at_stop, by_leader_at_stop = len(watch.bound), watch.count_by(leader)
         exit_seen = asyncio.create_task(_exit_seen(replicas[leader], t_stop + 60))
 
         def standby_gone() -> str:
@@ -270,7 +270,7 @@ async def _measure(mode: str, size: FailoverSize, kubeconfig: str, workdir: Path
             "leader": leader, "standby": standby,
             "ready_s": {n: _round(task.result()) if task.done() else None for n, task in ready.items()},
             "leader_first_bind_s": _since(watch.first_by(leader), started),
-            "bound_by_leader_at_stop": watch.count_by(leader), "bound_at_stop": bound_at_stop,
+            "bound_by_leader_at_stop": by_leader_at_stop, "bound_at_stop": bound_at_stop,
             "pending_at_stop": len(ex.pods) - bound_at_stop,
             "last_renew_before_stop_s": None if renewed is None else round(wall_stop - renewed, 3),
             "leader_exited_s": _since(exited_at, t_stop),
@@ -278,8 +278,7 @@ async def _measure(mode: str, size: FailoverSize, kubeconfig: str, workdir: Path
             "taken_s": _since(took, t_stop),
             "first_bind_s": _since(first_bind, t_stop),
             "first_bind_after_taken_s": None if took is None or first_bind is None else round(first_bind - took, 3),
-            "bound_by_leader_after_stop": watch.count_by(leader) - sum(
-                1 for n, (tb, _) in watch.bound.items() if watch.by.get(n) == leader and tb <= t_stop),
+            "bound_by_leader_after_stop": watch.count_by(leader) - by_leader_at_stop,
             "catch_up": catch_up_logged(replicas[standby]),
         })
         for task in ready.values():
