@@ -577,11 +577,15 @@ class Scheduler:
 
     async def _hand_over(self, elector: LeaderElector) -> None:
         """A graceful stop under leader election: the Lease is given up as soon as what
-        was sent has landed, so a standby leads within its retry period. The fence closes
-        first, so what is queued (Bindings, evictions, reports, the workload mix) is never
-        sent: the next leader decides and tells again from what it reads (its watches
-        counted the same pods for the mix, saved every 30 s). What is in flight lands
-        before the Lease is released, so the next leader's list holds it."""
+        was sent has landed, so a standby leads within its retry period. The workload mix
+        is saved (one write, for the replica that starts next); then the fence closes, so
+        what is queued (Bindings, evictions, reports) is never sent: the next leader
+        decides and tells again from what it reads. What is in flight lands before the
+        Lease is released, so the next leader's mirror holds it."""
+        if self.fence.is_open():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.mix_store.write(), 5.0)
+
         async def settle() -> None:
             if not await self.binder.drain(10.0):
                 log.warning("giving the lease up with %d bindings in flight", self.binder.in_flight)

@@ -195,6 +195,13 @@ def test_a_leader_stopped_gracefully_hands_over_once_what_it_sent_landed_leaving
         assert await elector._try_acquire_or_renew()
         outcomes: list[tuple[str, str]] = []
         sched.binder.on_result = lambda b, outcome, err: outcomes.append((b.name, outcome))
+        saved: list[bool] = []
+
+        async def save_mix() -> bool:  # the mix is saved while the fence is still open
+            saved.append(sched.fence.is_open())
+            return True
+
+        sched.mix_store.write = save_mix  # type: ignore[method-assign]
         kube.gate = asyncio.Event()  # the apiserver answers nothing until set
         sched.binder.submit_all([Binding(uid=f"u{i}", namespace="ns", name=f"p{i}", node="n1", unit=f"ns/p{i}")
                                  for i in range(3)])
@@ -206,6 +213,7 @@ def test_a_leader_stopped_gracefully_hands_over_once_what_it_sent_landed_leaving
         assert [p for p in kube.paths("POST") if p.endswith("/binding")] == ["/api/v1/namespaces/ns/pods/p0/binding"]
         assert sorted(outcomes) == [("p0", "bound"), ("p1", "fenced"), ("p2", "fenced")]
         assert kube.objects[LEASE]["spec"]["holderIdentity"] == ""
+        assert saved == [True]
         # the Lease was emptied after p0's Binding was sent
         calls = [(c.method, c.path) for c in kube.calls]
         assert calls.index(("POST", "/api/v1/namespaces/ns/pods/p0/binding")) < len(calls) - 1 - calls[::-1].index(
