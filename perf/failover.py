@@ -255,6 +255,12 @@ async def _measure(mode: str, size: FailoverSize, kubeconfig: str, workdir: Path
         wall_stop = time.time()
         bound_at_stop, by_leader_at_stop = len(watch.bound), watch.count_by(leader)
         exit_seen = asyncio.create_task(_exit_seen(replicas[leader], t_stop + 60))
+        # the Lease as the signal left it (a SIGKILLed leader renews no more; the harness's
+        # last poll may predate a renewal made just before the signal)
+        with contextlib.suppress(KubeError):
+            spec = (await client.get(lease.path)).get("spec") or {}
+            if spec.get("holderIdentity") == leader:
+                before = LeaseSeen(at=t_stop, wall=wall_stop, holder=leader, renewed=parse_time(spec.get("renewTime")))
 
         def standby_gone() -> str:
             s = replicas[standby]
