@@ -16,7 +16,10 @@ Every write made for the leader (Bindings, evictions, cleanups, pod conditions a
 PodGroup and Queue status) goes through one :class:`~batchsched.kube.leader.Fence`, which
 the elector keeps open until its last renewal's deadline; without leader election it is
 always open. A replica that loses its lease stops without sending anything more: what
-was queued is dropped by the fence, nothing is drained and the Lease is not touched.
+was queued is dropped by the fence, nothing is drained and the Lease is not touched. A
+leader stopped gracefully hands over: its fence closes, what it sent lands, and it
+releases the Lease (:meth:`Scheduler._hand_over`); a new leader steps once its mirror is
+shown to hold every write of its predecessor (:meth:`Scheduler._catch_up`).
 
 The clock is read here and nowhere in the core: ``time.time()`` is passed to the session.
 """
