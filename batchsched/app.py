@@ -16,7 +16,10 @@ Every write made for the leader (Bindings, evictions, cleanups, pod conditions a
 PodGroup and Queue status) goes through one :class:`~batchsched.kube.leader.Fence`, which
 the elector keeps open until its last renewal's deadline; without leader election it is
 always open. A replica that loses its lease stops without sending anything more: what
-was queued is dropped by the fence, nothing is drained and the Lease is not touched.
+was queued is dropped by the fence, nothing is drained and the Lease is not touched. A
+leader stopped gracefully hands over: its fence closes, what it sent lands, and it
+releases the Lease (:meth:`Scheduler._hand_over`); a new leader steps once its mirror is
+shown to hold every write of its predecessor (:meth:`Scheduler._catch_up`).
 
 The clock is read here and nowhere in the core: ``time.time()`` is passed to the session.
 """
@@ -52,7 +55,7 @@ from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.gauges import observe_bound, slow_gauges
 from batchsched.kube.groupstatus import GroupStatusWriter
-from batchsched.kube.intake import Intake
+from batchsched.kube.intake import PODGROUP_PATHS, Intake
 from batchsched.kube.leader import ENDPOINT_ANNOTATION, Fence, LeaderElector
 from batchsched.kube.mixstore import MixStore, observe_mix
 from batchsched.kube.queuestatus import QueueStatusWriter
@@ -66,6 +69,7 @@ from batchsched.kube.tls import (
     serving_names,
 )
 from batchsched.kube.views import SessionViews
+from batchsched.kube.watch import Reflector
 from batchsched.metrics import Metrics
 
 log = logging.getLogger("batchsched")
@@ -74,9 +78,19 @@ log = logging.getLogger("batchsched")
 #: at most every :data:`TRIM_EVERY_SECONDS`
 TRIM_AFTER_SECONDS = 0.5
 TRIM_EVERY_SECONDS = 30.0
-#: a collection listed this soon after the previous leader's lease lapsed is listed again
-#: when leading begins (writes in flight at that moment, clocks a little apart)
+#: a collection listed this soon after the previous leader's writes could have ended is
+#: listed again when leading begins (writes in flight at that moment, clocks a little apart)
 CATCH_UP_MARGIN_SECONDS = 2.0
+#: the collections a leader writes, by their reflectors' names (Bindings, evictions and
+#: cleanups of pods; ResourceClaims allocated for pods; PodGroup and Queue status): the
+#: only ones where a write of the previous leader can be missing from a standby's mirror
+#: (what others write reaches a leader's watches as late as it reaches a standby's)
+LEADER_WRITES = frozenset({"pods", "resourceclaims", "queues", *(f"podgroups.{api}" for api in PODGROUP_PATHS)})
+#: how often a standby looks whether its leader has gone silent (:meth:`Scheduler._read_ahead`)
+READ_AHEAD_POLL_SECONDS = 0.25
+#: the watch that shows a collection's mirror current (:meth:`Scheduler._watch_shows_current`)
+#: lasts this long: the apiserver sends a bookmark 2 s before a watch's end
+PROBE_WATCH_SECONDS = 3
 #: the gauges that walk every queue, group and node are set at most this often
 SLOW_GAUGE_SECONDS = 5.0
 #: how often a views certificate from files is checked for a renewal
@@ -138,6 +152,12 @@ class Scheduler:
         self.elector: LeaderElector | None = None
         self._failure: BaseException | None = None
         self._trimmed = -1e18
+        #: one catch-up list of the collections a leader writes at a time
+        self._relisting = asyncio.Lock()
+        #: set while a graceful stop hands the Lease over: results no longer reach the session
+        self._handing_over = False
+        #: reflector name -> when this replica's last catch-up list of it began
+        self._read_at: dict[str, float] = {}
         self.intake = Intake(
             client, self.session, status=self.status, group_status=self.group_status,
             queue_status=self.queue_status, metrics=self.metrics, on_change=self._poke, on_failure=self._fail,
@@ -169,6 +189,8 @@ class Scheduler:
 
     def _bind_result(self, b: Binding, outcome: str, err: KubeError | None) -> None:
         self.metrics.binds.labels(outcome).inc()
+        if self._handing_over:
+            return  # its session ends with it: thousands of Bindings dropped at the fence cost nothing
         if outcome == "bound":
             now = time.time()
             observe_bound(self.metrics, self.session, b, now)
@@ -177,6 +199,8 @@ class Scheduler:
         self.intake.guard(lambda: self._apply(self.session.on_bind_result(b, outcome, now=time.time(), error=error)))
 
     def _evict_result(self, e: Eviction, outcome: str, err: KubeError | None) -> None:
+        if self._handing_over:
+            return
         if outcome == "evicted":
             self.metrics.evictions.labels(e.cause).inc()
         if e.preemptor and outcome == "evicted":
@@ -350,6 +374,7 @@ class Scheduler:
                     self.stop()
 
                 tasks.append(loop.create_task(self.elector.run(started, stopped), name="leader"))
+                tasks.append(loop.create_task(self._read_ahead(self.elector), name="read-ahead"))
             else:
                 self.leading.set()
             if self.config.explain.enabled and self.config.explain.estimate_interval_seconds > 0:
@@ -371,11 +396,10 @@ class Scheduler:
             self.leading.clear()
             if self.lease_lost:
                 self._abandon()
+            elif self.elector is not None:
+                await self._hand_over(self.elector)
             else:
                 await self._drain()
-                if self.elector is not None:
-                    with contextlib.suppress(Exception):
-                        await self.elector.release()
             for t in tasks + self._tasks:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
@@ -459,25 +483,91 @@ class Scheduler:
 
     async def _catch_up(self) -> None:
         """A new leader's first step waits until its mirror holds every write the previous
-        holder of the Lease made: each collection last listed before that holder's lease
-        could have lapsed is listed again. A standby's watches may lag (a loaded machine,
-        watches backing off after an apiserver outage), and a Binding the previous leader
-        made that the mirror has not seen would have its room handed out twice. A replica
-        that starts after its predecessor's lease lapsed (a restart after a crash) listed
-        everything after it, and starts at once."""
+        holder of the Lease made: each collection a leader writes that was last listed
+        before that holder's writes could have ended (:attr:`LeaderElector.predecessor_until`)
+        is listed again. A standby's watches may lag (a loaded machine, watches backing off
+        after an apiserver outage), and a Binding the previous leader made that the mirror
+        has not seen would have its room handed out twice. A replica that starts after its
+        predecessor's writes ended (a restart after a crash), or a standby that read ahead
+        (:meth:`_read_ahead`), listed them after that moment and starts at once."""
         until = self.elector.predecessor_until if self.elector is not None else 0.0
-        stale = [r for r in self.reflectors if r.listed_at <= until + CATCH_UP_MARGIN_SECONDS]
-        if stale:
-            t0 = time.monotonic()
-            await asyncio.gather(*(r.relist() for r in stale))
-            log.info("%s listed %d collections again before leading (%.1f s)",
-                     self.identity, len(stale), time.monotonic() - t0)
+        await self._list_written_before(until, "before leading")
         if self.fence.is_open() and not self._stopping.is_set():
             self.leading.set()
             self._wake.set()
 
+    async def _read_ahead(self, elector: LeaderElector) -> None:
+        """While standing by: once the holder of the Lease has gone without a renewal past
+        the moment its writes end (its fence, a few seconds before its lease lapses: it
+        died, or is cut off), list again the collections a leader writes. Done before the
+        lapse, that list is what taking over would otherwise wait for. A live holder renews
+        every retry period and never comes near that moment."""
+        while not elector.is_leader:
+            await asyncio.sleep(READ_AHEAD_POLL_SECONDS)
+            ends = elector.holder_writes_end
+            if ends and time.time() >= ends + CATCH_UP_MARGIN_SECONDS and not elector.is_leader:
+                await self._list_written_before(ends, "while the leader is silent")
+        await self._stopping.wait()
+
+    async def _list_written_before(self, until: float, when: str) -> None:
+        """List again each collection a leader writes last listed before ``until`` (plus
+        the margin); one such catch-up at a time, so a new leader waits for one begun
+        while it stood by rather than starting another."""
+        async with self._relisting:
+            stale = [r for r in self.reflectors if r.name in LEADER_WRITES
+                     and max(r.listed_at, self._read_at.get(r.name, 0.0)) <= until + CATCH_UP_MARGIN_SECONDS]
+            if not stale:
+                return
+            t0, began = time.monotonic(), time.time()
+            current = await asyncio.gather(*(self._watch_shows_current(r) for r in stale))
+            relisted = [r for r, ok in zip(stale, current, strict=True) if not ok]
+            await asyncio.gather(*(r.relist() for r in relisted))
+            # as fresh as a list begun then, including a collection the cluster does not
+            # serve (its relist returns at once: there was nothing to read)
+            self._read_at.update((r.name, began) for r in stale)
+            log.info("%s read %d collections again %s (%.1f s): %d shown current by their watches, %d listed",
+                     self.identity, len(stale), when, time.monotonic() - t0, len(stale) - len(relisted),
+                     len(relisted))
+
+    async def _watch_shows_current(self, r: Reflector) -> bool:
+        """True once ``r``'s mirror holds every write to its collection committed before
+        now, shown without listing it again (a list of every pod takes seconds at scale).
+
+        A consistent read of one item gives the collection's resourceVersion now, R
+        (resourceVersions of one resource type compare as integers since Kubernetes 1.35).
+        A short watch from the mirror's resourceVersion replays what came since, up to an
+        event or the bookmark the apiserver sends before the watch ends, at or past R; the
+        reflector's own watch carries the same events, in the same order, so once it has
+        applied the last of them that precedes R, the mirror is as current as a list made
+        now. False (list it again) when anything is not as expected: a resourceVersion
+        that is not an integer, an error, no bookmark before the watch ends, a reflector
+        that does not catch up within the watch's time."""
+        start = r.resource_version
+        if not start.isdigit():  # never listed (not served, not allowed): its relist returns at once
+            return False
+        needed = int(start)
+        try:
+            async with asyncio.timeout(PROBE_WATCH_SECONDS + 2):
+                page = await self.client.request("GET", r.path, params={**r.params, "limit": 1}, timeout=10)
+                now_rv = int((page.get("metadata") or {})["resourceVersion"])
+                if needed < now_rv:
+                    async for _, obj in self.client.watch(r.path, start, timeout_seconds=PROBE_WATCH_SECONDS,
+                                                          **r.params):
+                        rv = int((obj.get("metadata") or {})["resourceVersion"])
+                        if rv >= now_rv:
+                            break
+                        needed = max(needed, rv)
+                    else:
+                        return False  # the watch ended before it reached R
+                while int(r.resource_version) < needed:
+                    await asyncio.sleep(0.01)
+                return True
+        except (KubeError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.info("%s: the watch could not show it current (%s); listing it again", r.name, exc)
+            return False
+
     async def _drain(self) -> None:
-        """A graceful stop: let what is queued and in flight finish (while the fence allows)."""
+        """A graceful stop without leader election: let what is queued and in flight finish."""
         if not await self.binder.drain(10.0):
             log.warning("shutting down with %d bindings in flight", self.binder.in_flight)
         if not await self.evictor.drain(5.0):
@@ -488,6 +578,30 @@ class Scheduler:
             await asyncio.wait_for(self.mix_store.write(), 5.0)
         if self.fence.is_open():  # a standby's reports wait for it to lead: none will be sent
             await self.status.drain(5.0)
+
+    async def _hand_over(self, elector: LeaderElector) -> None:
+        """A graceful stop under leader election: the Lease is given up as soon as what
+        was sent has landed, so a standby leads within its retry period. The workload mix
+        is saved (one write, for the replica that starts next); then the fence closes, so
+        what is queued (Bindings, evictions, reports) is never sent: the next leader
+        decides and tells again from what it reads. What is in flight lands before the
+        Lease is released, so the next leader's mirror holds it."""
+        if self.fence.is_open():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.mix_store.write(), 5.0)
+
+        async def settle() -> None:
+            if not await self.binder.drain(10.0):
+                log.warning("giving the lease up with %d bindings in flight", self.binder.in_flight)
+            if not await self.evictor.drain(5.0):
+                log.warning("giving the lease up with %d evictions in flight", self.evictor.in_flight)
+
+        dropped = self.status.pending + self.group_status.pending + self.queue_status.pending
+        self._handing_over = True
+        with contextlib.suppress(Exception):
+            await elector.release(settle=settle)
+        log.info("%s handed over: %d bindings and %d evictions left to the next leader, %d status writes not sent",
+                 self.identity, self.binder.fenced, self.evictor.fenced, dropped)
 
     def _abandon(self) -> None:
         """The lease was lost: the fence is closed, so nothing queued will be sent; what is

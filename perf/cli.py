@@ -5,6 +5,7 @@
     python -m perf sched WORKLOAD [--size S] [--runs N] [--schedulers a,b]   rounds of A B ceiling
     python -m perf ceiling --nodes N [--binds B] [--concurrency 1,16,64,256]
     python -m perf restart [--nodes N --gangs G --pods P]   kill mid-run, restart: ready, first bind
+    python -m perf failover [--nodes N --pods P --runs R --lease-duration S]   leader stopped: standby's first bind
     python -m perf idle [--nodes N] [--variant gangs|pods]  CPU while work that cannot fit waits
     python -m perf sandbox [--nodes 1000,5000]            N nodes to Ready; control plane CPU idle
     python -m perf soak [--nodes N --minutes M --rate R --seed S]   a long steady run: growth, stuck units
@@ -103,6 +104,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--schedulers", default="batchsched,kube-scheduler-gang",
                    help="comma-separated (default batchsched,kube-scheduler-gang)")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds allowed to reach the kill point, and to the first bind after the restart")
+    f = sub.add_parser("failover", help="two replicas, the leader SIGKILLed or stopped: time to the standby's first bind")
+    f.add_argument("--nodes", type=_positive, default=200, help="8-GPU nodes (default 200; issue 29: 5000)")
+    f.add_argument("--pods", type=_positive, default=2000, help="single pods in the backlog (default 2000; issue 29: 20000)")
+    f.add_argument("--pod-gpus", type=_positive, default=2, help="GPUs per single pod (default 2)")
+    f.add_argument("--gangs", type=int, default=0, help="gangs of --gang-size one-GPU pods in the backlog (default 0)")
+    f.add_argument("--gang-size", type=_positive, default=64, help="pods per gang, quorum = size (default 64)")
+    f.add_argument("--kill-fraction", type=float, default=0.1,
+                   help="stop the leader once it has bound this fraction of the pods (default 0.1)")
+    f.add_argument("--modes", type=_names, default=["kill", "term"],
+                   help="comma-separated: kill (SIGKILL), term (SIGTERM, the Lease released) (default both)")
+    f.add_argument("--runs", type=_positive, default=1, help="runs of each mode, each on a fresh sandbox (default 1)")
+    f.add_argument("--lease-duration", type=float, default=15.0,
+                   help="leaseDurationSeconds (default 15, as config/batchsched.yaml)")
+    f.add_argument("--renew-deadline", type=float, default=10.0, help="renewDeadlineSeconds (default 10)")
+    f.add_argument("--retry-period", type=float, default=2.0, help="retryPeriodSeconds (default 2)")
+    f.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds allowed to reach the stop, and from it to the standby's first bind")
     i = sub.add_parser("idle", help="scheduler CPU over a minute while gangs that can never fit wait")
     i.add_argument("--nodes", type=_positive, default=500, help="8-GPU nodes (default 500; issue 13: 5000)")
     i.add_argument("--free-nodes", type=int, default=4, help="nodes left empty; every other node is full (default 4)")
@@ -251,6 +269,21 @@ def main(argv: list[str] | None = None) -> int:
                             pod_gpus=args.pod_gpus, kill_fraction=args.kill_fraction, after=args.after,
                             timeout=args.timeout)
         run_restart(size=rsize, schedulers=_names(args.schedulers), runs=args.runs, out=out, log=log)
+    elif args.command == "failover":
+        from perf.failover import FailoverSize, run_failover
+        from perf.failover import table as failover_table
+
+        fsize = FailoverSize(nodes=args.nodes, pods=args.pods, pod_gpus=args.pod_gpus, gangs=args.gangs,
+                             gang_size=args.gang_size, kill_fraction=args.kill_fraction,
+                             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+                             retry_period=args.retry_period, timeout=args.timeout)
+        try:
+            fdata = run_failover(size=fsize, modes=args.modes, runs=args.runs, out=out, log=log)
+        except ValueError as exc:
+            print(f"python -m perf failover: error: {exc}", file=sys.stderr)
+            return 1
+        print("\n".join(failover_table(fdata)))
+        return 0 if all(r["ok"] for r in fdata["runs"]) else 1
     elif args.command == "idle":
         from perf.idle import IdleSize, run_idle
 

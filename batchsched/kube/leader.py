@@ -5,7 +5,9 @@ are those of kube-scheduler's elector, written for asyncio:
 
 - **Acquire.** Create the Lease if there is none. Take it over when its holder is empty, is
   us, or has let it lapse (``renewTime + leaseDurationSeconds`` is in the past). Otherwise
-  look again every ``retry_period``.
+  look again every ``retry_period``, or at the moment the Lease as read lapses when that
+  comes sooner: a holder that died is replaced when its lease ends, not up to a retry
+  period later (a live holder has renewed by then, and the look finds the new renewTime).
 - **Write with a precondition.** Every write is a PUT carrying the resourceVersion that was
   read (or a create), so two candidates cannot both win a round: the loser gets a 409 and
   tries again later.
@@ -26,6 +28,11 @@ are those of kube-scheduler's elector, written for asyncio:
   later than the fence, so two replicas never write for the leader at the same time as
   long as their clocks agree to within the difference. What the fence cannot stop is a
   request sent before the deadline that the network delivers after it.
+- **When the holder's writes end.** The holder writes its ``renew_deadline`` on the Lease
+  (:data:`RENEW_DEADLINE_ANNOTATION`), so a standby knows when the holder's fence closes
+  without a renewal: ``renewTime`` plus that, never later than the lapse. A new leader
+  reads the cluster again only where its mirror may predate that moment, and a standby
+  whose holder went silent can read it before the lapse (``holder_writes_end``).
 
 Errors are the kinds of :mod:`batchsched.kube.errors`: temporary errors and conflicts are
 simply retried; permanent ones (a missing RBAC rule, a missing namespace) are logged and
@@ -60,7 +67,7 @@ from batchsched.kube.errors import (
 )
 from batchsched.kube.retry import Backoff, RetryPolicy
 
-__all__ = ["ENDPOINT_ANNOTATION", "Fence", "Fenced", "LeaderElector"]
+__all__ = ["ENDPOINT_ANNOTATION", "RENEW_DEADLINE_ANNOTATION", "Fence", "Fenced", "LeaderElector"]
 
 log = logging.getLogger("batchsched.leader")
 
@@ -71,10 +78,15 @@ _MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 #: the Lease annotation where the leader says where its views are served
 #: (``batchsched explain`` and ``batchsched dashboard`` read it)
 ENDPOINT_ANNOTATION = "batchsched.io/endpoint"
+#: the Lease annotation where the holder says its ``renew_deadline`` in seconds: it writes
+#: nothing for the leader later than its ``renewTime`` plus that (its fence)
+RENEW_DEADLINE_ANNOTATION = "batchsched.io/renew-deadline-seconds"
 # How long to wait before looking again after a permanent error (403, 404 namespace, 422).
 _SLOW_RETRY_FACTOR = 10.0
 _SLOW_RETRY_MIN = 10.0
 _JITTER = 0.2
+#: a standby looks again this long after the lapse it read, so its clock is past it
+_LAPSE_MARGIN = 0.01
 
 
 def micro_time(ts: float) -> str:
@@ -216,7 +228,7 @@ class LeaderElector:
         self.name = name
         self.identity = identity
         #: written on the Lease while this candidate holds it (where to reach the leader)
-        self.annotations = dict(annotations or {})
+        self.annotations = {**(annotations or {}), RENEW_DEADLINE_ANNOTATION: f"{renew_deadline:g}"}
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
@@ -234,10 +246,15 @@ class LeaderElector:
         self._lock = asyncio.Lock()  # one read-modify-write of the Lease at a time
         self._lease: JSON | None = None  # the Lease as last written by us, while we hold it
         self._last_renew = 0.0  # clock time written as renewTime by our last success
-        #: when the Lease we took over could last have been used by its previous holder
-        #: (its renewTime + leaseDurationSeconds; 0 when there was none): a write that
-        #: holder made is in the cluster by then
+        #: until when the previous holder of the Lease we took over could have written for
+        #: the leader (:meth:`_writes_end`; 0 when there was none): a write that holder
+        #: made is in the cluster by then
         self.predecessor_until = 0.0
+        #: the Lease as last read held by another candidate: when it lapses, and until
+        #: when that holder could have written without renewing it (both 0 when the last
+        #: read found it free or ours)
+        self.holder_lapses_at = 0.0
+        self.holder_writes_end = 0.0
         self._seen_holder: str | None = None  # for logging changes of holder only
         #: the campaign: look every retry_period (jittered), stop waiting on release()
         self.poll = RetryPolicy(
@@ -297,16 +314,22 @@ class LeaderElector:
         if failure is not None:
             raise failure
 
-    async def release(self) -> None:
+    async def release(self, settle: Callable[[], Awaitable[object]] | None = None) -> None:
         """Give the Lease up if we hold it, and stop campaigning. Never raises a KubeError.
 
-        The holder is emptied and ``leaseDurationSeconds`` set to 1, so a standby takes
-        over at its next look. Whether we hold the Lease is read from the server, so this
-        also works after :meth:`run` was cancelled.
+        The fence closes first and no renewal opens it again, so nothing more is written
+        for the leader; ``settle`` (when given) is awaited next, for the writes already
+        sent to land (a writer's drain: what was queued fails at the closed fence, at
+        once); then the holder is emptied and ``leaseDurationSeconds`` set to 1, so a
+        standby takes over at its next look instead of waiting for the lease to lapse.
+        Whether we hold the Lease is read from the server, so this also works after
+        :meth:`run` was cancelled.
         """
         self._stopping = True
         self._stop.set()
         self._lost()
+        if settle is not None:
+            await settle()
 
         async def give_up() -> bool:
             lease = self._lease or await self.client.get(self._path)
@@ -348,6 +371,10 @@ class LeaderElector:
                         return False
                     if await self._try_acquire_or_renew():
                         return True
+                if self.holder_lapses_at:
+                    # held by another: look again when it lapses, if that comes first
+                    to_lapse = self.holder_lapses_at - self._clock() + _LAPSE_MARGIN
+                    delay = min(delay, max(0.0, to_lapse))
             except TimeoutError:
                 log.warning("%s: acquiring the lease timed out", self.identity)
             except (TemporaryError, ConflictError) as exc:
@@ -419,12 +446,15 @@ class LeaderElector:
         holder = str(spec.get("holderIdentity") or "")
         self._observe(holder)
         if holder and holder != self.identity and not self._expired(spec, now):
+            self.holder_lapses_at = self._lapses_at(spec)
+            self.holder_writes_end = self._writes_end(lease)
             self._lease = None
             self._lost()
             return False
+        self.holder_lapses_at = self.holder_writes_end = 0.0
         write_time = self._clock()
         if holder != self.identity:
-            self.predecessor_until = self._lapses_at(spec)
+            self.predecessor_until = self._writes_end(lease)
             spec["acquireTime"] = micro_time(write_time)
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec["holderIdentity"] = self.identity
@@ -463,7 +493,8 @@ class LeaderElector:
         """The Lease now says we hold it, renewed at ``write_time``."""
         self._last_renew = write_time
         self._is_leader = True
-        self.fence.extend(write_time + self.renew_deadline)
+        if not self._stopping:  # a renewal that lands during release() opens nothing
+            self.fence.extend(write_time + self.renew_deadline)
 
     def _lost(self) -> None:
         self._is_leader = False
@@ -477,6 +508,21 @@ class LeaderElector:
         duration = spec.get("leaseDurationSeconds")
         seconds = float(duration) if isinstance(duration, int | float) else self.lease_duration
         return renewed + seconds
+
+    def _writes_end(self, lease: JSON) -> float:
+        """Until when the holder a Lease names could have written for the leader: its
+        renewTime plus the renew deadline it published (its fence), else the lapse."""
+        spec = lease.get("spec") or {}
+        lapse = self._lapses_at(spec)
+        renewed = parse_time(spec.get("renewTime"))
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        try:
+            deadline = float(annotations.get(RENEW_DEADLINE_ANNOTATION, ""))
+        except (TypeError, ValueError):
+            return lapse
+        if renewed is None or not 0 < deadline < math.inf:
+            return lapse
+        return min(lapse, renewed + deadline)
 
     def _expired(self, spec: JSON, now: float) -> bool:
         return self._lapses_at(spec) <= now
