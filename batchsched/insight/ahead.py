@@ -157,7 +157,9 @@ class ClassForward:
         self.runtimes = runtimes
         state = sim.state
         self._groups = sim.groups
-        rows = [self._waiting(state.vector, *w) for w in waiting]
+        # a job with no member left to bind has nothing to place: it gets no start here (a
+        # DRA pod the copy does not hold as pending, say), rather than an empty request
+        rows = [self._waiting(state.vector, *w) for w in waiting if len(w[5])]
         snap = state.snapshot()
         width = len(snap.columns)
         qi = sim.queues.prepare(state=state, groups=sim.groups, snap=snap, units=[], now=now)
