@@ -234,8 +234,10 @@ def smoke(out: Path) -> dict[str, Path]:
     from perf.idle import IdleSize, run_idle
     from perf.restart import RestartSize, run_restart
 
-    # large enough that the Bindings in flight at the kill (batchsched: up to 128) leave work
-    run_restart(size=RestartSize(nodes=40, gangs=2, gang_size=8, pods=400, pod_gpus=1, kill_fraction=0.05,
+    # batchsched's first step places all that fits at once, and on a busy machine the watch
+    # shows the kill point only after many more Bindings have left (at 320 GPUs, all of them
+    # had): room for 2,000 pods leaves work for the restart however late the kill lands
+    run_restart(size=RestartSize(nodes=250, gangs=2, gang_size=8, pods=2500, pod_gpus=1, kill_fraction=0.005,
                                  after=2.0, timeout=120.0),
                 schedulers=["batchsched", "kube-scheduler-gang"], runs=1, out=out, log=log, strict=True)
     run_idle(size=IdleSize(nodes=12, free_nodes=4, gangs=5, gang_size=8, settle=5.0, window=5.0, sample=5.0),
