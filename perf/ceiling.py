@@ -26,6 +26,7 @@ of the machine, not by one measured minutes later.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import replace
 from typing import Any
@@ -37,6 +38,7 @@ from batchsched.kube.client import KubeClient
 from batchsched.sandbox import gpudra
 from perf import dra, procstat
 from perf.live import StartError, create_all, ready_timeout
+from perf.neighbour import Neighbour
 from perf.workload import GPU_CLASS, NodeSpec, PodSpec
 
 NOBODY = "perf-nobody"
@@ -156,11 +158,13 @@ def _writes(dra_nodes: bool, extended: bool) -> str:
 
 async def measure(
     kubeconfig: str, procs: dict[str, int], *, binds: int, concurrencies: list[int], node: NodeSpec | None = None,
-    extended: bool = False,
+    extended: bool = False, neighbour_cpu: float | None = None,
 ) -> list[dict[str, Any]]:
     """The sweep; on DRA nodes (``node.dra``), the slices published first and each pod's
     claim status written before its Binding; with ``extended`` (DRA nodes), the pods ask
-    ``nvidia.com/gpu`` and each pod's claim is made by the sweep (:func:`_bind_all`)."""
+    ``nvidia.com/gpu`` and each pod's claim is made by the sweep (:func:`_bind_all`).
+    With ``neighbour_cpu``, each concurrency is measured again beside a
+    :class:`~perf.neighbour.Neighbour` of that CPU (its rows carry ``neighbour_cpu``)."""
     spec = node or NodeSpec()
     extended = extended and spec.dra
     client = await KubeClient.connect(kubeconfig, max_connections=72)
@@ -170,8 +174,9 @@ async def measure(
         nodes = sorted(n["metadata"]["name"] for n in node_items)
         if spec.dra:
             await dra.publish(client, spec, extended=extended)
-        for c in concurrencies:
-            ns = f"ceiling-c{c}"
+        loads: list[float | None] = [None] if not neighbour_cpu else [None, neighbour_cpu]
+        for c, load in ((c, load) for c in concurrencies for load in loads):
+            ns = f"ceiling-c{c}" + (f"-n{round(100 * load)}" if load else "")
             await client.create("/api/v1/namespaces", {"metadata": {"name": ns}})
             path = f"/api/v1/namespaces/{ns}/pods"
             claims = None
@@ -182,15 +187,19 @@ async def measure(
             items, _ = await client.list(path, page=1000)
             pods = sorted((o["metadata"]["name"], o["metadata"]["uid"]) for o in items)
             await asyncio.sleep(1.0)  # let the creation settle (kwok, watch caches)
-            api = procstat.Window(procs["kube-apiserver"], started=time.monotonic())
-            own_cpu = time.process_time()
-            t0 = time.monotonic()
-            ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus, extended)
-            wall = time.monotonic() - t0
-            own = time.process_time() - own_cpu
-            usage = api.end(time.monotonic())
+            with contextlib.ExitStack() as beside:
+                if load:
+                    beside.enter_context(Neighbour(kubeconfig, load))
+                api = procstat.Window(procs["kube-apiserver"], started=time.monotonic())
+                own_cpu = time.process_time()
+                t0 = time.monotonic()
+                ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus, extended)
+                wall = time.monotonic() - t0
+                own = time.process_time() - own_cpu
+                usage = api.end(time.monotonic())
             results.append({
                 "concurrency": c,
+                "neighbour_cpu": load,
                 "writes": _writes(spec.dra, extended),
                 "binds": ok,
                 "failed": failed,
@@ -216,9 +225,11 @@ def run_ceiling(
     sandbox_name: str,
     node: NodeSpec | None = None,
     extended: bool = False,
+    neighbour_cpu: float | None = None,
 ) -> dict[str, Any]:
     """The sweep on a fresh sandbox of ``nodes`` nodes shaped like ``node`` (default: 8
-    GPUs; ``extended``: see :func:`measure`); ``best`` is the highest rate of the sweep."""
+    GPUs; ``extended``: see :func:`measure`); ``best`` is the highest rate of the sweep
+    alone, ``best_beside`` the highest beside a neighbour of ``neighbour_cpu`` cores."""
     from batchsched.kube.errors import KubeError
     from batchsched.sandbox.cluster import Sandbox, SandboxError
     from batchsched.sandbox.nodes import NodeShape
@@ -238,11 +249,16 @@ def run_ceiling(
     try:
         procs = {p.name: p.pid for p in state.processes}
         sweep = asyncio.run(measure(state.kubeconfig, procs, binds=binds, concurrencies=concurrencies, node=spec,
-                                    extended=extended))
+                                    extended=extended, neighbour_cpu=neighbour_cpu))
     finally:
         box.down()
-    rates = [r["binds_per_s"] for r in sweep if r["binds_per_s"]]
+    rates = [r["binds_per_s"] for r in sweep if r["binds_per_s"] and not r["neighbour_cpu"]]
+    beside = [r["binds_per_s"] for r in sweep if r["binds_per_s"] and r["neighbour_cpu"]]
     return {
-        "nodes": nodes, "binds": binds, "sweep": sweep, "best": max(rates) if rates else None,
+        "nodes": nodes, "binds": binds, "sweep": [r for r in sweep if not r["neighbour_cpu"]],
+        "best": max(rates) if rates else None,
+        "neighbour_cpu": neighbour_cpu,
+        "sweep_beside": [r for r in sweep if r["neighbour_cpu"]],
+        "best_beside": max(beside) if beside else None,
         "sandbox_up_s": round(up_s, 2),
     }

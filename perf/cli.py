@@ -3,6 +3,7 @@
     python -m perf list                               workloads, sizes and schedulers
     python -m perf build                              build the peers (kube-scheduler, scheduler-plugins)
     python -m perf sched WORKLOAD [--size S] [--runs N] [--schedulers a,b]   rounds of A B ceiling
+        [--ceiling-beside]   the ceiling also beside a neighbour of batchsched's CPU
     python -m perf ceiling --nodes N [--binds B] [--concurrency 1,16,64,256]
     python -m perf restart [--nodes N --gangs G --pods P]   kill mid-run, restart: ready, first bind
     python -m perf failover [--nodes N --pods P --runs R --lease-duration S]   leader stopped: standby's first bind
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--concurrency", type=_csv_ints, default=[64, 256],
                    help="each round's ceiling sweep, Bindings in flight (default 64,256)")
     s.add_argument("--timeout", type=float, help="seconds until every pod must be bound (default: the workload's)")
+    s.add_argument("--ceiling-beside", action="store_true",
+                   help="also measure each round's ceiling beside a neighbour using the CPU batchsched used "
+                        "in that round (a pod watch and a busy loop): the bound the machine sets a scheduler of its size")
     s.add_argument("--profile", action="store_true",
                    help="one more batchsched run under cProfile after the measured ones (its top functions go in the report)")
     c = sub.add_parser("ceiling", help="the bind ceiling alone on a fresh control plane")
@@ -216,7 +220,7 @@ def smoke(out: Path) -> dict[str, Path]:
     from perf.cyclebench import run_all
 
     run_suite(workload="plain-gpu", size="smoke", schedulers=["batchsched", "kube-scheduler"], runs=1, out=out,
-              ceiling=True, ceiling_binds=100, concurrencies=[1, 16], strict=True)
+              ceiling=True, ceiling_binds=100, concurrencies=[1, 16], strict=True, beside=True)
     gang_peers = ["batchsched", "kube-scheduler-gang"]
     if build.cached_scheduler_plugins_binary() is not None:
         gang_peers.append("coscheduling")
@@ -262,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             workload=args.workload, size=args.size,
             schedulers=[s for s in args.schedulers.split(",") if s] if args.schedulers else None,
             runs=args.runs, out=out, ceiling=not args.no_ceiling, ceiling_binds=args.ceiling_binds,
-            concurrencies=args.concurrency, timeout=args.timeout, profile=args.profile,
+            concurrencies=args.concurrency, timeout=args.timeout, profile=args.profile, beside=args.ceiling_beside,
         )
     elif args.command == "restart":
         from perf.restart import RestartSize, run_restart

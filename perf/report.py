@@ -179,6 +179,20 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
             "Each run's rate is divided by its own round's ceiling.",
             "",
         ]
+        beside = [c for c in data["ceilings"] if c.get("best_beside")]
+        if beside:
+            shares = ", ".join(
+                f"round {c['round'] + 1}: {_fmt(c['best_beside'])} binds/s beside {c['neighbour_cpu']:.2f} cores"
+                + "".join(f"; {r['scheduler']} {100 * r['fraction_of_ceiling_beside']:.0f}% of it"
+                          for r in data["runs"] if r.get("round") == c["round"] and r.get("fraction_of_ceiling_beside"))
+                for c in beside
+            )
+            lines += [
+                "The ceiling beside a neighbour that uses the CPU batchsched used in the round (a watch of "
+                f"every pod and a busy loop, `perf/neighbour.py`): the most a scheduler of its size could bind "
+                f"on this machine: {shares}.",
+                "",
+            ]
     elif ceiling.get("sweep"):
         sweep = ", ".join(f"{r['concurrency']} in flight: {_fmt(r['binds_per_s'])}/s" for r in ceiling["sweep"])
         lines += [f"Bind ceiling on this control plane, measured once after the runs: **{_fmt(ceiling['best'])} binds/s** ({sweep}).", ""]

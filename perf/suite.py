@@ -77,8 +77,10 @@ def describe(result: dict[str, Any]) -> str:
     )
 
 
-def attach_ceiling(runs: list[dict[str, Any]], round_: int, best: float | None) -> None:
-    """Give each run of ``round_`` its round's ceiling and its rates as fractions of it."""
+def attach_ceiling(runs: list[dict[str, Any]], round_: int, best: float | None,
+                   best_beside: float | None = None) -> None:
+    """Give each run of ``round_`` its round's ceiling and its rates as fractions of it
+    (and of the ceiling beside a neighbour of batchsched's size, when measured)."""
     for run in runs:
         if run.get("round") != round_:
             continue
@@ -86,6 +88,19 @@ def attach_ceiling(runs: list[dict[str, Any]], round_: int, best: float | None) 
         for key, frac in (("pods_per_s", "fraction_of_ceiling"), ("pods_per_s_e2e", "fraction_of_ceiling_e2e")):
             rate = run.get(key)
             run[frac] = round(rate / best, 4) if rate and best else None
+        if best_beside:
+            run["ceiling_beside"] = best_beside
+            rate = run.get("pods_per_s")
+            run["fraction_of_ceiling_beside"] = round(rate / best_beside, 4) if rate else None
+
+
+def _scheduler_cores(runs: list[dict[str, Any]], round_: int, name: str) -> float | None:
+    """The cores ``name`` used on average over its run of ``round_`` (None: no such run)."""
+    for run in runs:
+        if run.get("round") == round_ and run.get("scheduler") == name and run.get("ok"):
+            pct = ((run.get("usage") or {}).get("scheduler") or {}).get("cpu_percent")
+            return round(pct / 100.0, 3) if pct else None
+    return None
 
 
 def ceiling_summary(ceilings: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,8 +130,13 @@ def run_suite(
     timeout: float | None = None,
     strict: bool = False,
     profile: bool = False,
+    beside: bool = False,
 ) -> dict[str, Any]:
     """Every run of one workload at one size; returns (and writes) the suite's data.
+
+    With ``beside``, each round's ceiling is also measured beside a neighbour using the CPU
+    batchsched used in that round (:mod:`perf.neighbour`): the rate a scheduler of its
+    size could reach at best on this machine, and batchsched's share of it.
 
     With ``strict``, a peer that cannot be built or a run that fails raises instead of
     being recorded (the smoke test's mode). With ``profile``, one more batchsched run
@@ -195,11 +215,12 @@ def run_suite(
                     raise RunError(f"{tag}: {peer.name}: {result['error']}")
         if ceiling:
             log(f"{tag}: round {r + 1}/{runs}: bind ceiling on {ex.size.nodes} nodes ...")
+            load = _scheduler_cores(data["runs"], r, "batchsched") if beside else None
             try:
                 c = run_ceiling(
                     nodes=ex.size.nodes, node=wl.node, extended=ex.extended, binds=binds,
                     concurrencies=concurrencies or DEFAULT_CONCURRENCIES,
-                    apiserver_args=args, sandbox_name=f"perf-{os.getpid()}-ceiling",
+                    apiserver_args=args, sandbox_name=f"perf-{os.getpid()}-ceiling", neighbour_cpu=load,
                 )
             except RunError as exc:
                 if strict:
@@ -207,10 +228,12 @@ def run_suite(
                 c = {"nodes": ex.size.nodes, "binds": binds, "sweep": [], "best": None, "error": str(exc)}
             c["round"] = r
             data["ceilings"].append(c)
-            attach_ceiling(data["runs"], r, c.get("best"))
+            attach_ceiling(data["runs"], r, c.get("best"), c.get("best_beside"))
             data["ceiling"] = ceiling_summary(data["ceilings"])
             write_json(path, data)
-            log(f"{tag}: round {r + 1}: ceiling {c.get('best')} binds/s" + (f" ({c['error']})" if c.get("error") else ""))
+            log(f"{tag}: round {r + 1}: ceiling {c.get('best')} binds/s" + (f" ({c['error']})" if c.get("error") else "")
+                + (f", beside a neighbour of {c['neighbour_cpu']:.2f} cores {c.get('best_beside')} binds/s"
+                   if c.get("neighbour_cpu") else ""))
             for run in data["runs"]:
                 if run.get("round") == r and run.get("fraction_of_ceiling"):
                     log(f"{tag}: round {r + 1}: {run['scheduler']}: {100 * run['fraction_of_ceiling']:.0f}% of the "

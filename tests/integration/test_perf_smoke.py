@@ -65,6 +65,13 @@ def test_perf_smoke(tmp_path: Path) -> None:
     # the ceiling is measured in the round, and every run is read against its round's
     assert [c["round"] for c in plain["ceilings"]] == [0]
     assert all(r["fraction_of_ceiling"] and r["fraction_of_ceiling_e2e"] for r in plain["runs"])
+    # and beside a neighbour using the CPU batchsched used: the most a scheduler of its size
+    # could bind here, below the bare ceiling's machine
+    [ceiling] = plain["ceilings"]
+    assert ceiling["neighbour_cpu"] > 0 and ceiling["best_beside"] > 0
+    assert [r["neighbour_cpu"] for r in ceiling["sweep_beside"]] == [ceiling["neighbour_cpu"]] * 2
+    [ours] = [r for r in plain["runs"] if r["scheduler"] == "batchsched"]
+    assert ours["fraction_of_ceiling_beside"] == round(ours["pods_per_s"] / ceiling["best_beside"], 4)
 
     # pods asking nvidia.com/gpu of DRA devices: each bound pod holds one claim made for it
     extended = orjson.loads((tmp_path / "sched" / "dra-gpu-extended@smoke.json").read_bytes())
