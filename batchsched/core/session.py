@@ -217,13 +217,14 @@ class Session(EventRouting):
         self.told.notes(out)
         self.ledger.check_assumed(state, now, out)
         self.ledger.clean_stale(state, now, out)
-        self.reports.dirty.update(self.holds.gang_timers(state, groups, now, out))
-        self.holds.hold_running(state, groups, self.queues, now, out)
-        self.backlog.wake(state)
         # one snapshot for the whole decision (the units' admission and the cycle), taken
         # only when there is something to decide
         snapshot = _once(state.snapshot)
-        units = self.schedulable_units(now, snapshot)
+        with groups.tallies_kept():  # the mirror holds still until the cycle's bindings
+            self.reports.dirty.update(self.holds.gang_timers(state, groups, now, out))
+            self.holds.hold_running(state, groups, self.queues, now, out)
+            self.backlog.wake(state)
+            units = self.schedulable_units(now, snapshot)
         self.told.tell_joined(out, state.pending, self.backlog.class_of, self.backlog.asleep_class)
         if units:
             plan, queues = self._cycle(units, snapshot(), now, out)

@@ -22,7 +22,8 @@ Pure: no I/O, no clock (``now`` is passed in, monotonic seconds).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,8 @@ class GroupBook:
         self._dirty: set[tuple[str, str]] | None = None
         #: each pod reference's group, at a version of the groups
         self._resolved: tuple[int, dict[tuple[str, str, str], Any]] = (-1, {})
+        #: each group's tally, while :meth:`tallies_kept` holds the mirror still (else None)
+        self._tallies: dict[GroupKey, Tally] | None = None
 
     @property
     def version(self) -> int:
@@ -268,7 +271,28 @@ class GroupBook:
                 out.extend(shared)
         return out
 
+    @contextlib.contextmanager
+    def tallies_kept(self) -> Iterator[None]:
+        """Inside, each group's :meth:`tally` is counted once: for the stretch of a step
+        where the mirror does not change (the gang timers, then the units; a step's first
+        after a start tallies every group there). Nothing inside may assume, bind or
+        forget a pod."""
+        self._tallies = {}
+        try:
+            yield
+        finally:
+            self._tallies = None
+
     def tally(self, group: PodGroup, state: ClusterState) -> Tally:
+        kept = self._tallies
+        if kept is not None:
+            found = kept.get(group.key)
+            if found is None:
+                found = kept[group.key] = self._tally(group, state)
+            return found
+        return self._tally(group, state)
+
+    def _tally(self, group: PodGroup, state: ClusterState) -> Tally:
         t = Tally()
         for uid in self.member_uids(group):
             pod = state.pods.get(uid)
