@@ -271,6 +271,9 @@ class Scheduler:
         if d.again:
             self._wake.set()
         seconds = time.perf_counter() - t0
+        if self.session.cycles <= 1 and d.plan is not None:
+            log.info("first cycle: %d bindings out, %d pods told, in %.2f s", len(d.binds), len(d.unschedulable),
+                     seconds)
         self._observe(d, seconds)
         if seconds > TRIM_AFTER_SECONDS and time.monotonic() - self._trimmed > TRIM_EVERY_SECONDS:
             # a large step freed much: give the pages back (the resident size stays honest)
@@ -347,7 +350,7 @@ class Scheduler:
         warm = loop.run_in_executor(None, kernels.warm_up)
         try:
             await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
-            await warm
+            log.info("kernels ready in %.2f s", await warm)
             self.ready = True
             state = self.session.state
             log.info("mirror synced: %d nodes, %d pods; %d pending", len(state.nodes), len(state.pods), len(state.pending))
@@ -377,6 +380,7 @@ class Scheduler:
                 tasks.append(loop.create_task(self._read_ahead(self.elector), name="read-ahead"))
             else:
                 self.leading.set()
+                self._wake.set()  # the first step now, not at the loop's next timeout
             if self.config.explain.enabled and self.config.explain.estimate_interval_seconds > 0:
                 tasks.append(loop.create_task(self._estimate(), name="estimates"))
             loop_task = loop.create_task(self._loop(), name="cycle")

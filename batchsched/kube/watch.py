@@ -33,6 +33,12 @@ __all__ = ["Reflector"]
 
 log = logging.getLogger("batchsched.watch")
 
+#: items per page of a list. Each page is a consistent read served from the apiserver's
+#: watch cache; at 500 a list of 9,000 pods took twice as long as at 5,000 (0.85-2.1 s
+#: against 0.46-0.7 s on the sandbox), most of it round trips, while a page of 5,000
+#: pods is still only some 15 MB to hold before it is decoded
+LIST_PAGE = 5000
+
 # How long to wait before looking again at a resource type not served, or not allowed.
 _NOT_SERVED_WAIT = 30.0
 _FORBIDDEN_WAIT = 10.0
@@ -50,7 +56,7 @@ class Reflector:
         on_list: Callable[[list[JSON]], None],
         on_event: Callable[[str, JSON], None],
         params: dict[str, str] | None = None,
-        page: int = 500,
+        page: int = LIST_PAGE,
         watch_timeout: int = 300,
         name: str = "",
     ) -> None:
@@ -85,10 +91,13 @@ class Reflector:
         await self._fresh.wait()
 
     async def _list(self) -> None:
-        began = time.time()
+        began, t0 = time.time(), time.monotonic()
         self._relist_asked.clear()
         items, rv = await self.client.list(self.path, page=self.page, **self.params)
+        t1 = time.monotonic()
         self.on_list(items)
+        log.info("%s: listed %d in %.2f s, taken in in %.2f s", self.name, len(items), t1 - t0,
+                 time.monotonic() - t1)
         self.resource_version = rv
         self.relists += 1
         self.listed_at = began

@@ -71,9 +71,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cel
+if TYPE_CHECKING:
+    import cel  # imported where first used: its package loads a command line (a quarter second at start)
 
 from batchsched.core.quantity import QuantityError, parse_quantity
 
@@ -467,6 +468,8 @@ def device_env(
         "capacity": caps,
         "allowMultipleAllocations": bool(allow_multiple_allocations),
     }
+    import cel
+
     return DeviceEnv(cel.Context(variables={"device": device}, functions=_FUNCTIONS), problem)
 
 
@@ -529,6 +532,8 @@ def _compiled(expression: str) -> Selector | CelError:
         return CelError(
             f"CEL expression {expression[:80]!r}... is {size} bytes, more than {MAX_EXPRESSION_LENGTH}"
         )
+    import cel
+
     try:
         cel.compile(expression)
         program = cel.compile(_rewritten(expression))
