@@ -71,6 +71,9 @@ FEED_PAUSE = 0.05
 _NAME_LIMIT = 253
 _INSTANCE_LIMIT = 128
 _EVENT_TYPES = ("Normal", "Warning")
+#: Events dropped on a full queue are logged at most this often, with their count (a burst
+#: of Bindings drops thousands a second: one line each buried the log)
+DROP_LOG_SECONDS = 10.0
 #: kinds of object Events are written about whose uid batchsched does not know, to their
 #: resource names: the uid is read when the Event is written
 READ_UID = {"Workload": "workloads"}
@@ -146,6 +149,8 @@ class StatusWriter:
             write=self._write, concurrency=concurrency, name="status-writer"
         )
         self._refused = 0  # Events not queued: the queue was full
+        self._refused_logged = 0  # of which already logged
+        self._refused_log_at = float("-inf")  # when they last were (monotonic)
         #: conditions told while the queue held ``room`` writes: uid -> the latest, oldest first
         self._owed: OrderedDict[str, _Condition] = OrderedDict()
         self._owed_added = asyncio.Event()
@@ -184,7 +189,11 @@ class StatusWriter:
             raise ValueError(f"an Event's type is Normal or Warning, not {type!r}")
         if self._writes.queued >= self.max_queue:
             self._refused += 1
-            log.warning("status queue full, dropping event %s about %s", reason, ref.name)
+            now = time.monotonic()
+            if now - self._refused_log_at >= DROP_LOG_SECONDS:
+                log.warning("status queue full (%d writes): dropped %d Events since the last report, the last %s "
+                            "about %s", self.max_queue, self._refused - self._refused_logged, reason, ref.name)
+                self._refused_logged, self._refused_log_at = self._refused, now
             return
         namespace = ref.namespace or "default"
         now = rfc3339(self._clock())

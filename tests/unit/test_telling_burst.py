@@ -56,3 +56,16 @@ def test_a_few_pods_are_queued_at_once_as_before() -> None:
     for i in range(50):
         writer.pod_unschedulable(ref(i), "no room")
     assert writer.owed == 0 and writer.pending == 100  # 50 conditions and 50 Events, queued
+
+
+def test_events_dropped_on_a_full_queue_are_counted_and_logged_once_not_once_each(caplog) -> None:  # type: ignore[no-untyped-def]
+    # a burst of Bindings after a restart: thousands of Scheduled Events beyond the queue
+    kube = FakeKube()
+    writer = StatusWriter(kube, instance="test-0", clock=lambda: 0.0, max_queue=100)
+    with caplog.at_level("WARNING", logger="batchsched.status"):
+        for i in range(2_000):
+            writer.event(ref(i), type="Normal", reason="Scheduled", message=f"bound to n{i % 8}")
+    assert writer.pending == 100 and writer.dropped == 1_900
+    lines = [r.getMessage() for r in caplog.records if r.name == "batchsched.status"]
+    assert len(lines) == 1, lines[:3]
+    assert "dropped 1 Events" in lines[0] and "status queue full (100 writes)" in lines[0]
