@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NewType, Protocol, TypeVar, cast
 
+import orjson
+
 from batchsched.core.devices import (
     CardAsk,
     DeviceError,
@@ -524,18 +526,9 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
     if schedulers is not None and name not in schedulers and not spec.get("nodeName"):
         return _foreign_pod(meta, status, str(name), _scheduling_group(spec))
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
-    requests, invalid, asks = _pod_requests(spec, annotations)
+    requests, invalid, asks, extended, tolerations = _spec_asks(spec, annotations)
     affinity = spec.get("affinity") or {}
     required_terms, preferred = _node_affinity(affinity.get("nodeAffinity") or {})
-    tolerations = tuple(
-        Toleration(
-            key=str(t.get("key") or ""),
-            operator=str(t.get("operator") or "Equal"),
-            value=str(t.get("value") or ""),
-            effect=str(t.get("effect") or ""),
-        )
-        for t in (spec.get("tolerations") or [])
-    )
     return Pod(
         uid=PodUID(str(meta.get("uid", ""))),
         namespace=str(meta.get("namespace", "")),
@@ -574,9 +567,42 @@ def parse_pod(obj: Mapping[str, Any], schedulers: frozenset[str] | None = None) 
         claims=_claims(str(meta.get("name", "")), spec.get("volumes")),
         resource_claims=_resource_claims(spec, status),
         active_deadline=float(spec.get("activeDeadlineSeconds") or 0),
-        extended=_extended_asks(spec) if not invalid else (),
+        extended=extended,
         controller=_controller(meta.get("ownerReferences")),
     )
+
+
+_SpecAsks = tuple[dict[str, int], str, tuple[CardAsk, ...], tuple["ContainerAsk", ...], tuple[Toleration, ...]]
+#: :func:`_spec_asks` by the JSON of what it reads: the pods of one template read once
+_SPEC_ASKS: dict[bytes, _SpecAsks] = {}
+#: distinct specs kept; beyond, the memo starts again (it only saves work)
+SPEC_ASKS_KEPT = 4096
+
+
+def _spec_asks(spec: Mapping[str, Any], annotations: Mapping[str, str]) -> _SpecAsks:
+    """``(requests, invalid, card asks, extended-resource asks, tolerations)`` of a pod:
+    read once per distinct containers, pod-level resources, overhead, tolerations and
+    annotations (the pods of one job share them; reading them was half of taking in a
+    list of pods). Each pod gets its own copy of the requests."""
+    key = orjson.dumps((spec.get("containers"), spec.get("initContainers"), spec.get("resources"),
+                        spec.get("overhead"), spec.get("tolerations"), annotations))
+    found = _SPEC_ASKS.get(key)
+    if found is None:
+        requests, invalid, asks = _pod_requests(spec, annotations)
+        tolerations = tuple(
+            Toleration(
+                key=str(t.get("key") or ""),
+                operator=str(t.get("operator") or "Equal"),
+                value=str(t.get("value") or ""),
+                effect=str(t.get("effect") or ""),
+            )
+            for t in (spec.get("tolerations") or [])
+        )
+        found = (requests, invalid, asks, _extended_asks(spec) if not invalid else (), tolerations)
+        if len(_SPEC_ASKS) >= SPEC_ASKS_KEPT:
+            _SPEC_ASKS.clear()
+        _SPEC_ASKS[key] = found
+    return dict(found[0]), *found[1:]
 
 
 def _controller(refs: Any) -> Owner | None:

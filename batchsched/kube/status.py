@@ -189,11 +189,11 @@ class StatusWriter:
             raise ValueError(f"an Event's type is Normal or Warning, not {type!r}")
         if self._writes.queued >= self.max_queue:
             self._refused += 1
-            now = time.monotonic()
-            if now - self._refused_log_at >= DROP_LOG_SECONDS:
+            at = time.monotonic()
+            if at - self._refused_log_at >= DROP_LOG_SECONDS:
                 log.warning("status queue full (%d writes): dropped %d Events since the last report, the last %s "
                             "about %s", self.max_queue, self._refused - self._refused_logged, reason, ref.name)
-                self._refused_logged, self._refused_log_at = self._refused, now
+                self._refused_logged, self._refused_log_at = self._refused, at
             return
         namespace = ref.namespace or "default"
         now = rfc3339(self._clock())
