@@ -60,6 +60,20 @@ def _pod(name: str) -> dict[str, Any]:
     }
 
 
+def _scheduled_event(namespace: str, name: str, uid: str, node: str) -> dict[str, Any]:
+    """The Event a scheduler writes once a pod is bound (the shape batchsched's status
+    writer gives it)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{name}.{uid[:16]}", "namespace": namespace},
+        "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": name, "namespace": namespace, "uid": uid},
+        "reason": "Scheduled", "message": f"Successfully assigned {namespace}/{name} to {node}", "type": "Normal",
+        "source": {"component": NOBODY}, "reportingComponent": NOBODY, "reportingInstance": NOBODY,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+
+
 async def _send(session: aiohttp.ClientSession, method: str, url: str, body: dict[str, Any],
                 merge: bool = False) -> dict[str, Any] | None:
     """One write; its answer, or None when the apiserver refused it."""
@@ -75,12 +89,14 @@ async def _send(session: aiohttp.ClientSession, method: str, url: str, body: dic
 async def _bind_all(
     client: KubeClient, namespace: str, pods: list[tuple[str, str]], nodes: list[str], concurrency: int,
     claims: dict[str, dict[str, Any]] | None = None, gpus: int = 8, extended: bool = False,
+    events: bool = False,
 ) -> tuple[int, int]:
     """POST every binding; with ``claims`` (pod UID -> its ResourceClaim), PATCH the claim's
     status first (one of the node's GPUs allocated, reserved for the pod), and bind only
     once that landed; with ``extended``, first make the pod's extended-resource claim, write
-    its status, then name it in the pod's status, then bind (four writes, in that order).
-    Returns (accepted, failed)."""
+    its status, then name it in the pod's status, then bind (four writes, in that order);
+    with ``events``, each Binding accepted is followed by the pod's Scheduled Event, as a
+    scheduler tells it. Returns (accepted, failed)."""
     creds = client.creds
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if creds.token:
@@ -92,6 +108,7 @@ async def _bind_all(
     ok = failed = 0
     claims_url = f"{creds.host}{dra.RESOURCE}/namespaces/{namespace}/resourceclaims"
     pods_url = f"{creds.host}/api/v1/namespaces/{namespace}/pods"
+    events_url = f"{creds.host}/api/v1/namespaces/{namespace}/events"
 
     async def one(session: aiohttp.ClientSession, i: int) -> bool:
         name, uid = pods[i]
@@ -117,7 +134,11 @@ async def _bind_all(
             "metadata": {"name": name, "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        return await _send(session, "POST", f"{pods_url}/{name}/binding", body) is not None
+        if await _send(session, "POST", f"{pods_url}/{name}/binding", body) is None:
+            return False
+        if events:
+            await _send(session, "POST", events_url, _scheduled_event(namespace, name, uid, node))
+        return True
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal ok, failed
@@ -164,7 +185,9 @@ async def measure(
     claim status written before its Binding; with ``extended`` (DRA nodes), the pods ask
     ``nvidia.com/gpu`` and each pod's claim is made by the sweep (:func:`_bind_all`).
     With ``neighbour_cpu``, each concurrency is measured again beside a
-    :class:`~perf.neighbour.Neighbour` of that CPU (its rows carry ``neighbour_cpu``)."""
+    :class:`~perf.neighbour.Neighbour` of that CPU, each Binding followed by the pod's
+    Scheduled Event as a scheduler writes it (its rows carry ``neighbour_cpu``): the most
+    a scheduler of that size could bind here."""
     spec = node or NodeSpec()
     extended = extended and spec.dra
     client = await KubeClient.connect(kubeconfig, max_connections=72)
@@ -193,14 +216,15 @@ async def measure(
                 api = procstat.Window(procs["kube-apiserver"], started=time.monotonic())
                 own_cpu = time.process_time()
                 t0 = time.monotonic()
-                ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus, extended)
+                ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus, extended,
+                                             events=bool(load))
                 wall = time.monotonic() - t0
                 own = time.process_time() - own_cpu
                 usage = api.end(time.monotonic())
             results.append({
                 "concurrency": c,
                 "neighbour_cpu": load,
-                "writes": _writes(spec.dra, extended),
+                "writes": _writes(spec.dra, extended) + (", then the Scheduled Event" if load else ""),
                 "binds": ok,
                 "failed": failed,
                 "seconds": round(wall, 3),

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, help="seconds until every pod must be bound (default: the workload's)")
     s.add_argument("--ceiling-beside", action="store_true",
                    help="also measure each round's ceiling beside a neighbour using the CPU batchsched used "
-                        "in that round (a pod watch and a busy loop): the bound the machine sets a scheduler of its size")
+                        "over its bind window in that round (a pod watch and a busy loop), each Binding followed by its "
+                        "Scheduled Event: the bound the machine sets a scheduler of its size")
     s.add_argument("--profile", action="store_true",
                    help="one more batchsched run under cProfile after the measured ones (its top functions go in the report)")
     c = sub.add_parser("ceiling", help="the bind ceiling alone on a fresh control plane")

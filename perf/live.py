@@ -286,8 +286,16 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         deadline = running.started + timeout
         settle = ex.workload.settle_seconds
         settle_until: float | None = None
+        #: (monotonic, the scheduler's CPU seconds) at the first bind seen and once all are
+        #: bound: its share of a core over the bind window
+        at_first: tuple[float, float | None] | None = None
+        at_all: tuple[float, float | None] | None = None
         while True:
             watch.changed.clear()
+            if at_first is None and watch.bound:
+                at_first = (time.monotonic(), procstat.cpu_seconds(running.pid))
+            if at_all is None and len(watch.bound) >= expected:
+                at_all = (time.monotonic(), procstat.cpu_seconds(running.pid))
             if not running.alive():
                 m.error = f"{peer.name} exited with code {running.proc.returncode}: {running.log_tail()}"
                 break
@@ -310,6 +318,12 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
                 await asyncio.wait_for(watch.changed.wait(), 0.1)
         now = time.monotonic()
         m.usage["scheduler"] = sched_window.end(now).to_json()
+        if at_first is not None and at_all is not None and at_first[1] is not None and at_all[1] is not None \
+                and at_all[0] > at_first[0]:
+            used = at_all[1] - at_first[1]
+            m.usage["scheduler_bind_window"] = {
+                "cpu_seconds": round(used, 3), "cpu_percent": round(100 * used / (at_all[0] - at_first[0]), 1),
+            }
         for name, w in windows.items():
             m.usage[name] = w.end(now).to_json()
         m.bound = dict(watch.bound)

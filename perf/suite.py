@@ -95,10 +95,12 @@ def attach_ceiling(runs: list[dict[str, Any]], round_: int, best: float | None,
 
 
 def _scheduler_cores(runs: list[dict[str, Any]], round_: int, name: str) -> float | None:
-    """The cores ``name`` used on average over its run of ``round_`` (None: no such run)."""
+    """The cores ``name`` used on average over the bind window of its run of ``round_``
+    (over the whole run when the window was not measured; None: no such run)."""
     for run in runs:
         if run.get("round") == round_ and run.get("scheduler") == name and run.get("ok"):
-            pct = ((run.get("usage") or {}).get("scheduler") or {}).get("cpu_percent")
+            usage = run.get("usage") or {}
+            pct = (usage.get("scheduler_bind_window") or usage.get("scheduler") or {}).get("cpu_percent")
             return round(pct / 100.0, 3) if pct else None
     return None
 
@@ -135,7 +137,7 @@ def run_suite(
     """Every run of one workload at one size; returns (and writes) the suite's data.
 
     With ``beside``, each round's ceiling is also measured beside a neighbour using the CPU
-    batchsched used in that round (:mod:`perf.neighbour`): the rate a scheduler of its
+    batchsched used over its bind window in that round (:mod:`perf.neighbour`): the rate a scheduler of its
     size could reach at best on this machine, and batchsched's share of it.
 
     With ``strict``, a peer that cannot be built or a run that fails raises instead of

@@ -65,7 +65,7 @@ def test_perf_smoke(tmp_path: Path) -> None:
     # the ceiling is measured in the round, and every run is read against its round's
     assert [c["round"] for c in plain["ceilings"]] == [0]
     assert all(r["fraction_of_ceiling"] and r["fraction_of_ceiling_e2e"] for r in plain["runs"])
-    # and beside a neighbour using the CPU batchsched used: the most a scheduler of its size
+    # and beside a neighbour using the CPU batchsched used binding: the most a scheduler of its size
     # could bind here, below the bare ceiling's machine
     [ceiling] = plain["ceilings"]
     assert ceiling["neighbour_cpu"] > 0 and ceiling["best_beside"] > 0
