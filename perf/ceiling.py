@@ -179,15 +179,15 @@ def _writes(dra_nodes: bool, extended: bool) -> str:
 
 async def measure(
     kubeconfig: str, procs: dict[str, int], *, binds: int, concurrencies: list[int], node: NodeSpec | None = None,
-    extended: bool = False, neighbour_cpu: float | None = None,
+    extended: bool = False, neighbour_cpu: float | None = None, events: bool = False,
 ) -> list[dict[str, Any]]:
     """The sweep; on DRA nodes (``node.dra``), the slices published first and each pod's
     claim status written before its Binding; with ``extended`` (DRA nodes), the pods ask
     ``nvidia.com/gpu`` and each pod's claim is made by the sweep (:func:`_bind_all`).
     With ``neighbour_cpu``, each concurrency is measured again beside a
-    :class:`~perf.neighbour.Neighbour` of that CPU, each Binding followed by the pod's
-    Scheduled Event as a scheduler writes it (its rows carry ``neighbour_cpu``): the most
-    a scheduler of that size could bind here."""
+    :class:`~perf.neighbour.Neighbour` of that CPU (its rows carry ``neighbour_cpu``): the
+    most a scheduler of that size could bind here; with ``events`` too, each of those
+    Bindings is followed by the pod's Scheduled Event, written by the same worker."""
     spec = node or NodeSpec()
     extended = extended and spec.dra
     client = await KubeClient.connect(kubeconfig, max_connections=72)
@@ -217,14 +217,14 @@ async def measure(
                 own_cpu = time.process_time()
                 t0 = time.monotonic()
                 ok, failed = await _bind_all(client, ns, pods, nodes, c, claims, spec.gpus, extended,
-                                             events=bool(load))
+                                             events=events and bool(load))
                 wall = time.monotonic() - t0
                 own = time.process_time() - own_cpu
                 usage = api.end(time.monotonic())
             results.append({
                 "concurrency": c,
                 "neighbour_cpu": load,
-                "writes": _writes(spec.dra, extended) + (", then the Scheduled Event" if load else ""),
+                "writes": _writes(spec.dra, extended) + (", then the Scheduled Event" if events and load else ""),
                 "binds": ok,
                 "failed": failed,
                 "seconds": round(wall, 3),
@@ -250,6 +250,7 @@ def run_ceiling(
     node: NodeSpec | None = None,
     extended: bool = False,
     neighbour_cpu: float | None = None,
+    events: bool = False,
 ) -> dict[str, Any]:
     """The sweep on a fresh sandbox of ``nodes`` nodes shaped like ``node`` (default: 8
     GPUs; ``extended``: see :func:`measure`); ``best`` is the highest rate of the sweep
@@ -273,7 +274,7 @@ def run_ceiling(
     try:
         procs = {p.name: p.pid for p in state.processes}
         sweep = asyncio.run(measure(state.kubeconfig, procs, binds=binds, concurrencies=concurrencies, node=spec,
-                                    extended=extended, neighbour_cpu=neighbour_cpu))
+                                    extended=extended, neighbour_cpu=neighbour_cpu, events=events))
     finally:
         box.down()
     rates = [r["binds_per_s"] for r in sweep if r["binds_per_s"] and not r["neighbour_cpu"]]

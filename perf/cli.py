@@ -4,7 +4,7 @@
     python -m perf build                              build the peers (kube-scheduler, scheduler-plugins)
     python -m perf sched WORKLOAD [--size S] [--runs N] [--schedulers a,b]   rounds of A B ceiling
         [--ceiling-beside]   the ceiling also beside a neighbour of batchsched's CPU
-    python -m perf ceiling --nodes N [--binds B] [--concurrency 1,16,64,256]
+    python -m perf ceiling --nodes N [--binds B] [--concurrency 1,16,64,256] [--neighbour-cpu F [--events]]
     python -m perf restart [--nodes N --gangs G --pods P]   kill mid-run, restart: ready, first bind
     python -m perf failover [--nodes N --pods P --runs R --lease-duration S]   leader stopped: standby's first bind
     python -m perf idle [--nodes N] [--variant gangs|pods]  CPU while work that cannot fit waits
@@ -72,14 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, help="seconds until every pod must be bound (default: the workload's)")
     s.add_argument("--ceiling-beside", action="store_true",
                    help="also measure each round's ceiling beside a neighbour using the CPU batchsched used "
-                        "over its bind window in that round (a pod watch and a busy loop), each Binding followed by its "
-                        "Scheduled Event: the bound the machine sets a scheduler of its size")
+                        "over its bind window in that round (a pod watch and a busy loop): the bound the machine sets "
+                        "a scheduler of its size")
     s.add_argument("--profile", action="store_true",
                    help="one more batchsched run under cProfile after the measured ones (its top functions go in the report)")
     c = sub.add_parser("ceiling", help="the bind ceiling alone on a fresh control plane")
     c.add_argument("--nodes", type=_positive, default=500)
     c.add_argument("--binds", type=_positive, default=4000)
     c.add_argument("--concurrency", type=_csv_ints, default=[1, 16, 64, 256])
+    c.add_argument("--neighbour-cpu", type=float, help="also beside a neighbour of this many cores (perf/neighbour.py)")
+    c.add_argument("--events", action="store_true",
+                   help="beside the neighbour, each Binding followed by the pod's Scheduled Event (same worker)")
     y = sub.add_parser("cycle", help="cycle and kernel benchmarks, no apiserver")
     y.add_argument("--quick", action="store_true", help="tiny sizes (seconds)")
     q = sub.add_parser("queues", help="cycle time with queues (50 queues, 10,000 pending groups, 5,000 nodes)")
@@ -197,13 +200,15 @@ def cmd_build() -> int:
     return 0
 
 
-def cmd_ceiling(out: Path, nodes: int, binds: int, concurrency: list[int]) -> int:
+def cmd_ceiling(out: Path, nodes: int, binds: int, concurrency: list[int], neighbour_cpu: float | None,
+                events: bool) -> int:
     from perf.ceiling import run_ceiling
 
     data = run_ceiling(nodes=nodes, binds=binds, concurrencies=concurrency, apiserver_args=[],
-                       sandbox_name=f"perf-{os.getpid()}-ceiling")
+                       sandbox_name=f"perf-{os.getpid()}-ceiling", neighbour_cpu=neighbour_cpu, events=events)
     write_json(out / "ceiling" / f"{nodes}.json", data)
-    log(f"ceiling on {nodes} nodes: {data['best']} binds/s")
+    log(f"ceiling on {nodes} nodes: {data['best']} binds/s"
+        + (f"; beside {neighbour_cpu} cores: {data['best_beside']}" if neighbour_cpu else ""))
     return 0
 
 
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         clean = all(not any(r["counts"].values()) and r["recovered_s"] is not None for r in result["rows"])
         return 0 if clean else 1
     elif args.command == "ceiling":
-        cmd_ceiling(out, args.nodes, args.binds, args.concurrency)
+        cmd_ceiling(out, args.nodes, args.binds, args.concurrency, args.neighbour_cpu, args.events)
     elif args.command == "cycle":
         cmd_cycle(out, args.quick)
     elif args.command == "sim":

@@ -189,8 +189,7 @@ def suite_markdown(data: dict[str, Any], summary: dict[str, Any], plot: str | No
             )
             lines += [
                 "The ceiling beside a neighbour that uses the CPU batchsched used over its bind window in the round (a watch of "
-                f"every pod and a busy loop, `perf/neighbour.py`), each Binding followed by the pod's Scheduled Event as "
-                "a scheduler writes it: the most a scheduler of its size could bind "
+                f"every pod and a busy loop, `perf/neighbour.py`): the most a scheduler of its size could bind "
                 f"on this machine: {shares}.",
                 "",
             ]
