@@ -28,7 +28,7 @@ from batchsched.core.dra.book import DeviceChange
 from batchsched.core.dra.objects import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 from batchsched.core.gangs import GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState
-from batchsched.core.model import Node, Pod, PodUID, Term
+from batchsched.core.model import Node, Pod, PodUID, Term, arrival_of
 from batchsched.core.nodehealth import with_health
 from batchsched.core.queues import QueueBook
 from batchsched.core.settings import SessionSettings
@@ -100,8 +100,15 @@ class EventRouting:
         self.reports.dirty.update(self.groups.groups)
         self.wants_step = True
 
-    def on_pod(self, kind: str, pod: Pod) -> None:
-        self._route_pod(kind, self.intake.admit(kind, pod, self.state.pods.get(pod.uid)))
+    def on_pod(self, kind: str, pod: Pod, *, read: bool = False) -> None:
+        """A pod event; ``read``: the pod was read outside the watch (read again after a
+        conflict, or a Binding never confirmed), and is not applied when the mirror holds a
+        later version of it: the watch showed one (its Binding landed) while the read was
+        under way, and the read's older answer would undo it."""
+        known = self.state.pods.get(pod.uid)
+        if read and known is not None and _older(pod.resource_version, known.resource_version):
+            return
+        self._route_pod(kind, self.intake.admit(kind, pod, known))
 
     def _route_pod(self, kind: str, pod: Pod) -> None:
         """An admitted pod event: the mirror and the gangs first, then each book it concerns."""
@@ -303,3 +310,10 @@ class EventRouting:
         may now preempt or go first."""
         if self.backlog.forget_gangs(g.key for g in self.groups.groups.values() if g.priority_class in names):
             self.wants_step = True
+
+
+def _older(version: str, than: str) -> bool:
+    """Whether resourceVersion ``version`` comes before ``than`` (both etcd revisions, which
+    compare as integers; when either is not one, nothing is known to be older)."""
+    a, b = arrival_of(version), arrival_of(than)
+    return 0 < a < b

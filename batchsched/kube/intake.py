@@ -158,10 +158,11 @@ class Intake:
         self.on_change()
 
     def pod(self, kind: str, obj: dict[str, Any]) -> None:
-        """A pod read outside the watch (a resync)."""
+        """A pod read outside the watch (a resync): the session keeps a later version the
+        watch showed meanwhile."""
         pod = self._parsed("Pod", self._parse_pod, obj)
         if pod is not None:
-            self.guard(self._pod, kind, pod)
+            self.guard(self._pod, kind, pod, True)
 
     def _unreadable(self, kind: str, obj: dict[str, Any], exc: Exception) -> None:
         meta = obj.get("metadata") if isinstance(obj, dict) else None
@@ -178,8 +179,8 @@ class Intake:
 
     # -- intake that also keeps the writers' books
 
-    def _pod(self, kind: str, pod: Pod) -> None:
-        self.session.on_pod(kind, pod)
+    def _pod(self, kind: str, pod: Pod, read: bool = False) -> None:
+        self.session.on_pod(kind, pod, read=read)
         if kind == "DELETED":
             self.status.forget(pod.uid)
             self._told.pop(pod.uid, None)

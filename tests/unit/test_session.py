@@ -397,3 +397,36 @@ def test_a_gangs_pods_are_told_a_new_reason_at_once_with_its_message() -> None:
     assert reports.pod_message("g", "Unschedulable", "only 0 fit now", T0 + 5) == "only 1 fit now"
     # a new reason: told at once, never under the old message
     assert reports.pod_message("g", "Reserved", "holds a reservation", T0 + 6) == "holds a reservation"
+
+
+def test_a_pod_read_again_after_the_watch_showed_it_bound_does_not_undo_the_binding() -> None:
+    # at 5,000 nodes x 40,000 pods the binder's queue outlasted the assumed timeout: the pod
+    # was read again, its Binding landed and the watch showed it bound while the read was
+    # under way, then the read's older answer (unbound) arrived: the pod was pending and
+    # charged at once, and the scheduler stopped on its broken books
+    s = Session(SessionSettings(assumed_timeout=30.0))
+    c = Cluster(s)
+    c.node("n0", 8)
+    obj = gpu_pod("p", 8)
+    obj["metadata"]["resourceVersion"] = "100"
+    uid = c.pod(obj)
+    d = s.step(c.now)
+    assert [r.uid for r in s.step(c.now + 31.0).resyncs] == [uid]  # read again: its GET starts
+    read = copy.deepcopy(c.pods[uid])  # what the GET sees: unbound, at 100
+    bound = c.pods[uid]
+    bound["spec"]["nodeName"] = d.binds[0].node
+    bound["status"]["phase"] = "Running"
+    bound["metadata"]["resourceVersion"] = "105"
+    s.on_bind_result(d.binds[0], "bound", now=c.now + 32.0)
+    c._modified(uid)  # the watch: bound, at 105
+    s.on_pod("MODIFIED", parse_pod(read), read=True)  # then the GET's answer
+    s.on_pod_read(PodUID(uid), now=c.now + 33.0)
+    s.check(c.now + 33.0)
+    assert uid not in s.state.pending and s.state.charges[PodUID(uid)][0] == "n0"
+    assert s.state.pods[PodUID(uid)].node_name == "n0"
+    # a read as new as the mirror's version (or newer) is applied
+    newer = copy.deepcopy(bound)
+    newer["metadata"]["resourceVersion"] = "110"
+    newer["metadata"]["labels"] = {"seen": "again"}
+    s.on_pod("MODIFIED", parse_pod(newer), read=True)
+    assert s.state.pods[PodUID(uid)].labels == {"seen": "again"}
