@@ -91,3 +91,40 @@ def test_without_a_budget_one_step_tries_everything() -> None:
     d = c.step(after=1.0)
     assert d.plan is not None and not d.plan.unfinished
     assert not d.again or d.plan.deferred
+
+
+def singles(budget: float | None) -> tuple[Cluster, list[str]]:
+    """Fifty 8-GPU nodes, some partly taken by running pods of 1-4 GPUs, and a run of 450
+    alike single pods of 2 GPUs, more than fits."""
+    rng = random.Random(5)
+    s = Session(SessionSettings(walk_budget=budget))
+    c = Cluster(s)
+    for i in range(50):
+        c.node(f"n{i}", 8)
+    for i in range(40):
+        c.pod(make_pod(f"run{i}").req(cpu="1", **{GPU: str(rng.choice((1, 2, 4)))}).running(f"n{rng.randrange(50)}")
+              .created(T0 - 5000).obj())
+    uids = [c.pod(make_pod(f"p{i}").req(cpu="1", **{GPU: "2"}).created(T0 - 1000 + i).obj()) for i in range(450)]
+    return c, uids
+
+
+def test_a_long_run_of_alike_pods_is_placed_in_parts_and_the_first_part_leaves_at_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # one kernel call per run of alike pods: a first cycle over 20,000 of them sent nothing
+    # for 7.5 s. Runs of at most SINGLES_RUN: the walk stops after the first once its budget
+    # is spent, and in the end each pod is where one call for the whole run puts it.
+    from batchsched.core import cycle
+
+    monkeypatch.setattr(cycle, "SINGLES_RUN", 10**9)
+    whole, uids = singles(None)
+    one = settle(whole)
+    monkeypatch.setattr(cycle, "SINGLES_RUN", 100)
+    cut, _ = singles(0.0)
+    first = cut.step(after=1.0)
+    assert len(first.binds) == 100 and first.again and first.plan is not None and first.plan.unfinished
+    rest = settle(cut)
+    assert {u: cut.node_of(u) for u in uids} == {u: whole.node_of(u) for u in uids}
+    placed = sum(1 for u in uids if whole.node_of(u))
+    assert 100 < placed < len(uids)  # more than one run fits, not everything
+    for c, steps in ((whole, one), (cut, [first, *rest])):
+        told = [p.ref.uid for d in steps for p in d.unschedulable]
+        assert sorted(set(told)) == sorted(u for u in uids if not c.node_of(u)) and len(told) == len(set(told))
