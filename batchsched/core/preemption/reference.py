@@ -43,6 +43,7 @@ from batchsched.core.queues import (
     ReclaimPolicy,
     WithinQueuePolicy,
 )
+from batchsched.core.queues.running import held
 
 __all__ = ["select_victims"]
 
@@ -153,19 +154,9 @@ class _Search:
         kind = self._kind(w)
         if kind is None or not w.pods:
             return
-        width = self.used.shape[1]
-        options: list[tuple[tuple[RunningPod, ...], bool]] = [(w.pods, True)]
-        extras = tuple(pod for pod in w.pods if pod.elastic)
-        if extras and len(extras) < len(w.pods):
-            options.append((extras, False))
         span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
-        for pods, whole in options:
-            if len(pods) == 1:
-                vec = pods[0].req  # read only
-            else:
-                vec = np.zeros(width, dtype=np.int64)
-                for pod in pods:
-                    vec += pod.req
+        for h in held(w, self.used.shape[1]):
+            pods, whole, vec = h.pods, h.whole, h.vec
             message, borrowed = kind[1], ""
             if kind[0] is VictimKind.RECLAIM:
                 assert w.queue is not None
@@ -176,7 +167,7 @@ class _Search:
                 message = f"{message}: queue {w.queue} was borrowing {borrowed}"
             if not whole:
                 message = f"{message}; only its {len(pods)} elastic extra pod(s)"
-            gpu_hours = sum(pod.gpus for pod in pods) * span
+            gpu_hours = h.gpus * span
             piece = _Piece(w, pods, whole, kind[0], vec, gpu_hours, message, borrowed)
             piece.cost = (gpu_hours, len(pods), w.priority, -w.created, w.uid, int(whole))
             self.pieces.append(piece)
