@@ -268,6 +268,14 @@ def bound(pods: list[dict[str, Any]], prefix: str) -> list[str]:
     return [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")]
 
 
+async def bound_at(kube: KubeClient, namespace: str, prefix: str, count: int) -> float:
+    """When (wall clock) ``count`` pods of ``prefix`` were first seen bound (waits up to 150 s)."""
+    async def enough() -> bool:
+        return len(bound(await list_pods(kube, namespace), prefix)) >= count
+    await wait_for(enough, timeout=150, interval=0.25)
+    return time.time()
+
+
 VOLCANO_CRD = Path(__file__).parent / "crds" / "volcano-podgroup.yaml"
 
 

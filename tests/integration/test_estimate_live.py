@@ -23,13 +23,12 @@ from batchsched.insight.views import jobs
 from batchsched.kube.client import KubeClient
 from tests.integration.helpers import (
     XK8S,
+    bound_at,
     create_group,
     create_pods,
-    list_pods,
     pod_body,
     queues,
     running_scheduler,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -45,14 +44,6 @@ def body(name: str, pool: str, queue: str, seconds: int, gpu: int, group: str = 
         "labels": labels,
         "annotations": {"batchsched.io/sim-duration": f"{seconds}s", "batchsched.io/expected-runtime": f"{seconds}s"},
     }, spec={"nodeSelector": {"pool": pool}})
-
-
-async def bound_at(kube: KubeClient, namespace: str, prefix: str, count: int) -> float:
-    async def bound() -> bool:
-        pods = [p for p in await list_pods(kube, namespace) if p["metadata"]["name"].startswith(prefix)]
-        return sum(1 for p in pods if p["spec"].get("nodeName")) >= count
-    await wait_for(bound, timeout=150, interval=0.25)
-    return time.time()
 
 
 async def test_estimates_of_both_models_hold_to_the_real_starts(

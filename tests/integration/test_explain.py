@@ -28,6 +28,7 @@ from batchsched.sandbox import build
 from tests.integration.helpers import (
     QUEUES,
     XK8S,
+    bound_at,
     create_group,
     create_pods,
     events_for,
@@ -67,14 +68,6 @@ async def explained(sandbox: Any, namespace: str, *args: str) -> dict[str, Any]:
     out = await cli(sandbox, namespace, "explain", *args, "-n", namespace, "-o", "json")
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout))
-
-
-async def bound_at(kube: KubeClient, namespace: str, prefix: str, count: int) -> float:
-    async def bound() -> bool:
-        pods = [p for p in await list_pods(kube, namespace) if p["metadata"]["name"].startswith(prefix)]
-        return sum(1 for p in pods if p["spec"].get("nodeName")) >= count
-    await wait_for(bound, timeout=150, interval=0.25)
-    return time.time()
 
 
 async def test_explain_names_the_numbers_the_position_and_a_start_that_holds(
