@@ -128,3 +128,39 @@ def test_a_long_run_of_alike_pods_is_placed_in_parts_and_the_first_part_leaves_a
     for c, steps in ((whole, one), (cut, [first, *rest])):
         told = [p.ref.uid for d in steps for p in d.unschedulable]
         assert sorted(set(told)) == sorted(u for u in uids if not c.node_of(u)) and len(told) == len(set(told))
+
+
+def test_a_run_placed_in_parts_preempts_what_one_call_for_the_whole_run_preempts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # the pods of a run that do not fit preempt one by one after the run's kernel call: cut
+    # into parts, the same lower-priority pods are evicted and the same pods placed
+    from batchsched.core import cycle
+
+    def world() -> tuple[Cluster, list[str], list[str]]:
+        rng = random.Random(9)
+        c = Cluster(Session(SessionSettings()))
+        for i in range(20):
+            c.node(f"n{i}", 8)
+        low = [c.pod(make_pod(f"low{i}").req(cpu="1", **{GPU: str(rng.choice((1, 2)))}).running(f"n{i % 20}")
+                     .created(T0 - 5000 + i).obj()) for i in range(60)]
+        high = [c.pod(make_pod(f"high{i}").priority(100).req(cpu="1", **{GPU: "2"}).created(T0 - 1000 + i).obj())
+                for i in range(90)]
+        return c, low, high
+
+    def run(part: int) -> tuple[list[list[str]], dict[str, str]]:
+        monkeypatch.setattr(cycle, "SINGLES_RUN", part)
+        c, low, high = world()
+        evicted: list[list[str]] = []
+        for _ in range(30):
+            d = c.step(after=1.0)
+            evicted.append(sorted(e.uid for e in d.evictions))
+            assert set(evicted[-1]) <= set(low)  # only the lower priority is evicted
+            for e in d.evictions:
+                c.delete_pod(e.uid)
+        return evicted, {u: c.node_of(u) for u in high if u in c.pods}
+
+    whole_evicted, whole_placed = run(10**9)
+    parts_evicted, parts_placed = run(15)
+    assert any(whole_evicted)  # preemption did act
+    assert 15 < sum(1 for n in whole_placed.values() if n) < len(whole_placed)  # several parts, not all fit
+    assert sorted(u for step in parts_evicted for u in step) == sorted(u for step in whole_evicted for u in step)
+    assert parts_placed == whole_placed
