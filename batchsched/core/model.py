@@ -584,8 +584,8 @@ def _spec_asks(spec: Mapping[str, Any], annotations: Mapping[str, str]) -> _Spec
     read once per distinct containers, pod-level resources, overhead, tolerations and
     annotations (the pods of one job share them; reading them was half of taking in a
     list of pods). Each pod gets its own copy of the requests."""
-    key = orjson.dumps((spec.get("containers"), spec.get("initContainers"), spec.get("resources"),
-                        spec.get("overhead"), spec.get("tolerations"), annotations))
+    key = orjson.dumps((_read_of(spec.get("containers")), _read_of(spec.get("initContainers")),
+                        spec.get("resources"), spec.get("overhead"), spec.get("tolerations"), annotations))
     found = _SPEC_ASKS.get(key)
     if found is None:
         requests, invalid, asks = _pod_requests(spec, annotations)
@@ -603,6 +603,16 @@ def _spec_asks(spec: Mapping[str, Any], annotations: Mapping[str, str]) -> _Spec
             _SPEC_ASKS.clear()
         _SPEC_ASKS[key] = found
     return dict(found[0]), *found[1:]
+
+
+def _read_of(containers: Any) -> Any:
+    """What :func:`_spec_asks` reads of each container: its name, resources and restart
+    policy. Not the rest (every pod mounts its own service account token under a name of
+    its own, which would make each pod of a template a spec of its own)."""
+    if not isinstance(containers, list):
+        return containers
+    return [(c.get("name"), c.get("resources"), c.get("restartPolicy")) if isinstance(c, dict) else c
+            for c in containers]
 
 
 def _controller(refs: Any) -> Owner | None:

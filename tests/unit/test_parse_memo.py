@@ -44,6 +44,8 @@ KINDS = [
     pod("init", {"cpu": "1"}, init=[{"name": "setup", "resources": {"requests": {"cpu": "4", "nvidia.com/gpu": "1"}}}]),
     pod("tolerant", {"cpu": "1"}, tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]),
     pod("extended", {"example.com/fpga": "2"}),
+    pod("sidecar", {"cpu": "1"}, init=[{"name": "setup", "restartPolicy": "Always",
+                                       "resources": {"requests": {"cpu": "4", "nvidia.com/gpu": "1"}}}]),
 ]
 
 
@@ -81,3 +83,30 @@ def test_the_memo_is_bounded() -> None:
         parse_pod(pod(f"p{i}", {"cpu": f"{i + 1}m"}))
     assert len(model._SPEC_ASKS) <= model.SPEC_ASKS_KEPT
     assert parse_pod(pod("again", {"cpu": "5m"})).requests["cpu"] == 5
+
+
+def mounted(obj: dict[str, Any], volume: str) -> dict[str, Any]:
+    """``obj`` as the apiserver returns it: each pod mounts its own service account token."""
+    out = copy.deepcopy(obj)
+    for c in out["spec"]["containers"]:
+        c["volumeMounts"] = [{"name": volume, "readOnly": True,
+                              "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+    return out
+
+
+def test_pods_of_one_template_with_their_own_token_mounts_are_read_once() -> None:
+    model._SPEC_ASKS.clear()
+    template = pod("worker", {"cpu": "1", "nvidia.com/gpu": "2"})
+    pods = [mounted(template, f"kube-api-access-{i:05x}") for i in range(50)]
+    read = [parse_pod(p) for p in pods]
+    assert len(model._SPEC_ASKS) == 1
+    assert all(r.requests == fresh(p).requests for r, p in zip(read, pods, strict=True))
+
+
+def test_a_sidecar_and_an_init_container_alike_but_for_their_restart_policy_are_read_apart() -> None:
+    model._SPEC_ASKS.clear()
+    init = next(o for o in KINDS if o["metadata"]["name"] == "init")
+    sidecar = next(o for o in KINDS if o["metadata"]["name"] == "sidecar")
+    # the init container runs first, alone; the sidecar keeps running beside the main one
+    assert parse_pod(init).requests["cpu"] == 4000
+    assert parse_pod(sidecar).requests["cpu"] == 5000
