@@ -27,14 +27,22 @@ __all__ = ["collector_paused", "trim"]
 
 
 @contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused(*, kept: bool = False) -> Iterator[None]:
     """The cyclic collector held over the block (a step, a list's intake), as it was after:
-    one young-generation pass then collects what the block left in cycles."""
+    one young-generation pass then collects what the block left in cycles.
+
+    ``kept``: what the block made lives on (a list's objects, the mirror read from them),
+    so it is moved out of the collector's reach (:func:`gc.freeze`) instead: the young pass
+    would walk every one of them (a second per list of 26,000 pods), and the passes of
+    older generations again later, to find no cycle. Frozen objects are still freed by
+    their reference counts; only a cycle among them is never collected."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if kept:
+            gc.freeze()
         if enabled:
             gc.enable()
 

@@ -36,6 +36,12 @@ class KubeAPI(Protocol):
         """``kind``: ``merge``, ``strategic``, ``json`` or ``apply``."""
         ...
 
+    def pages(
+        self, path: str, *, page: int = 500, **params: str | int
+    ) -> AsyncIterator[tuple[list[JSON], str]]:
+        """Each page of a list, with the resourceVersion to watch from (the last page's)."""
+        ...
+
     async def list(
         self, path: str, *, page: int = 500, **params: str | int
     ) -> tuple[list[JSON], str]:

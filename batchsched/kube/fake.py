@@ -132,6 +132,11 @@ class FakeKube:
         self.objects[path] = merged
         return dict(merged)
 
+    async def pages(
+        self, path: str, *, page: int = 500, **params: str | int
+    ) -> AsyncIterator[tuple[list[JSON], str]]:
+        yield await self.list(path, page=page, **params)
+
     async def list(
         self, path: str, *, page: int = 500, **params: str | int
     ) -> tuple[list[JSON], str]:

@@ -128,9 +128,8 @@ class Intake:
         self, path: str, name: str, kind: str, parse: Callable[[dict[str, Any]], Any],
         listed: Callable[[list[Any]], Any], event: Callable[[str, Any], Any],
     ) -> Reflector:
-        def on_list(items: list[dict[str, Any]]) -> None:
-            with procmem.collector_paused():  # a list of every pod: a burst of long-lived objects
-                values = [v for v in (self._parsed(kind, parse, o) for o in items) if v is not None]
+        def on_list(values: list[Any]) -> None:
+            with procmem.collector_paused(kept=True):  # a list of every pod: the mirror, long-lived
                 self.guard(listed, values)
 
         def on_event(etype: str, obj: dict[str, Any]) -> None:
@@ -139,7 +138,8 @@ class Intake:
             if value is not None:
                 self.guard(event, etype, value)
 
-        return Reflector(self.client, path, on_list=on_list, on_event=on_event, name=name)
+        return Reflector(self.client, path, on_list=on_list, on_event=on_event, name=name,
+                         read=partial(self._parsed, kind, parse))
 
     def _parsed(self, kind: str, parse: Callable[[dict[str, Any]], Any], obj: dict[str, Any]) -> Any:
         try:

@@ -72,3 +72,43 @@ async def test_expired_resource_version_relists_without_losing_or_duplicating(ku
 
 async def _is(value: bool) -> bool:
     return value
+
+
+async def test_a_list_in_pages_reads_each_page_while_the_next_is_fetched(kube: KubeClient, namespace: str) -> None:
+    """Every object is read once and handed over whole with the list's resourceVersion, and
+    the server is asked for each next page before the objects of the one in hand are read
+    (their reading overlaps its preparation: a list of every pod at scale)."""
+    await create_pods(kube, namespace, [pod_body(f"p{i:02d}") for i in range(23)])
+    steps: list[tuple[str, str]] = []
+    listed: list[list[str]] = []
+    seen: list[str] = []
+    request = kube.request
+
+    async def logged(method: str, path: str, **kwargs: Any) -> Any:
+        if method == "GET" and "limit" in (kwargs.get("params") or {}):
+            steps.append(("ask", str(kwargs["params"].get("continue", ""))))
+        return await request(method, path, **kwargs)
+
+    def read(obj: dict[str, Any]) -> str:
+        steps.append(("read", obj["metadata"]["name"]))
+        return str(obj["metadata"]["name"])
+
+    kube.request = logged  # type: ignore[method-assign]
+    reflector = Reflector(kube, f"/api/v1/namespaces/{namespace}/pods", page=7, read=read,
+                          on_list=lambda names: listed.append(list(names)),
+                          on_event=lambda kind, obj: seen.append(obj["metadata"]["name"]))
+    task = asyncio.get_running_loop().create_task(reflector.run())
+    try:
+        await wait_for(lambda: _is(bool(listed)), timeout=20)
+        assert sorted(listed[0]) == [f"p{i:02d}" for i in range(23)]
+        asks = [i for i, (what, _) in enumerate(steps) if what == "ask"]
+        reads = [i for i, (what, _) in enumerate(steps) if what == "read"]
+        assert len(asks) == 4  # pages of 7, 7, 7 and 2
+        for page in range(3):  # page k+1 asked for before the first object of page k is read
+            assert asks[page + 1] < reads[7 * page]
+        # the watch goes on from the list's resourceVersion: a pod made after it is an event
+        await create_pods(kube, namespace, [pod_body("later")])
+        await wait_for(lambda: _is("later" in seen), timeout=20)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
