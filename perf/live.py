@@ -290,12 +290,16 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
         #: bound: its share of a core over the bind window
         at_first: tuple[float, float | None] | None = None
         at_all: tuple[float, float | None] | None = None
+        #: the apiserver's requests at the first bind and once all are bound
+        served: list[asyncio.Task[dict[str, dict[str, float]]]] = []
         while True:
             watch.changed.clear()
             if at_first is None and watch.bound:
                 at_first = (time.monotonic(), procstat.cpu_seconds(running.pid))
+                served.append(asyncio.create_task(apiserver_requests(client)))
             if at_all is None and len(watch.bound) >= expected:
                 at_all = (time.monotonic(), procstat.cpu_seconds(running.pid))
+                served.append(asyncio.create_task(apiserver_requests(client)))
             if not running.alive():
                 m.error = f"{peer.name} exited with code {running.proc.returncode}: {running.log_tail()}"
                 break
@@ -324,6 +328,12 @@ async def _measure(cfg: RunConfig, kubeconfig: str, procs: dict[str, int]) -> Me
             m.usage["scheduler_bind_window"] = {
                 "cpu_seconds": round(used, 3), "cpu_percent": round(100 * used / (at_all[0] - at_first[0]), 1),
             }
+        if len(served) == 2:
+            before, after = await asyncio.gather(*served)
+            if before and after:
+                m.usage["apiserver_requests_bind_window"] = requests_between(before, after)
+        for t in served:
+            t.cancel()
         for name, w in windows.items():
             m.usage[name] = w.end(now).to_json()
         m.bound = dict(watch.bound)
@@ -443,6 +453,51 @@ async def node_domains(client: KubeClient, keys: set[str]) -> dict[str, dict[str
             if key in labels:
                 out[key][node["metadata"]["name"]] = labels[key]
     return out
+
+
+#: the apiserver's figures per kind of request kept by :func:`apiserver_requests`
+_REQUEST_FAMILIES = ("apiserver_request_total", "apiserver_request_duration_seconds")
+
+
+async def apiserver_requests(client: KubeClient) -> dict[str, dict[str, float]]:
+    """The apiserver's requests so far by ``VERB resource/subresource``: how many, and
+    the seconds it spent serving them (its own side of each request, without the client's
+    queueing). Empty if its ``/metrics`` cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = await client.text("/metrics")
+    except KubeError:
+        return {}
+    wanted = "\n".join(line for line in text.splitlines()
+                        if line.startswith(_REQUEST_FAMILIES) and "_bucket" not in line)
+    out: dict[str, dict[str, float]] = {}
+    for fam in text_string_to_metric_families(wanted):
+        for s in fam.samples:
+            labels = s.labels
+            if labels.get("verb") in (None, "WATCH", "CONNECT"):
+                continue
+            sub = labels.get("subresource", "")
+            key = f"{labels['verb']} {labels.get('resource', '')}{'/' + sub if sub else ''}"
+            row = out.setdefault(key, {"count": 0.0, "seconds": 0.0})
+            if s.name == "apiserver_request_total":
+                row["count"] += s.value
+            elif s.name == "apiserver_request_duration_seconds_sum":
+                row["seconds"] += s.value
+    return out
+
+
+def requests_between(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """What the apiserver served between two :func:`apiserver_requests`: per kind of request
+    its count and mean seconds, the most numerous first."""
+    rows = []
+    for key, row in after.items():
+        was = before.get(key, {"count": 0.0, "seconds": 0.0})
+        n = row["count"] - was["count"]
+        if n >= 1:
+            rows.append((key, int(n), (row["seconds"] - was["seconds"]) / n))
+    rows.sort(key=lambda r: -r[1])
+    return {key: {"count": n, "mean_ms": round(1e3 * mean, 1)} for key, n, mean in rows}
 
 
 def scrape(url: str) -> dict[str, float]:

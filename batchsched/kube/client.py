@@ -242,6 +242,18 @@ class KubeClient:
         result: JSON = await self.request("PATCH", path, body=body, content_type=ctype)
         return result
 
+    async def text(self, path: str, *, timeout: float = 30.0) -> str:
+        """A body that is not JSON (the apiserver's ``/metrics``)."""
+        try:
+            async with self._session.get(self.creds.host + path, headers={"Accept": "text/plain"},
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise _error_from(resp.status, raw)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise TemporaryError(0, type(exc).__name__, str(exc) or repr(exc)) from exc
+        return raw.decode(errors="replace")
+
     async def delete(self, path: str, body: JSON | None = None, **params: str | int) -> Any:
         return await self.request("DELETE", path, body=body, params=params)
 
