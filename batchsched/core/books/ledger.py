@@ -36,8 +36,11 @@ class BindLedger:
         self._cleanup_at: dict[PodUID, float] = {}
 
     def assumed(self, uid: PodUID, now: float) -> None:
-        """The pod was handed to the binder at ``now``."""
-        self._assumed_at[uid] = now
+        """The pod was handed to the binder at ``now``: its Binding waits its turn in the
+        binder's queue (minutes, when a first step hands over tens of thousands), so the
+        watch has nothing to confirm yet; the wait for it starts when the apiserver has
+        accepted the Binding (:meth:`bind_result`), as in kube-scheduler's cache."""
+        self._assumed_at.pop(uid, None)
 
     def settled(self, uid: PodUID) -> None:
         """The pod is bound, gone, or pending again: nothing of it to follow."""
@@ -54,6 +57,8 @@ class BindLedger:
         out = Decisions()
         uid = PodUID(b.uid)
         if outcome == "bound":
+            if uid in state.assumed:  # not shown bound by the watch yet: wait for it from now
+                self._assumed_at[uid] = now
             if self.scheduled_events:
                 out.scheduled.append(PodScheduledNote(pod_ref(b), b.node, b.where))
             return out, False
@@ -80,7 +85,8 @@ class BindLedger:
         return False
 
     def check_assumed(self, state: ClusterState, now: float, out: Decisions) -> None:
-        """A binding the apiserver accepted that the watch never confirmed: read it again."""
+        """A binding the apiserver accepted that the watch has not confirmed within the
+        assumed timeout: read it again (and again each timeout while it stays so)."""
         limit = self.assumed_timeout
         for uid, since in list(self._assumed_at.items()):
             if now - since > limit and uid in state.assumed:
