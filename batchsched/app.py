@@ -404,6 +404,9 @@ class Scheduler:
                 await self._hand_over(self.elector)
             else:
                 await self._drain()
+            # what the waits above left in flight ends now, not against a closed client
+            for writer in (self.binder, self.evictor, self.cleanups):
+                await writer.cancel()
             for t in tasks + self._tasks:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)

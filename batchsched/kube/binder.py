@@ -189,6 +189,10 @@ class Binder:
         """Wait for every binding in flight; False if some were still running at the timeout."""
         return await self._tasks.drain(timeout)
 
+    async def cancel(self) -> None:
+        """End every binding still in flight (after :meth:`drain`, before the client closes)."""
+        await self._tasks.cancel()
+
     def body(self, b: Binding) -> dict[str, object]:
         """The Binding sent for ``b``."""
         meta: dict[str, object] = {"name": b.name, "namespace": b.namespace, "uid": b.uid}

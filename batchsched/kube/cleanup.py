@@ -156,6 +156,10 @@ class CleanupWriter:
         """Wait for every cleanup in flight; False if some were still running at the timeout."""
         return await self._tasks.drain(timeout)
 
+    async def cancel(self) -> None:
+        """End every cleanup still in flight (after :meth:`drain`, before the client closes)."""
+        await self._tasks.cancel()
+
     async def _clean(
         self,
         ref: ObjectRef,

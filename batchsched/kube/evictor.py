@@ -95,6 +95,10 @@ class Evictor:
         """Wait for every eviction in flight; False if some were still running at the timeout."""
         return await self._tasks.drain(timeout)
 
+    async def cancel(self) -> None:
+        """End every eviction still in flight (after :meth:`drain`, before the client closes)."""
+        await self._tasks.cancel()
+
     async def _mark(self, e: Eviction) -> bool:
         """Set the victim's ``DisruptionTarget`` condition; False when the pod is gone.
         Raises :class:`~batchsched.kube.leader.Fenced`."""

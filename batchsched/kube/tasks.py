@@ -1,7 +1,8 @@
-"""Requests in flight as background tasks, counted, and drained on shutdown.
+"""Requests in flight as background tasks, counted, drained on shutdown, then cancelled.
 
 The binder and the evictor each start one task per request and must be able to wait for
-all of them before the process exits; this is that bookkeeping, once.
+all of them before the process exits, and to end those still running after that wait
+before the client they use is closed; this is that bookkeeping, once.
 """
 
 from __future__ import annotations
@@ -38,3 +39,12 @@ class TaskSet:
         except TimeoutError:
             return False
         return True
+
+    async def cancel(self) -> None:
+        """End every task still running and wait until each has (each request's outcome is
+        then unknown: whoever leads next reads the truth from its watches)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+

@@ -193,6 +193,26 @@ def test_bindings_in_flight_stay_within_their_budget() -> None:
     asyncio.run(main())
 
 
+def test_bindings_left_in_flight_after_the_drain_are_ended_without_an_outcome() -> None:
+    # a replica stopping with Bindings still queued: after its wait it ends them, before its
+    # client is closed (they failed against the closed client, each logged as an error)
+    async def main() -> None:
+        kube = FakeKube()
+        kube.gate = asyncio.Event()
+        results: list[str] = []
+        binder = Binder(kube, concurrency=2, on_result=lambda b, o, err: results.append(o))
+        for i in range(5):
+            binder.submit(dataclasses.replace(BINDING, name=f"p{i}"))
+        assert not await binder.drain(0.01)
+        await binder.cancel()
+        assert (binder.in_flight, results) == (0, [])
+        kube.gate.set()
+        await asyncio.sleep(0.01)
+        assert len([c for c in kube.calls if c.method == "POST"]) == 2  # those in flight; the queued never went
+
+    asyncio.run(main())
+
+
 BUDGET = from_status(429, {
     "reason": "TooManyRequests", "message": "Cannot evict pod",
     "details": {"causes": [{"type": "DisruptionBudget"}]},
