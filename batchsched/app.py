@@ -50,7 +50,7 @@ from batchsched.kube.auth import RequestAuth
 from batchsched.kube.binder import Binder
 from batchsched.kube.cleanup import CleanupWriter
 from batchsched.kube.client import KubeClient
-from batchsched.kube.endpoints import serve_endpoints, serve_views
+from batchsched.kube.endpoints import LOOP_STALL_SECONDS, PlainEndpoints, serve_views
 from batchsched.kube.errors import KubeError, NotFoundError
 from batchsched.kube.evictor import Evictor
 from batchsched.kube.gauges import observe_bound, slow_gauges
@@ -152,6 +152,8 @@ class Scheduler:
         self.elector: LeaderElector | None = None
         self._failure: BaseException | None = None
         self._trimmed = -1e18
+        #: when the event loop last turned (``/healthz`` fails once it stops turning)
+        self._turned = time.monotonic()
         #: one catch-up list of the collections a leader writes at a time
         self._relisting = asyncio.Lock()
         #: set while a graceful stop hands the Lease over: results no longer reach the session
@@ -326,17 +328,31 @@ class Scheduler:
         self._stopping.set()
         self._wake.set()
 
+    def _stalled(self) -> float | None:
+        """Seconds the event loop has not turned for, past :data:`LOOP_STALL_SECONDS` (None:
+        it turns); read by ``/healthz`` from its own thread."""
+        since = time.monotonic() - self._turned
+        return since if since > LOOP_STALL_SECONDS else None
+
+    async def _turning(self) -> None:
+        while True:
+            self._turned = time.monotonic()
+            await asyncio.sleep(1.0)
+
     async def run(self) -> None:
-        runner, self.http_port = await serve_endpoints(self.config.metrics_address, self.metrics.registry,
-                                                       ready=lambda: self.ready)
-        runners = [runner]
+        self._turned = time.monotonic()
+        plain = PlainEndpoints(self.config.metrics_address, self.metrics.registry,
+                               ready=lambda: self.ready, stalled=self._stalled)
+        self.http_port = plain.port
+        runners: list[web.AppRunner] = []
         loop = asyncio.get_running_loop()
-        tasks: list[asyncio.Task[Any]] = []
+        tasks: list[asyncio.Task[Any]] = [loop.create_task(self._turning(), name="loop-turns")]
         if self.config.explain.enabled or self.config.debug_snapshot:
             try:
                 runners.append(await self._serve_views())
             except BaseException:
-                await runner.cleanup()
+                plain.close()
+                tasks[0].cancel()
                 raise
             if self.tls is not None and self.config.explain.tls.cert_file:
                 tasks.append(loop.create_task(self._reload_certificate(), name="views-certificate"))
@@ -412,6 +428,7 @@ class Scheduler:
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
             for r in runners:
                 await r.cleanup()
+            plain.close()
         if self._failure is not None:
             raise SchedulerFailed(str(self._failure)) from self._failure
 

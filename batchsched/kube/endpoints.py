@@ -1,7 +1,11 @@
 """The scheduler's own HTTP endpoints, on two listeners.
 
-Plain HTTP, open (:func:`serve_endpoints`, ``metricsAddress``): ``/metrics`` (Prometheus),
-``/healthz``, ``/readyz``; nothing that needs a token. HTTPS only (:func:`serve_views`,
+Plain HTTP, open (:class:`PlainEndpoints`, ``metricsAddress``): ``/metrics`` (Prometheus),
+``/healthz``, ``/readyz``; nothing that needs a token. They are answered from a thread of
+their own, so a probe or a scrape is answered while a long step holds the event loop (the
+first step over a large backlog, a list of every pod taken in); ``/healthz`` still tells
+whether that loop runs: it fails once the loop has not turned for
+:data:`LOOP_STALL_SECONDS`. HTTPS only (:func:`serve_views`,
 ``explain.address``, :mod:`batchsched.kube.tls`), behind the cluster's authentication and
 RBAC (:mod:`batchsched.kube.auth`): the views ``/debug/queues``, ``/debug/jobs``,
 ``/debug/nodes``, ``/debug/explain``, the read-only web view under ``/ui/`` (static files
@@ -12,8 +16,11 @@ in the TLS handshake: no token is ever read off an unencrypted connection.
 
 from __future__ import annotations
 
+import socket
 import ssl
+import threading
 from collections.abc import Awaitable, Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any, Protocol
 
@@ -23,7 +30,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from batchsched.kube.auth import RequestAuth
 
-__all__ = ["Views", "bound_port", "serve_endpoints", "serve_views"]
+__all__ = ["LOOP_STALL_SECONDS", "PlainEndpoints", "Views", "bound_port", "serve_views"]
+
+#: ``/healthz`` fails when the event loop has not turned for this long: far beyond any step
+#: or list (seconds at the largest sizes measured), so only a loop that is stuck
+LOOP_STALL_SECONDS = 60.0
 
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".svg": "image/svg+xml"}
 
@@ -46,27 +57,50 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
-async def serve_endpoints(
-    address: str, registry: CollectorRegistry, *, ready: Callable[[], bool],
-) -> tuple[web.AppRunner, int | None]:
+class PlainEndpoints:
     """``/metrics``, ``/healthz`` and ``/readyz`` over plain HTTP on ``host:port`` (port 0:
-    any free one); returns the runner (``cleanup()`` it) and the port bound. ``/readyz``
-    answers 503 while ``ready()`` is false."""
+    any free one), served by a thread of their own. ``/readyz`` answers 503 while
+    ``ready()`` is false; ``/healthz`` answers 503 while ``stalled()`` gives the seconds
+    the event loop has not turned for (None: it turns)."""
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def __init__(self, address: str, registry: CollectorRegistry, *, ready: Callable[[], bool],
+                 stalled: Callable[[], float | None]) -> None:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, ctype, body = 404, "text/plain", b"not found"
+                if self.path == "/metrics":
+                    status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+                elif self.path == "/healthz":
+                    since = stalled()
+                    status, body = (200, b"ok") if since is None else \
+                        (503, f"the event loop has not run for {since:.0f} s".encode())
+                elif self.path == "/readyz":
+                    status, body = (200, b"ok") if ready() else (503, b"not ready")
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
-    async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # no access log
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return await _start(app, address, None)
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
+
+        self._server = Server((host, int(port)), Handler)
+        #: the port bound
+        self.port: int = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="endpoints", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 async def serve_views(
