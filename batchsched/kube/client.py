@@ -192,8 +192,34 @@ class KubeClient:
         timeout: float = 60.0,
     ) -> Any:
         """One request; returns the parsed JSON body, raises a :class:`KubeError` on failure."""
+        raw = await self._exchange(method, path, params=params, body=body, content_type=content_type,
+                                   timeout=timeout)
+        if not raw:
+            return None
+        return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
+
+    async def text(self, path: str, *, timeout: float = 30.0) -> str:
+        """A body that is not JSON (the apiserver's ``/metrics``)."""
+        raw = await self._exchange("GET", path, timeout=timeout, accept="text/plain")
+        return raw.decode(errors="replace")
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float,
+        accept: str | None = None,
+    ) -> bytes:
+        """One request's answer, as sent; a :class:`KubeError` for an error status or a
+        failed exchange."""
         raw_body = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": content_type} if raw_body is not None else None
+        headers = {"Content-Type": content_type} if raw_body is not None else {}
+        if accept is not None:
+            headers["Accept"] = accept
         check = before_send.get()
         data: bytes | _Checked | None = raw_body
         if raw_body is not None and check is not None:
@@ -204,7 +230,7 @@ class KubeClient:
                 self.creds.host + path,
                 params=_params(params),
                 data=data,
-                headers=headers,
+                headers=headers or None,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
                 raw = await resp.read()
@@ -216,9 +242,7 @@ class KubeClient:
             if isinstance(data, _Checked) and data.refused is not None:
                 raise data.refused from None  # not sent: the check said no
             raise TemporaryError(0, type(exc).__name__, str(exc) or repr(exc)) from exc
-        if not raw:
-            return None
-        return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
+        return raw
 
     async def get(self, path: str, **params: str | int) -> JSON:
         result: JSON = await self.request("GET", path, params=params)
@@ -241,18 +265,6 @@ class KubeClient:
         }[kind]
         result: JSON = await self.request("PATCH", path, body=body, content_type=ctype)
         return result
-
-    async def text(self, path: str, *, timeout: float = 30.0) -> str:
-        """A body that is not JSON (the apiserver's ``/metrics``)."""
-        try:
-            async with self._session.get(self.creds.host + path, headers={"Accept": "text/plain"},
-                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                raw = await resp.read()
-                if resp.status >= 400:
-                    raise _error_from(resp.status, raw)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise TemporaryError(0, type(exc).__name__, str(exc) or repr(exc)) from exc
-        return raw.decode(errors="replace")
 
     async def delete(self, path: str, body: JSON | None = None, **params: str | int) -> Any:
         return await self.request("DELETE", path, body=body, params=params)
