@@ -436,13 +436,7 @@ class PodHistory:
 async def served(kube: KubeClient, verb: str, resource: str, subresource: str = "") -> int:
     """How many ``verb`` requests of ``resource`` (``subresource``) the apiserver has served
     so far, from every client (its ``apiserver_request_total``)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from perf.live import apiserver_requests
 
-    text = await kube.text("/metrics")
-    lines = "\n".join(line for line in text.splitlines() if line.startswith("apiserver_request_total{"))
-    return int(sum(
-        s.value for fam in text_string_to_metric_families(lines) for s in fam.samples
-        if s.labels.get("verb") == verb and s.labels.get("resource") == resource
-        and s.labels.get("subresource", "") == subresource
-    ))
-
+    key = f"{verb} {resource}{'/' + subresource if subresource else ''}"
+    return int((await apiserver_requests(kube)).get(key, {}).get("count", 0))
