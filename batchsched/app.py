@@ -346,18 +346,18 @@ class Scheduler:
         self.http_port = plain.port
         runners: list[web.AppRunner] = []
         loop = asyncio.get_running_loop()
-        tasks: list[asyncio.Task[Any]] = [loop.create_task(self._turning(), name="loop-turns")]
+        tasks: list[asyncio.Task[Any]] = []
         if self.config.explain.enabled or self.config.debug_snapshot:
             try:
                 runners.append(await self._serve_views())
             except BaseException:
                 plain.close()
-                tasks[0].cancel()
                 raise
             if self.tls is not None and self.config.explain.tls.cert_file:
                 tasks.append(loop.create_task(self._reload_certificate(), name="views-certificate"))
         # the mix kept from before (it takes the prior's place); the listing adds every pod to it
         await self.mix_store.restore()
+        tasks.append(loop.create_task(self._turning(), name="loop-turns"))
         tasks += [loop.create_task(r.run(), name=f"watch-{r.name}") for r in self.reflectors]
         tasks.append(loop.create_task(self.status.run(), name="status"))
         tasks.append(loop.create_task(self.group_status.run(), name="group-status"))

@@ -47,4 +47,3 @@ class TaskSet:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
