@@ -153,16 +153,35 @@ def unit_runtime(unit: Unit) -> float | None:
 
 @dataclass(slots=True, frozen=True)
 class _Ends:
-    """The pods charged to the snapshot's nodes: node row, request, expected end."""
+    """The pods charged to the snapshot's nodes: node row, request, expected end. What
+    ends by a time is summed once per cycle: the reservations a cycle makes search the
+    same times (their binary searches start alike)."""
 
     rows: npt.NDArray[np.intp]
     reqs: IntArray
     ends: npt.NDArray[np.float64]
+    nodes: int
+    _sums: dict[float | None, IntArray] = field(default_factory=dict, compare=False)
 
-    def freed(self, which: npt.NDArray[np.bool_], nodes: int) -> IntArray:
-        """Per node, the requests of the pods ``which`` selects."""
-        out = np.zeros((nodes, self.reqs.shape[1]), dtype=np.int64)
+    def until(self, t: float) -> IntArray:
+        """Per node, the requests of the pods expected to end at or before ``t`` (read
+        only; ``NEVER``: every pod with an end)."""
+        out = self._sums.get(t)
+        if out is None:
+            out = self._sums[t] = self._sum(self.ends < NEVER if t >= NEVER else self.ends <= t)
+        return out
+
+    def endless(self) -> IntArray:
+        """Per node, the requests of the pods with no expected end (read only)."""
+        out = self._sums.get(None)
+        if out is None:
+            out = self._sums[None] = self._sum(self.ends >= NEVER)
+        return out
+
+    def _sum(self, which: npt.NDArray[np.bool_]) -> IntArray:
+        out = np.zeros((self.nodes, self.reqs.shape[1]), dtype=np.int64)
         np.add.at(out, self.rows[which], self.reqs[which])
+        out.setflags(write=False)
         return out
 
 
@@ -179,49 +198,74 @@ class _Charged:
     deleting: npt.NDArray[np.bool_]
 
     @classmethod
-    def of(cls, state: ClusterState | None, snap: Snapshot, rows: Mapping[str, int]) -> _Charged:
-        width = len(snap.columns)
-        r: list[int] = []
-        q: list[IntArray] = []
-        started: list[float] = []
-        runtime: list[float] = []
-        deleting: list[bool] = []
-        for uid, (node, vec) in (state.charges.items() if state is not None else ()):
-            row = rows.get(node)
-            pod = state.pods.get(PodUID(uid)) if state is not None else None
-            if row is None or pod is None:
-                continue
-            if len(vec) != width:
-                vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
-            r.append(row)
-            q.append(vec)
-            run = declared_runtime(pod)
-            started.append(pod.started)
-            runtime.append(NEVER if run is None else run)
-            deleting.append(pod.deleting)
-        return cls(np.array(r, dtype=np.intp), np.array(q, dtype=np.int64).reshape(len(q), width),
-                   np.array(started, dtype=np.float64), np.array(runtime, dtype=np.float64),
-                   np.array(deleting, dtype=np.bool_))
+    def of(cls, entries: Collection[tuple[int, IntArray, float, float, bool]], width: int) -> _Charged:
+        """From one entry per charged pod (:func:`_entry`)."""
+        n = len(entries)
+        return cls(np.fromiter((e[0] for e in entries), dtype=np.intp, count=n),
+                   np.array([e[1] for e in entries], dtype=np.int64).reshape(n, width),
+                   np.fromiter((e[2] for e in entries), dtype=np.float64, count=n),
+                   np.fromiter((e[3] for e in entries), dtype=np.float64, count=n),
+                   np.fromiter((e[4] for e in entries), dtype=np.bool_, count=n))
 
-    def at(self, now: float) -> _Ends:
-        """The expected ends at ``now`` (:func:`expected_end` of each pod)."""
+    def at(self, now: float, nodes: int) -> _Ends:
+        """The expected ends at ``now`` (:func:`expected_end` of each pod) on ``nodes`` rows."""
         start = np.where(self.started > 0, self.started, now)
         ends = np.where(self.deleting, now, np.maximum(now, start + self.runtime))
-        return _Ends(self.rows, self.reqs, ends)
+        return _Ends(self.rows, self.reqs, ends, nodes)
+
+
+def _entry(state: ClusterState, uid: PodUID, rows: Mapping[str, int],
+           width: int) -> tuple[int, IntArray, float, float, bool] | None:
+    """A charged pod as :class:`_Charged` reads it: node row, request, start, declared
+    runtime (inf: none), deleting; None when it is not charged to a node of the snapshot."""
+    charged = state.charges.get(uid)
+    pod = state.pods.get(uid)
+    if charged is None or pod is None:
+        return None
+    node, vec = charged
+    row = rows.get(node)
+    if row is None:
+        return None
+    if len(vec) != width:
+        vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
+    run = declared_runtime(pod)
+    return row, vec, pod.started, NEVER if run is None else run, pod.deleting
 
 
 class _EndsCache:
-    """:class:`_Charged` of the last cycle, reused while no charge and no node changed."""
+    """:class:`_Charged`, kept as pods are charged and uncharged (the mirror's charge feed)
+    and built anew when the nodes change."""
 
     def __init__(self) -> None:
-        self._key: tuple[int, int, int] | None = None
+        self._state: ClusterState | None = None
+        self._changed: set[PodUID] = set()
+        self._basis: tuple[int, int] | None = None
+        self._entries: dict[PodUID, tuple[int, IntArray, float, float, bool]] = {}
         self._value: _Charged | None = None
 
     def get(self, state: ClusterState | None, snap: Snapshot, rows: Mapping[str, int]) -> _Charged:
-        key = (-1, -1, -1) if state is None else (
-            state.charge_generation, snap.node_generation, len(snap.columns))
-        if self._value is None or key != self._key or state is None:
-            self._value, self._key = _Charged.of(state, snap, rows), key
+        width = len(snap.columns)
+        if state is None:
+            return _Charged.of((), width)
+        if state is not self._state:
+            self._state, self._changed = state, state.watch_charges()
+            self._basis = None
+        basis = (snap.node_generation, width)
+        if basis != self._basis:
+            self._basis, self._value = basis, None
+            self._changed.clear()
+            self._entries = {uid: e for uid in state.charges if (e := _entry(state, uid, rows, width)) is not None}
+        elif self._changed:
+            self._value = None
+            for uid in self._changed:
+                e = _entry(state, uid, rows, width)
+                if e is None:
+                    self._entries.pop(uid, None)
+                else:
+                    self._entries[uid] = e
+            self._changed.clear()
+        if self._value is None:
+            self._value = _Charged.of(list(self._entries.values()), width)
         return self._value
 
 
@@ -374,7 +418,7 @@ class CycleReservations:
     def ends(self) -> _Ends:
         if self._ends is None:
             p = self.placer
-            self._ends = self.policy.charged.get(self.state, p.snap, p.rows).at(self.now)
+            self._ends = self.policy.charged.get(self.state, p.snap, p.rows).at(self.now, len(p.snap.nodes))
         return self._ends
 
     def _fits(self, unit: Unit, lay: Layout, mc: int, base: IntArray) -> npt.NDArray[np.int64] | None:
@@ -391,7 +435,6 @@ class CycleReservations:
 
     def _reserve(self, q: QueueName | None, unit: Unit, lay: Layout, mc: int) -> Reservation | None:
         snap = self.placer.snap
-        nodes = len(snap.nodes)
         ends = self.ends()
         now = self.now
         cur = self.st.used.copy()
@@ -402,14 +445,14 @@ class CycleReservations:
         found: npt.NDArray[np.int64] | None = None
         start, freed = NEVER, np.zeros_like(cur)
         if len(times):
-            last = ends.freed(finite, nodes)
+            last = ends.until(NEVER)
             found = self._fits(unit, lay, mc, cur - last)
             if found is not None:
                 lo, hi = 0, len(times) - 1  # the earliest time it fits: times[hi]
                 best, freed = found, last
                 while lo < hi:
                     mid = (lo + hi) // 2
-                    f = ends.freed(ends.ends <= times[mid], nodes)
+                    f = ends.until(float(times[mid]))
                     got = self._fits(unit, lay, mc, cur - f)
                     if got is None:
                         lo = mid + 1
@@ -417,7 +460,7 @@ class CycleReservations:
                         hi, best, freed = mid, got, f
                 found, start = best, float(times[hi])
         if found is None:
-            found, freed = self._unknown(unit, lay, mc, cur, ends, finite)
+            found, freed = self._unknown(unit, lay, mc, cur, ends)
             if found is None:
                 return None
         rows = tuple(int(x) for x in found)
@@ -439,14 +482,14 @@ class CycleReservations:
         return r
 
     def _unknown(
-        self, unit: Unit, lay: Layout, mc: int, cur: IntArray, ends: _Ends, finite: npt.NDArray[np.bool_],
+        self, unit: Unit, lay: Layout, mc: int, cur: IntArray, ends: _Ends,
     ) -> tuple[npt.NDArray[np.int64] | None, IntArray]:
         """No finite start: free the work with no declared end on the fewest nodes, those
         holding the least of it first, until the quorum fits (rule 2)."""
         snap = self.placer.snap
         nodes = len(snap.nodes)
-        known = ends.freed(finite, nodes)
-        unknown = ends.freed(~finite, nodes)
+        known = ends.until(NEVER)
+        unknown = ends.endless()
         alloc = snap.alloc.astype(np.float64)
         share = np.divide(unknown, alloc, out=np.zeros_like(alloc), where=alloc > 0).max(axis=1, initial=0.0)
         ranked = np.argsort(share, kind="stable")

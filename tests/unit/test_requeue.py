@@ -22,7 +22,7 @@ from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import single_unit
 from batchsched.core.queues.running import RunningBook
 from batchsched.core.queues.tree import QueueTree
-from batchsched.core.reservation import RUNTIME_ANNOTATION, _Charged, expected_end
+from batchsched.core.reservation import NEVER, RUNTIME_ANNOTATION, _EndsCache, expected_end
 from batchsched.core.session import Session, SessionSettings
 from tests.builders import make_group, make_node, make_pod
 from tests.unit.test_session import T0, Cluster, gpu_pod
@@ -267,15 +267,27 @@ def test_expected_ends_kept_across_cycles_are_each_pods_expected_end() -> None:
         make_pod("c").req(cpu="1").running("n0").deleting(T0).obj(),
         make_pod("d").req(cpu="1").node("n0").annotate(**{RUNTIME_ANNOTATION: "90s"}).obj(),
     ]
-    parsed = [parse_pod(p) for p in pods]
-    for p in parsed:
-        state.pod_event("ADDED", p)
-    snap = state.snapshot()
-    charged = _Charged.of(state, snap, {"n0": 0})
-    for now in (T0, T0 + 100, T0 + 10_000):
-        ends = charged.at(now).ends
-        want = [expected_end(state.pods[uid], now) for uid in state.charges]
-        assert list(ends) == want
+    for p in pods:
+        state.pod_event("ADDED", parse_pod(p))
+    cache = _EndsCache()
+
+    def check() -> None:
+        snap = state.snapshot()
+        charged = cache.get(state, snap, {"n0": 0})
+        for now in (T0, T0 + 100, T0 + 10_000):
+            ends = charged.at(now, 1)
+            want = sorted(expected_end(state.pods[uid], now) for uid in state.charges)
+            assert sorted(ends.ends) == want
+            assert ends.until(NEVER)[0].tolist() == ends.reqs[ends.ends < NEVER].sum(axis=0).tolist()
+
+    check()
+    # kept as pods come, go and change: the same as read afresh
+    state.pod_event("DELETED", parse_pod(pods[1]))
+    state.pod_event("ADDED", parse_pod(make_pod("e").req(cpu="2").running("n0")
+                                       .annotate(**{RUNTIME_ANNOTATION: "1h"}).obj()))
+    state.pod_event("MODIFIED", parse_pod(make_pod("a").req(cpu="1").running("n0").deleting(T0).obj()))
+    check()
+    assert len(cache.get(state, state.snapshot(), {"n0": 0}).rows) == 4
 
 
 def test_a_pod_whose_binding_is_refused_waits_out_a_back_off_and_takes_no_room_meanwhile() -> None:
