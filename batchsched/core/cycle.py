@@ -85,7 +85,7 @@ from batchsched.core.plan import (
     Unschedulable,
     blocked_status,
 )
-from batchsched.core.preemption import CyclePreemption, Held, Verdict, held_nominations
+from batchsched.core.preemption import CyclePreemption, Held, Offers, Verdict, held_nominations
 from batchsched.core.queues import (
     QUEUE_STOPPED,
     FairOrder,
@@ -111,6 +111,8 @@ class Cycle(CycleKernels):
         walk_budget: float | None = None,
     ) -> None:
         self.reservations = Reservations(reservation)
+        #: what each running unit offers preemptors, kept across cycles
+        self.offers = Offers()
         #: seconds after which a walk that placed something stops (None: every unit tried)
         self.walk_budget = walk_budget
         #: when a walk last stopped at its budget: walks within :data:`WALK_STOP_INTERVAL`
@@ -179,7 +181,7 @@ class _Walk:
         self.running = RunningWork(self.qi, self.st, len(snap.columns))
         #: unit key -> its nomination, charged in this cycle
         self.held: dict[str, Held] = {}
-        self.preemption = CyclePreemption(self.qi, snap, self.st, self.placer, self.running)
+        self.preemption = CyclePreemption(self.qi, snap, self.st, self.placer, self.running, cycle.offers)
         self.admission = Admission(snap, self.qi.now, self.st, self.placer, devices)
         self.reserve = cycle.reservations.begin(self.placer, self.st, self.qi.now, state)
 

@@ -24,7 +24,7 @@ from batchsched.core.preemption import (
     reference,
     select_victims,
 )
-from batchsched.core.preemption.victims import EXHAUSTIVE_PIECES, PieceCache
+from batchsched.core.preemption.victims import EXHAUSTIVE_PIECES, Offers, PieceCache
 from batchsched.core.queues import QueueTree
 from batchsched.core.queues.running import RunningBook
 from tests.unit.test_preemption import (
@@ -60,15 +60,16 @@ def answer(result: Preemption | NoPreemption) -> Any:
     )
 
 
-def twin(world: World, p: Preemptor) -> Preemption | NoPreemption:
+def twin(world: World, p: Preemptor, now: float = NOW) -> Preemption | NoPreemption:
     return reference.select_victims(p, world.running, alloc=world.alloc, used=world.used, tree=world.tree,
-                                    scoring=SCORING, now=NOW)
+                                    scoring=SCORING, now=now)
 
 
-def same_answer(world: World, p: Preemptor, cache: PieceCache | None = None) -> Preemption | NoPreemption:
+def same_answer(world: World, p: Preemptor, cache: PieceCache | None = None,
+                now: float = NOW) -> Preemption | NoPreemption:
     got = select_victims(p, world.running, alloc=world.alloc, used=world.used, tree=world.tree,
-                         scoring=SCORING, now=NOW, cache=cache)
-    want = twin(world, p)
+                         scoring=SCORING, now=now, cache=cache)
+    want = twin(world, p, now)
     assert answer(got) == answer(want)
     return got
 
@@ -143,6 +144,29 @@ def test_a_cycle_of_searches_sharing_pieces_gives_the_twins_answers(case: tuple[
         event(outcome(result))
         if isinstance(result, Preemption) and result.victims:
             evict(world, result, p)
+
+
+@SAME
+@given(case=crowded_worlds(), hours=st.lists(st.sampled_from([0.0, 0.5, 3.0, 50.0]), min_size=2, max_size=4))
+def test_cycles_of_searches_keeping_what_units_offer_give_the_twins_answers(
+    case: tuple[World, list[Preemptor]], hours: list[float],
+) -> None:
+    """What each unit offers kept across cycles (:class:`Offers`), as the scheduler keeps
+    it: each cycle later (the GPU-hours done, so the order of cost, move on), with its own
+    cache, the same preemptors asking again, earlier victims gone."""
+    world, ps = case
+    book = RunningBook()
+    for w in world.running:
+        book.units[w.key] = w
+    offers = Offers()
+    for n, h in enumerate(hours):
+        cache = PieceCache(book, offers)
+        for p in ps:
+            result = same_answer(world, replace(p, key=f"{p.key}-{n}", uid=f"{p.uid}-{n}"), cache,
+                                 now=NOW + h * 3600 + n)
+            event(outcome(result))
+            if isinstance(result, Preemption) and result.victims:
+                evict(world, result, p)
 
 
 def test_the_cache_gives_a_new_unit_its_own_pieces() -> None:

@@ -17,6 +17,7 @@ from batchsched.core.preemption.nominations import (
 from batchsched.core.preemption.room import Room
 from batchsched.core.preemption.victims import (
     NoPreemption,
+    Offers,
     Preemption,
     Preemptor,
     select_victims,
@@ -29,6 +30,7 @@ __all__ = [
     "CyclePreemption",
     "Held",
     "NoPreemption",
+    "Offers",
     "Preemption",
     "Preemptor",
     "Room",

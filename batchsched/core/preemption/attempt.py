@@ -48,7 +48,13 @@ from batchsched.core.plan import (
     VictimKind,
 )
 from batchsched.core.preemption.candidates import Candidates
-from batchsched.core.preemption.victims import NoPreemption, PieceCache, Preemptor, select_victims
+from batchsched.core.preemption.victims import (
+    NoPreemption,
+    Offers,
+    PieceCache,
+    Preemptor,
+    select_victims,
+)
 from batchsched.core.queues import QueueInput, QueueName, WithinQueuePolicy
 from batchsched.core.statement import Statement
 
@@ -76,6 +82,7 @@ class CyclePreemption:
 
     def __init__(
         self, qi: QueueInput, snap: Snapshot, st: Statement, placer: Placer, running: RunningWork,
+        offers: Offers | None = None,
     ) -> None:
         self.qi = qi
         self.snap = snap
@@ -84,7 +91,7 @@ class CyclePreemption:
         self.running = running
         self.candidates: Candidates | None = None
         #: the candidates' pieces, shared by the cycle's searches
-        self.pieces = PieceCache(qi.running_book)
+        self.pieces = PieceCache(qi.running_book, offers)
         self.searches = 0
         self.time = 0.0
         #: failed victim searches of this cycle, by what decides them

@@ -101,7 +101,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +202,42 @@ class NoPreemption:
 
 #: a piece's place in the order of cost: GPU-hours, pods, priority, newer first, uid, whole
 PieceCost = tuple[float, int, int, float, str, int]
+#: a piece before it is priced: what it holds, as what kind of victim, the resource borrowed
+_Shape = tuple[Held, VictimKind, str]
+
+
+#: cycles a context of :class:`Offers` is kept after it was last asked for
+OFFERS_KEPT_CYCLES = 30
+
+
+class Offers:
+    """What each running unit offers a preemptor before it is priced
+    (:meth:`_Search.shapes_of`), kept across cycles under what that depends on besides the
+    unit (see :meth:`PieceCache._offered`): a unit offers the same until it changes, and
+    the running book keeps a unit that does not change. A context no cycle asked for in
+    :data:`OFFERS_KEPT_CYCLES` is dropped."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[Any, ...], dict[int, tuple[RunningUnit, list[_Shape]]]] = {}
+        #: context -> the cycle that last asked for it
+        self._asked: dict[tuple[Any, ...], int] = {}
+        self._cycle = 0
+
+    def cycle(self) -> None:
+        """A new cycle."""
+        self._cycle += 1
+        for key in [k for k, n in self._asked.items() if self._cycle - n > OFFERS_KEPT_CYCLES]:
+            del self._asked[key]
+            self._kept.pop(key, None)
+
+    def get(self, key: tuple[Any, ...]) -> Mapping[int, tuple[RunningUnit, list[_Shape]]]:
+        """Id of a unit -> the unit and what it offers under ``key`` (read only)."""
+        self._asked[key] = self._cycle
+        return self._kept.get(key, {})
+
+    def put(self, key: tuple[Any, ...], offers: dict[int, tuple[RunningUnit, list[_Shape]]]) -> None:
+        """What the units offer under ``key`` now (those gone are dropped)."""
+        self._kept[key] = offers
 
 
 class PieceCache:
@@ -213,13 +249,15 @@ class PieceCache:
     cycle). The pieces a borrowing queue offers to be reclaimed are the same for every
     preemptor of a cohort that asks for the same borrowed resources under the same policy
     (and priority, under ``LowerPriority``) (:meth:`lent`): they are kept for the cycle,
-    with their sums (their GPU-hours done depend on the time). A victim chosen earlier in
+    with their sums (their GPU-hours done depend on the time); what each unit offers,
+    without its cost (:meth:`_Search.shapes_of`), is kept across cycles while the unit
+    and that key hold, and priced anew each cycle. A victim chosen earlier in
     the cycle is replaced in the candidates by what is left of it (a new unit) or leaves
     them: the entries built from it are never asked for again, and :meth:`forget` drops
     what it held. What a victim changes besides (the queues' usage, the nodes' room) is
     read afresh by every search."""
 
-    def __init__(self, book: RunningBook | None = None) -> None:
+    def __init__(self, book: RunningBook | None = None, offers: Offers | None = None) -> None:
         self.now: float | None = None
         self.tree: QueueTree | None = None
         #: the book the running units come from: it keeps what each holds across cycles
@@ -230,8 +268,15 @@ class PieceCache:
         #: what a borrowing queue lends, by :meth:`lent`'s key, with the ids of the units it
         #: was built from
         self._lent: dict[tuple[Any, ...], tuple[tuple[int, ...], _Lent]] = {}
-        #: (id of a unit, what else :meth:`lent`'s key holds) -> the unit and its pieces
-        self._lent_by_unit: dict[tuple[Any, ...], tuple[RunningUnit, list[_Piece]]] = {}
+        #: what the preemptors of one context may evict of their own queue's (or unqueued)
+        #: running work (:meth:`own`), with the ids of the units it was built from
+        self._own: dict[tuple[Any, ...], tuple[tuple[int, ...], list[_Piece]]] = {}
+        #: (id of a unit, the width and context of :meth:`_offered`) -> the unit and its
+        #: pieces priced for the cycle
+        self._priced: dict[tuple[Any, ...], tuple[RunningUnit, list[_Piece]]] = {}
+        #: what each unit offers, unpriced, kept across cycles
+        self.offers = Offers() if offers is None else offers
+        self.offers.cycle()
         #: queue -> (its usage generation, its usage and nominal)
         self._arrays: dict[str, tuple[int, IntArray, IntArray]] = {}
 
@@ -239,7 +284,8 @@ class PieceCache:
         if now != self.now or tree is not self.tree:
             self._held.clear()
             self._lent.clear()
-            self._lent_by_unit.clear()
+            self._own.clear()
+            self._priced.clear()
             self._arrays.clear()
             self.now, self.tree = now, tree
 
@@ -280,29 +326,81 @@ class PieceCache:
         ids = tuple(map(id, units))
         hit = self._lent.get((queue, *context))
         if hit is None or hit[0] != ids:
-            hit = self._lent[(queue, *context)] = (ids, self._build(search, queue, units, context))
+            built = self._build(search, queue, units, context)
+            if built is None:
+                return None
+            hit = self._lent[(queue, *context)] = (ids, built)
         lent = hit[1]
         if p.key in lent.names or p.uid in lent.names:
             return None
         return lent
 
-    def _build(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit], context: tuple[Any, ...]) -> _Lent:
-        """A borrower's :class:`_Lent`, each unit's pieces kept for the next build (after a
-        victim left the queue, the others are the same)."""
+    def own(self, search: _Search, queue: QueueName | None, units: Sequence[RunningUnit]) -> list[_Piece]:
+        """The pieces ``search``'s preemptor may evict of ``units``, the running work of its
+        own queue (``queue``) or of no queue (read only)."""
+        p, tree = search.p, search.tree
+        self._same_cycle(search.now, tree)
+        context: tuple[Any, ...]
+        if queue is None:
+            context = ("unqueued", p.priority)
+        else:
+            assert tree is not None
+            policy = tree.queue(queue).within_queue
+            # the preemptor's age decides only under LowerOrNewerEqualPriority
+            # (:func:`~batchsched.core.preemption.candidates.eviction_rule`)
+            newer = (p.created, p.arrival, p.uid) if policy is WithinQueuePolicy.LOWER_OR_NEWER_EQUAL_PRIORITY else None
+            context = ("own", queue, policy, p.priority, newer)
+        ids = tuple(map(id, units))
+        hit = self._own.get(context)
+        if hit is None or hit[0] != ids:
+            pieces, _, _, mine = self._offered(search, context, units)
+            if mine:  # its own running part is among them: what they offer others differs
+                return pieces
+            hit = self._own[context] = (ids, pieces)
+        return hit[1]
+
+    def _offered(self, search: _Search, context: tuple[Any, ...],
+                 units: Sequence[RunningUnit]) -> tuple[list[_Piece], int, IntArray, bool]:
+        """The pieces ``units`` offer (unsorted), how many units offer one, their summed
+        requests whole, and whether the preemptor's own running part is one of them. What each unit offers is kept across cycles under ``context``
+        (what it depends on besides the unit), priced for the cycle once."""
         width = search.used.shape[1]
+        key = (width, *context)
+        kept = self.offers.get(key)
+        shapes: dict[int, tuple[RunningUnit, list[_Shape]]] = {}
         pieces: list[_Piece] = []
         whole = np.zeros(width, dtype=np.int64)
         count = 0
+        seen = False
         for w in units:
-            hit = self._lent_by_unit.get((id(w), *context))
+            mine = search.is_preemptor(w)  # what it offers another preemptor differs
+            seen = seen or mine
+            shape = kept.get(id(w))
+            if shape is None or shape[0] is not w:
+                shape = (w, search.shapes_of(w, width))
+            if not mine:
+                shapes[id(w)] = shape
+            hit = self._priced.get((id(w), *key))
             if hit is None or hit[0] is not w:
                 hit = (w, [])
-                search.pieces_of(w, width, hit[1])
-                self._lent_by_unit[(id(w), *context)] = hit
+                search.priced(w, shape[1], hit[1])
+                if not mine:
+                    self._priced[(id(w), *key)] = hit
             if hit[1]:
                 count += 1
                 whole += hit[1][0].vec  # a unit's whole piece comes first
                 pieces.extend(hit[1])
+        self.offers.put(key, shapes)
+        return pieces, count, whole, seen
+
+    def _build(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit],
+               context: tuple[Any, ...]) -> _Lent | None:
+        """A borrower's :class:`_Lent`; None when the preemptor is one of its units."""
+        assert search.tree is not None
+        width = search.used.shape[1]
+        pieces, count, whole, mine = self._offered(search, (queue, search.tree.root(queue), *context), units)
+        if mine:
+            return None
         pieces.sort(key=lambda pc: pc.cost)
         vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
         names = frozenset(n for w in units for n in (w.key, w.uid))
@@ -524,20 +622,32 @@ class _Search:
                 if lent.pieces:
                     self._lent.append(lent)
                 continue
+            if tree is not None and p.queue is not None and q in (None, p.queue):
+                self._own.extend(self.cache.own(self, q, units))
+                continue
             for w in units:
                 self.pieces_of(w, width, self._own)
 
+    def is_preemptor(self, w: RunningUnit) -> bool:
+        """Whether ``w`` is P's own running part."""
+        return w.key == self.p.key or w.uid == self.p.uid
+
     def pieces_of(self, w: RunningUnit, width: int, out: list[_Piece]) -> None:
         """Append to ``out`` the pieces of ``w`` P may evict (whole first)."""
+        self.priced(w, self.shapes_of(w, width), out)
+
+    def shapes_of(self, w: RunningUnit, width: int) -> list[_Shape]:
+        """What of ``w`` P may evict (whole first), as what kind of victim and (a reclaim)
+        the resource its queue borrows: its pieces before they are priced."""
         if w.queue is not None and w.queue != self.p.queue and self.tree is not None and (
                 self.tree.leaf_problem(w.queue) is not None or not self._borrowing_columns(w.queue)):
-            return  # another queue's work is only ever reclaimed, and only from a borrower
+            return []  # another queue's work is only ever reclaimed, and only from a borrower
         if not w.pods:
-            return
+            return []
         kind = eviction_rule(w, self.p, self.tree)
         if kind is None:
-            return
-        span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
+            return []
+        out: list[_Shape] = []
         for s in self.cache.held(w, width):
             borrowed = ""
             if kind is VictimKind.RECLAIM:
@@ -546,6 +656,13 @@ class _Search:
                 if col < 0:
                     continue
                 borrowed = self.columns[col]
+            out.append((s, kind, borrowed))
+        return out
+
+    def priced(self, w: RunningUnit, shapes: Sequence[_Shape], out: list[_Piece]) -> None:
+        """Append to ``out`` the pieces ``shapes`` of ``w`` describe, at their cost now."""
+        span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
+        for s, kind, borrowed in shapes:
             gpu_hours = s.gpus * span
             cost = (gpu_hours, len(s.pods), w.priority, -w.created, w.uid, int(s.whole))
             out.append(_Piece(w, s.pods, s.whole, kind, s.vec, gpu_hours, borrowed, cost))
