@@ -548,10 +548,18 @@ def twin_worlds(draw: st.DrawFn) -> dict[str, Any]:
     for r in range(n_requests):
         claims[draw(st.integers(0, len(claims) - 1))]["requests"].append(draw(_twin_request(f"r{r}")))
     for c in claims:
-        if len(c["requests"]) > 1 and draw(st.booleans()):
+        # a constraint that excludes a device an All request matches is an error upstream,
+        # not a fall back to the next choice: the twin does not model that order (see
+        # test_all_with_a_matching_device_a_constraint_excludes_is_an_error_not_a_fall_back)
+        if len(c["requests"]) > 1 and not any(_takes_all(r) for r in c["requests"]) and draw(st.booleans()):
             kind = draw(st.sampled_from(["matchAttribute", "distinctAttribute"]))
             c["constraints"].append({kind: f"{TWIN}/a"})
     return {"slices": [counters, slice_], "prior": prior, "claims": claims}
+
+
+def _takes_all(request: dict[str, Any]) -> bool:
+    choices = request.get("firstAvailable") or [request["exactly"]]
+    return any(ch.get("allocationMode") == "All" for ch in choices)
 
 
 @st.composite
