@@ -101,7 +101,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,6 +210,47 @@ _Shape = tuple[Held, VictimKind, str]
 OFFERS_KEPT_CYCLES = 30
 
 
+class _Kept:
+    """What the units under one key of :class:`Offers` offer (id of a unit -> the unit and
+    its shapes), and, once a borrower's :class:`_Lent` was built from them, what their
+    whole units hold per node and their names."""
+
+    __slots__ = ("names", "on_nodes", "units")
+
+    def __init__(self, units: dict[int, tuple[RunningUnit, list[_Shape]]] | None = None) -> None:
+        self.units = {} if units is None else units
+        self.on_nodes: IntArray | None = None
+        self.names: set[str] = set()
+
+    def carry(self, before: _Kept, shape: tuple[int, ...]) -> None:
+        """Fill :attr:`on_nodes` and :attr:`names` from ``before``'s by the units that
+        left and came (from scratch when it has none)."""
+        if before.on_nodes is None or before.on_nodes.shape != shape:
+            gone: list[RunningUnit] = []
+            came = [w for w, _ in self.units.values()]
+            self.on_nodes = np.zeros(shape, dtype=np.int64)
+        else:
+            gone = [w for i, (w, _) in before.units.items() if (hit := self.units.get(i)) is None or hit[0] is not w]
+            came = [w for i, (w, _) in self.units.items() if (hit := before.units.get(i)) is None or hit[0] is not w]
+            self.on_nodes = before.on_nodes.copy()
+            self.names = set(before.names)
+        for sign, ws in ((-1, gone), (1, came)):
+            holding = {id(w): before.units[id(w)][1] if sign < 0 else self.units[id(w)][1] for w in ws}
+            pods = [pod for shapes in holding.values() for s, _, _ in shapes[:1] if s.whole for pod in s.pods]
+            if pods:
+                np.add.at(self.on_nodes, np.fromiter((pod.node for pod in pods), dtype=np.int64, count=len(pods)),
+                          sign * np.stack([pod.req for pod in pods]))
+        for w in gone:
+            self.names.discard(w.key)
+            self.names.discard(w.uid)
+        for w in came:
+            self.names.update((w.key, w.uid))
+
+
+#: cycles a context of :class:`Offers` is kept after it was last asked for
+OFFERS_KEPT_CYCLES = 30
+
+
 class Offers:
     """What each running unit offers a preemptor before it is priced
     (:meth:`_Search.shapes_of`), kept across cycles under what that depends on besides the
@@ -218,7 +259,7 @@ class Offers:
     :data:`OFFERS_KEPT_CYCLES` is dropped."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[Any, ...], dict[int, tuple[RunningUnit, list[_Shape]]]] = {}
+        self._kept: dict[tuple[Any, ...], _Kept] = {}
         #: context -> the cycle that last asked for it
         self._asked: dict[tuple[Any, ...], int] = {}
         self._cycle = 0
@@ -230,14 +271,14 @@ class Offers:
             del self._asked[key]
             self._kept.pop(key, None)
 
-    def get(self, key: tuple[Any, ...]) -> Mapping[int, tuple[RunningUnit, list[_Shape]]]:
-        """Id of a unit -> the unit and what it offers under ``key`` (read only)."""
+    def get(self, key: tuple[Any, ...]) -> _Kept:
+        """What was kept under ``key`` (read only)."""
         self._asked[key] = self._cycle
-        return self._kept.get(key, {})
+        return self._kept.get(key) or _Kept()
 
-    def put(self, key: tuple[Any, ...], offers: dict[int, tuple[RunningUnit, list[_Shape]]]) -> None:
+    def put(self, key: tuple[Any, ...], kept: _Kept) -> None:
         """What the units offer under ``key`` now (those gone are dropped)."""
-        self._kept[key] = offers
+        self._kept[key] = kept
 
 
 class PieceCache:
@@ -271,9 +312,9 @@ class PieceCache:
         #: what the preemptors of one context may evict of their own queue's (or unqueued)
         #: running work (:meth:`own`), with the ids of the units it was built from
         self._own: dict[tuple[Any, ...], tuple[tuple[int, ...], list[_Piece]]] = {}
-        #: (id of a unit, the width and context of :meth:`_offered`) -> the unit and its
-        #: pieces priced for the cycle
-        self._priced: dict[tuple[Any, ...], tuple[RunningUnit, list[_Piece]]] = {}
+        #: the key of :meth:`_offered` -> id of a unit -> the unit and its pieces priced for
+        #: the cycle
+        self._priced: dict[tuple[Any, ...], dict[int, tuple[RunningUnit, list[_Piece]]]] = {}
         #: what each unit offers, unpriced, kept across cycles
         self.offers = Offers() if offers is None else offers
         self.offers.cycle()
@@ -353,59 +394,66 @@ class PieceCache:
         ids = tuple(map(id, units))
         hit = self._own.get(context)
         if hit is None or hit[0] != ids:
-            pieces, _, _, mine = self._offered(search, context, units)
+            pieces, _, mine, _, _ = self._offered(search, context, units)
             if mine:  # its own running part is among them: what they offer others differs
                 return pieces
             hit = self._own[context] = (ids, pieces)
         return hit[1]
 
     def _offered(self, search: _Search, context: tuple[Any, ...],
-                 units: Sequence[RunningUnit]) -> tuple[list[_Piece], int, IntArray, bool]:
-        """The pieces ``units`` offer (unsorted), how many units offer one, their summed
-        requests whole, and whether the preemptor's own running part is one of them. What each unit offers is kept across cycles under ``context``
-        (what it depends on besides the unit), priced for the cycle once."""
+                 units: Sequence[RunningUnit]) -> tuple[list[_Piece], int, bool, _Kept, _Kept]:
+        """The pieces ``units`` offer (unsorted), how many units offer one, whether the
+        preemptor's own running part is one of them, and what was kept before and is kept
+        now. What each unit offers is kept across cycles under
+        ``context`` (what it depends on besides the unit), priced for the cycle once."""
         width = search.used.shape[1]
-        key = (width, *context)
-        kept = self.offers.get(key)
+        key = (search.used.shape, *context)
+        before = self.offers.get(key)
+        kept = before.units
+        priced = self._priced.setdefault(key, {})
         shapes: dict[int, tuple[RunningUnit, list[_Shape]]] = {}
         pieces: list[_Piece] = []
-        whole = np.zeros(width, dtype=np.int64)
         count = 0
         seen = False
         for w in units:
+            i = id(w)
             mine = search.is_preemptor(w)  # what it offers another preemptor differs
             seen = seen or mine
-            shape = kept.get(id(w))
+            shape = kept.get(i)
             if shape is None or shape[0] is not w:
                 shape = (w, search.shapes_of(w, width))
             if not mine:
-                shapes[id(w)] = shape
-            hit = self._priced.get((id(w), *key))
+                shapes[i] = shape
+            hit = priced.get(i)
             if hit is None or hit[0] is not w:
                 hit = (w, [])
                 search.priced(w, shape[1], hit[1])
                 if not mine:
-                    self._priced[(id(w), *key)] = hit
+                    priced[i] = hit
             if hit[1]:
                 count += 1
-                whole += hit[1][0].vec  # a unit's whole piece comes first
                 pieces.extend(hit[1])
-        self.offers.put(key, shapes)
-        return pieces, count, whole, seen
+        now = _Kept(shapes)
+        self.offers.put(key, now)
+        return pieces, count, seen, before, now
 
     def _build(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit],
                context: tuple[Any, ...]) -> _Lent | None:
-        """A borrower's :class:`_Lent`; None when the preemptor is one of its units."""
+        """A borrower's :class:`_Lent`; None when the preemptor is one of its units. What
+        its whole units hold per node, and their names, are carried from the last build of
+        the same key by what changed."""
         assert search.tree is not None
         width = search.used.shape[1]
-        pieces, count, whole, mine = self._offered(search, (queue, search.tree.root(queue), *context), units)
+        pieces, count, mine, before, now = self._offered(search, (queue, search.tree.root(queue), *context), units)
         if mine:
             return None
         pieces.sort(key=lambda pc: pc.cost)
         vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
-        names = frozenset(n for w in units for n in (w.key, w.uid))
-        on_nodes = _on_nodes([pc for pc in pieces if pc.whole], search.used.shape)
-        return _Lent(queue, tuple(pieces), count, vecs, whole, on_nodes, names)
+        now.carry(before, search.used.shape)
+        assert now.on_nodes is not None
+        # a unit's whole piece is offered whenever any of it is (its extras ask a subset)
+        whole = now.on_nodes.sum(axis=0)
+        return _Lent(queue, tuple(pieces), count, vecs, whole, now.on_nodes, frozenset(now.names))
 
     def forget(self, w: RunningUnit) -> None:
         """``w`` was chosen as a victim: it is no candidate any more."""
