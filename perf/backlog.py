@@ -28,13 +28,23 @@ Measured, through :meth:`Session.step` as the running scheduler drives it:
 
 Each is the median (min-max) over ``--repeats`` steps, with the units the cycle was handed
 and the pods it placed; plus the RSS of the process and the mirror's size.
+
+``--same-work``: the cycle's time budgets off (its walk tries every unit handed over, and
+victim searches are bounded by count alone), so that what each step decides depends on
+the cluster and not on the speed of the code: two versions of the code that decide alike
+do the same work, and ``decisions`` (a digest of what every step bound, evicted and was
+handed) says whether they did; ``churn_total_s`` sums the churn steps measured: the A/B
+of the churn step. With the budgets on, a faster cycle also walks
+further and searches more, and the steps of two versions soon differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
+import math
 import os
 import random
 import statistics
@@ -91,9 +101,12 @@ def _pod(name: str, gpu: int, queue: str, *, priority: int = 0, created: float =
 class Backlog:
     """The cluster and backlog above, fed to a :class:`Session` as its watches would."""
 
-    def __init__(self, nodes: int, pods: int, *, seed: int = 11) -> None:
+    def __init__(self, nodes: int, pods: int, *, seed: int = 11, same_work: bool = False) -> None:
         self.rng = rng = random.Random(seed)
-        self.session = Session(SessionSettings(queues=QueueSettings()))
+        self.session = Session(SessionSettings(queues=QueueSettings(max_search_seconds=math.inf), walk_budget=None)
+                               if same_work else SessionSettings(queues=QueueSettings()))
+        #: what every step decided, as a digest
+        self.decisions = hashlib.sha256()
         self.nodes = [Node(name=NodeName(f"node-{i:05d}"), uid=f"n{i}",
                            labels={"kubernetes.io/hostname": f"node-{i:05d}"}, allocatable=NODE_ALLOC)
                       for i in range(nodes)]
@@ -170,6 +183,8 @@ class Backlog:
             gone = s.state.pods.get(PodUID(e.uid))
             if gone is not None:
                 s.on_pod("DELETED", gone)
+        self.decisions.update(repr((sorted(b.uid for b in out.binds), sorted(e.uid for e in out.evictions),
+                                    sorted(plan.tried) if plan is not None else ())).encode())
         return {
             "s": took,
             "cycle_s": plan.timings.get("total", 0.0) if plan is not None else 0.0,
@@ -208,11 +223,11 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(nodes: int, pods: int, *, repeats: int = 5) -> dict[str, Any]:
+def measure(nodes: int, pods: int, *, repeats: int = 5, same_work: bool = False) -> dict[str, Any]:
     kernels.warm_up()
     rss0 = (procstat.rss(os.getpid()) or 0)
     t = time.perf_counter()
-    world = Backlog(nodes, pods)
+    world = Backlog(nodes, pods, same_work=same_work)
     built = time.perf_counter() - t
     gc.collect()
     t = time.perf_counter()
@@ -248,6 +263,8 @@ def measure(nodes: int, pods: int, *, repeats: int = 5) -> dict[str, Any]:
         "rss_mib": round((procstat.rss(os.getpid()) or 0) / 2**20), "rss_before_mib": round(rss0 / 2**20),
         "rss_after_intake_mib": round(rss / 2**20),
         "first": first, "first_pass": first_pass, "settle_steps": settle, "idle": _stats(idle), "churn": _stats(churn), "full": _stats(full),
+        "churn_total_s": round(sum(r["s"] for r in churn), 3), "same_work": same_work,
+        "decisions": world.decisions.hexdigest()[:16],
     }
 
 
@@ -284,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=4000)
     ap.add_argument("--pods", type=int, default=140_000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--same-work", action="store_true",
+                    help="time budgets off: every version of the code does the same work (see above)")
     args = ap.parse_args(argv)
-    print(json.dumps(measure(args.nodes, args.pods, repeats=args.repeats), indent=1))
+    print(json.dumps(measure(args.nodes, args.pods, repeats=args.repeats, same_work=args.same_work), indent=1))
     return 0
 
 
