@@ -206,10 +206,6 @@ PieceCost = tuple[float, int, int, float, str, int]
 _Shape = tuple[Held, VictimKind, str]
 
 
-#: cycles a context of :class:`Offers` is kept after it was last asked for
-OFFERS_KEPT_CYCLES = 30
-
-
 class _Kept:
     """What the units under one key of :class:`Offers` offer (id of a unit -> the unit and
     its shapes), and, once a borrower's :class:`_Lent` was built from them, what their
@@ -404,8 +400,8 @@ class PieceCache:
                  units: Sequence[RunningUnit]) -> tuple[list[_Piece], int, bool, _Kept, _Kept]:
         """The pieces ``units`` offer (unsorted), how many units offer one, whether the
         preemptor's own running part is one of them, and what was kept before and is kept
-        now. What each unit offers is kept across cycles under
-        ``context`` (what it depends on besides the unit), priced for the cycle once."""
+        now. What each unit offers is kept across cycles under ``context`` (what it depends
+        on besides the unit), priced for the cycle once."""
         width = search.used.shape[1]
         key = (search.used.shape, *context)
         before = self.offers.get(key)
