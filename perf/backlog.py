@@ -34,8 +34,8 @@ victim searches are bounded by count alone), so that what each step decides depe
 the cluster and not on the speed of the code: two versions of the code that decide alike
 do the same work, and ``decisions`` (a digest of what every step bound, evicted and was
 handed) says whether they did; ``churn_total_s`` sums the churn steps measured: the A/B
-of the churn step. With the budgets on, a faster cycle also walks
-further and searches more, and the steps of two versions soon differ.
+of the churn step. With the budgets on, a faster cycle also walks further and searches
+more, and the steps of two versions soon differ.
 """
 
 from __future__ import annotations

@@ -90,6 +90,38 @@ def held(pod: Pod, cards: tuple[tuple[int, ...], ...] | None) -> dict[str, int]:
 _ASKS = frozenset((*ASK_COLUMNS, CARDS_ANY))
 
 
+def to_width(vec: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.int64]:
+    """A charge over ``width`` columns: cut, or padded with zeros (a charge made before a
+    column was added is shorter)."""
+    if len(vec) == width:
+        return vec
+    return vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
+
+
+class ChargeReader:
+    """A book's reading of a mirror's charge feed (:meth:`ClusterState.watch_charges`): the
+    pods whose charge changed since its last read, or everything anew when the mirror or
+    what the book builds from besides the charges (its ``basis``) changed."""
+
+    def __init__(self) -> None:
+        self._state: ClusterState | None = None
+        self._changed: set[PodUID] = set()
+        self._basis: object = None
+
+    def read(self, state: ClusterState, basis: object) -> set[PodUID] | None:
+        """The pods whose charge changed since the last read; None: read every charge anew."""
+        if state is not self._state:
+            self._state, self._changed = state, state.watch_charges()
+            self._basis = None
+        if basis != self._basis:
+            self._basis = basis
+            self._changed.clear()
+            return None
+        changed = set(self._changed)
+        self._changed.clear()
+        return changed
+
+
 class ClusterState:
     """Pods, nodes and per-node usage; apply events with the ``*_event`` methods only."""
 

@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchsched.core import explain
-from batchsched.core.mirror import ClusterState, Snapshot
+from batchsched.core.mirror import ChargeReader, ClusterState, Snapshot, to_width
 from batchsched.core.model import Pod, PodUID
 from batchsched.core.placement.layout import Layout
 from batchsched.core.placer import Placer
@@ -226,10 +226,8 @@ def _entry(state: ClusterState, uid: PodUID, rows: Mapping[str, int],
     row = rows.get(node)
     if row is None:
         return None
-    if len(vec) != width:
-        vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
     run = declared_runtime(pod)
-    return row, vec, pod.started, NEVER if run is None else run, pod.deleting
+    return row, to_width(vec, width), pod.started, NEVER if run is None else run, pod.deleting
 
 
 class _EndsCache:
@@ -237,9 +235,7 @@ class _EndsCache:
     and built anew when the nodes change."""
 
     def __init__(self) -> None:
-        self._state: ClusterState | None = None
-        self._changed: set[PodUID] = set()
-        self._basis: tuple[int, int] | None = None
+        self._charges = ChargeReader()
         self._entries: dict[PodUID, tuple[int, IntArray, float, float, bool]] = {}
         self._value: _Charged | None = None
 
@@ -247,23 +243,18 @@ class _EndsCache:
         width = len(snap.columns)
         if state is None:
             return _Charged.of((), width)
-        if state is not self._state:
-            self._state, self._changed = state, state.watch_charges()
-            self._basis = None
-        basis = (snap.node_generation, width)
-        if basis != self._basis:
-            self._basis, self._value = basis, None
-            self._changed.clear()
-            self._entries = {uid: e for uid in state.charges if (e := _entry(state, uid, rows, width)) is not None}
-        elif self._changed:
+        changed = self._charges.read(state, (snap.node_generation, width))
+        if changed is None:
             self._value = None
-            for uid in self._changed:
+            self._entries = {uid: e for uid in state.charges if (e := _entry(state, uid, rows, width)) is not None}
+        elif changed:
+            self._value = None
+            for uid in changed:
                 e = _entry(state, uid, rows, width)
                 if e is None:
                     self._entries.pop(uid, None)
                 else:
                     self._entries[uid] = e
-            self._changed.clear()
         if self._value is None:
             self._value = _Charged.of(list(self._entries.values()), width)
         return self._value

@@ -230,12 +230,10 @@ class _Kept:
             came = [w for i, (w, _) in self.units.items() if (hit := before.units.get(i)) is None or hit[0] is not w]
             self.on_nodes = before.on_nodes.copy()
             self.names = set(before.names)
-        for sign, ws in ((-1, gone), (1, came)):
-            holding = {id(w): before.units[id(w)][1] if sign < 0 else self.units[id(w)][1] for w in ws}
-            pods = [pod for shapes in holding.values() for s, _, _ in shapes[:1] if s.whole for pod in s.pods]
-            if pods:
-                np.add.at(self.on_nodes, np.fromiter((pod.node for pod in pods), dtype=np.int64, count=len(pods)),
-                          sign * np.stack([pod.req for pod in pods]))
+        for sign, ws, kept in ((-1, gone, before), (1, came, self)):
+            whole = [s for w in ws for s, _, _ in kept.units[id(w)][1][:1] if s.whole]
+            if whole:
+                self.on_nodes += sign * _on_nodes(whole, shape)
         for w in gone:
             self.names.discard(w.key)
             self.names.discard(w.uid)
@@ -475,7 +473,7 @@ class _Lent:
     """The keys and uids of all the queue's units looked at."""
 
 
-def _on_nodes(pieces: Sequence[_Piece], shape: tuple[int, ...]) -> IntArray:
+def _on_nodes(pieces: Sequence[_Piece | Held], shape: tuple[int, ...]) -> IntArray:
     """Per node row, the summed requests of ``pieces``' pods there."""
     out = np.zeros(shape, dtype=np.int64)
     pods = [pod for pc in pieces for pod in pc.pods]

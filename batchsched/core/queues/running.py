@@ -27,7 +27,7 @@ from sortedcontainers import SortedDict
 
 from batchsched.core.devices import GPU_SHARES, MILLI
 from batchsched.core.gangs import ANNOTATION_TASK, GroupBook, PodGroup
-from batchsched.core.mirror import ClusterState, Snapshot
+from batchsched.core.mirror import ChargeReader, ClusterState, Snapshot, to_width
 from batchsched.core.model import GPU, Pod, PodUID
 from batchsched.core.plan import QueueName, RunningPod, RunningUnit
 from batchsched.core.queues.assign import QueueProblem
@@ -87,10 +87,10 @@ class RunningBook:
     each unit holds (:meth:`held`)."""
 
     def __init__(self) -> None:
-        self._state: ClusterState | None = None
-        self._changed: set[PodUID] = set()
-        #: what every unit is built from besides its members; a change rebuilds them all
-        self._basis: tuple[Any, ...] | None = None
+        #: the mirror's charge feed, read anew when what every unit is built from besides
+        #: its members changes (the nodes, the PodGroups and priority classes, the queues
+        #: and namespace labels, the disruption budgets): then every unit is built anew
+        self._charges = ChargeReader()
         self.units: SortedDict = SortedDict()
         self._members: dict[str, dict[PodUID, Member]] = {}
         self._unit_of: dict[PodUID, str] = {}
@@ -104,28 +104,22 @@ class RunningBook:
         basis: tuple[Any, ...], queue_of: QueueOf, protecting: Protecting,
     ) -> list[RunningUnit]:
         """Every running unit, in key order, up to date with the mirror."""
-        if state is not self._state:
-            self._state = state
-            self._changed = state.watch_charges()
-            self._basis = None
         rows: dict[str, int] = {n.name: i for i, n in enumerate(snap.nodes)}
         width = len(snap.columns)
-        if basis != self._basis:
-            self._basis = basis
-            self._changed.clear()
+        changed = self._charges.read(state, basis)
+        dirty = set()
+        if changed is None:
             self.units.clear()
             self._members.clear()
             self._unit_of.clear()
             self.usage.clear()
             self._held.clear()
-            dirty = set()
             for uid in state.charges:
                 key = self._place(uid, state, groups, rows, width)
                 if key is not None:
                     dirty.add(key)
         else:
-            dirty = set()
-            for uid in self._changed:
+            for uid in changed:
                 old = self._unit_of.pop(uid, None)
                 if old is not None:
                     self._members[old].pop(uid, None)
@@ -133,7 +127,6 @@ class RunningBook:
                 key = self._place(uid, state, groups, rows, width)
                 if key is not None:
                     dirty.add(key)
-            self._changed.clear()
         build = _Builder(snap, groups, tree, now, queue_of, protecting)
         for key in dirty:
             self._held.pop(key, None)
@@ -162,8 +155,7 @@ class RunningBook:
             return None
         group = groups.group_of(uid)
         key = group.key if group is not None else pod.key
-        if len(vec) != width:
-            vec = vec[:width] if len(vec) > width else np.pad(vec, (0, width - len(vec)))
+        vec = to_width(vec, width)
         self._members.setdefault(key, {})[uid] = (pod, row, vec)
         self._unit_of[uid] = key
         return key
