@@ -388,7 +388,12 @@ async def test_multikueue_runs_a_pod_group_in_the_worker_whole_within_both_quota
             return pods if len(pods) == 4 else []
 
         await wait_for(in_worker, timeout=90)
-        assert await workload_admitted(mk, namespace, "train")
+
+        async def admitted_in_manager() -> bool:
+            return await workload_admitted(mk, namespace, "train")
+
+        # the manager's Workload may show Admitted a moment after MultiKueue created the copy
+        assert await wait_for(admitted_in_manager, timeout=30)
         await asyncio.sleep(4.0)  # the worker's Kueue admits it; three nodes are free, it needs four
         assert node_names(await list_pods(kube, namespace), "train-") == ["", "", "", ""]
 
