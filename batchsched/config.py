@@ -26,7 +26,7 @@ from batchsched.core.placement.topology import TopologyLevels
 from batchsched.core.quantity import QuantityError, to_units
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
-from batchsched.core.settings import WALK_BUDGET, SessionSettings
+from batchsched.core.settings import FIRST_WALK_BUDGET, WALK_BUDGET, SessionSettings
 
 #: status writers (one task each) at most
 MAX_STATUS_WRITERS = 1024
@@ -89,6 +89,10 @@ class CycleSection:
     #: a cycle that has placed something stops walking after this long and sends its
     #: Bindings; the next cycle, at once, tries the units left
     walk_budget_seconds: float = WALK_BUDGET
+    #: the same for the first cycle (after the lists, or on becoming the leader): 0 stops
+    #: its walk at the first unit or run of alike pods placed, so the first Bindings leave
+    #: at once
+    first_walk_budget_seconds: float = FIRST_WALK_BUDGET
 
 
 @dataclass(slots=True, frozen=True)
@@ -317,6 +321,7 @@ class Config:
             queues=self.queue_settings(),
             retry_unschedulable=self.cycle.retry_unschedulable_seconds,
             walk_budget=self.cycle.walk_budget_seconds,
+            first_walk_budget=self.cycle.first_walk_budget_seconds,
             assumed_timeout=self.binder.assumed_timeout_seconds,
             gang_default_timeout=gang.default_schedule_timeout_seconds,
             gang_initial_backoff=gang.initial_backoff_seconds,
@@ -501,6 +506,8 @@ def _validate(cfg: Config) -> None:
         )
     positive(cfg.cycle.retry_unschedulable_seconds, "cycle.retryUnschedulableSeconds")
     positive(cfg.cycle.walk_budget_seconds, "cycle.walkBudgetSeconds")
+    if cfg.cycle.first_walk_budget_seconds < 0:
+        raise ConfigError("config: cycle.firstWalkBudgetSeconds: must not be negative")
     if cfg.cycle.min_interval_seconds < 0:
         raise ConfigError("config: cycle.minIntervalSeconds: must not be negative")
     positive(cfg.gang.default_schedule_timeout_seconds, "gang.defaultScheduleTimeoutSeconds")

@@ -108,13 +108,17 @@ class Cycle(CycleKernels):
     def __init__(
         self, scoring: ScoringConfig, *, use_jit: bool = True, levels: TopologyLevels | None = None,
         reservation: ReservationSettings | None = None, cards: CardPolicy | None = None,
-        walk_budget: float | None = None,
+        walk_budget: float | None = None, first_walk_budget: float | None = None,
     ) -> None:
         self.reservations = Reservations(reservation)
         #: what each running unit offers preemptors, kept across cycles
         self.offers = Offers()
         #: seconds after which a walk that placed something stops (None: every unit tried)
         self.walk_budget = walk_budget
+        #: the budget of the first walk (the same as the others when None)
+        self.first_walk_budget = walk_budget if first_walk_budget is None or walk_budget is None else first_walk_budget
+        #: walks run so far
+        self.walks = 0
         #: when a walk last stopped at its budget: walks within :data:`WALK_STOP_INTERVAL`
         #: of it go to the end (each stop costs the next cycle its preparation again)
         self.stopped_at = -math.inf
@@ -129,7 +133,9 @@ class Cycle(CycleKernels):
         or a cached one): once a unit fails, the later units of its class and queue fail alike.
         ``devices``: the cycle's use of DRA devices, where the units' ResourceClaims are
         allocated (None when no unit has any)."""
-        return _Walk(self, snap, units, queues, state, classes, devices).run()
+        plan = _Walk(self, snap, units, queues, state, classes, devices).run()
+        self.walks += 1
+        return plan
 
     def account(self, snap: Snapshot, queues: QueueInput) -> QueueTree:
         """Charge running work and the nominations to ``queues.tree`` and record the usage
@@ -202,12 +208,13 @@ class _Walk:
 
     def _out_of_time(self) -> bool:
         """Whether the walk has spent its budget (:attr:`Cycle.walk_budget`, from the
-        cycle's start) and has Bindings to send: the units not tried yet wait for the next
+        cycle's start; :attr:`Cycle.first_walk_budget` in the first cycle) and has Bindings to send: the units not tried yet wait for the next
         cycle, which runs at once and walks to the end (as do those of the following
         :data:`WALK_STOP_INTERVAL` seconds). Without a Binding the walk goes on
         (stopping would send nothing sooner), so every cycle that stops early placed
         something: the units left are tried in order, as in one walk, only later."""
-        budget = self.cycle.walk_budget
+        cycle = self.cycle
+        budget = cycle.walk_budget if cycle.walks else cycle.first_walk_budget
         return (budget is not None and self.qi.now - self.cycle.stopped_at >= WALK_STOP_INTERVAL
                 and bool(self.plan.bindings) and time.perf_counter() - self.t0 >= budget)
 

@@ -103,7 +103,7 @@ class Session(EventRouting):
         s = self.settings = settings or SessionSettings()
         self.state = ClusterState(s.scheduler_names, mix_prior=s.mix_prior)
         self.cycle = Cycle(s.scoring, levels=s.levels, use_jit=use_jit, reservation=s.reservation, cards=s.cards,
-                           walk_budget=s.walk_budget)
+                           walk_budget=s.walk_budget, first_walk_budget=s.first_walk_budget)
         self.groups = GroupBook(
             default_timeout=s.gang_default_timeout, initial_backoff=s.gang_initial_backoff,
             max_backoff=s.gang_max_backoff, levels=s.levels, whole_job_restart=s.gang_whole_job_restart,

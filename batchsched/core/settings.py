@@ -19,10 +19,13 @@ from batchsched.core.placement.topology import TopologyLevels
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
 
-__all__ = ["WALK_BUDGET", "SessionSettings"]
+__all__ = ["FIRST_WALK_BUDGET", "WALK_BUDGET", "SessionSettings"]
 
 #: the walk budget of a cycle, in seconds (:attr:`SessionSettings.walk_budget`)
 WALK_BUDGET = 0.3
+#: the walk budget of a scheduler's first cycle, in seconds (the configuration's
+#: ``cycle.firstWalkBudgetSeconds``, :attr:`SessionSettings.first_walk_budget`)
+FIRST_WALK_BUDGET = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,3 +71,11 @@ class SessionSettings:
     #: handed over is tried in one cycle, as a simulation or a replay of one step wants
     #: (:mod:`batchsched.simulate` sets None: its result must not depend on the machine)
     walk_budget: float | None = WALK_BUDGET
+    #: the same for the session's first cycle, after the lists of a start or of a replica
+    #: that became the leader: 0 stops its walk at the first unit (or run of alike pods)
+    #: placed, so the first Bindings leave while the next cycle, at once, walks on (a
+    #: restart over a large backlog binds a run of pods, not the 0.3 s walk's thousands,
+    #: before its first Binding). None: ``walk_budget``, as a session built alone (a test,
+    #: a replay) walks; the scheduler's configuration sets FIRST_WALK_BUDGET. Ignored when
+    #: ``walk_budget`` is None
+    first_walk_budget: float | None = None

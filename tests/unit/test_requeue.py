@@ -22,7 +22,13 @@ from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import single_unit
 from batchsched.core.queues.running import RunningBook
 from batchsched.core.queues.tree import QueueTree
-from batchsched.core.reservation import NEVER, RUNTIME_ANNOTATION, _EndsCache, expected_end
+from batchsched.core.reservation import (
+    NEVER,
+    RUNTIME_ANNOTATION,
+    ReservationSettings,
+    _EndsCache,
+    expected_end,
+)
 from batchsched.core.session import Session, SessionSettings
 from tests.builders import make_group, make_node, make_pod
 from tests.unit.test_session import T0, Cluster, gpu_pod
@@ -215,6 +221,46 @@ def test_a_step_binds_what_a_cycle_trying_every_pod_binds(nodes: list[int], pods
     assert sorted((b.uid, b.node) for b in got.binds) == sorted((b.uid, b.node) for b in every.bindings)
     told = {x.ref.uid: x.message for x in got.unschedulable}
     assert told == {u.pod.uid: u.message for u in every.unschedulable}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=st.lists(st.integers(0, 8), min_size=1, max_size=5),
+    pods=st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from((0, 5))), min_size=1, max_size=40),
+    gang=st.integers(0, 4),
+)
+def test_a_first_cycle_that_stops_at_its_first_placement_binds_in_its_steps_what_one_walk_binds(
+    nodes: list[int], pods: list[tuple[int, int]], gang: int,
+) -> None:
+    """A start's first cycle stops at the first unit placed (``first_walk_budget`` 0): its
+    Bindings are one unit's (a gang whole, or one run of alike pods), and the steps that
+    follow at once bind, all told, what one walk over every pod binds. (Reservations off:
+    a unit that waits reserves against the pods of the first step as running pods of no
+    known end, against those placed in the same walk as not there yet.)"""
+    off = ReservationSettings(enabled=False)
+    quick = Session(SessionSettings(first_walk_budget=0.0, reservation=off))
+    whole = Session(SessionSettings(walk_budget=None, reservation=off))
+    members = [parse_pod(make_pod(f"g{m}").uid(f"g{m}").group("g").priority(9).req(cpu="1", **{GPU: "1"}).obj())
+               for m in range(gang)]
+    singles = [Pod(uid=PodUID(f"p{k}"), namespace="default", name=f"p{k:02d}", priority=priority,
+                   created=T0 + k, requests=dict(SHAPES[shape])) for k, (shape, priority) in enumerate(pods)]
+    for session in (quick, whole):
+        for i, gpus in enumerate(nodes):
+            session.on_node("ADDED", Node(name=NodeName(f"n{i}"), uid=f"n{i}",
+                                          allocatable={"cpu": 8000, "pods": 110, GPU: gpus}))
+        if gang:
+            session.on_podgroup("ADDED", make_group("g").min_member(gang).build())
+        for pod in members + singles:
+            session.on_pod("ADDED", pod)
+    steps = [quick.step(T0 + 100)]
+    while steps[-1].again and len(steps) < 50:
+        steps.append(quick.step(T0 + 100 + 0.01 * len(steps)))
+    first = {b.uid for b in steps[0].binds}
+    # the single pods here ask for no constraint: alike, one run (of at most SINGLES_RUN)
+    assert not first or first <= {p.uid for p in members} or first <= {p.uid for p in singles}, \
+        "the first step binds one unit, or one run of alike pods"
+    got = sorted((b.uid, b.node) for s in steps for b in s.binds)
+    assert got == sorted((b.uid, b.node) for b in whole.step(T0 + 100).binds)
 
 
 # -- kept books equal rebuilt ones -----------------------------------------------------------
