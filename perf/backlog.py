@@ -15,7 +15,8 @@ pods (PodGroups, quorum the whole gang), a few CPU-only pods and a few that fit 
 Measured, through :meth:`Session.step` as the running scheduler drives it:
 
 - **first**: the first step after the lists (the cost after a restart): its Bindings leave
-  when it ends; its walk stops at the cycle's budget once it has placed something;
+  when it ends; its walk stops at its first placement (the scheduler's
+  ``cycle.firstWalkBudgetSeconds``, 0);
 - **first pass**: the steps, run at once one after the other, until a walk tried every unit
   handed over (every unit tried once: the whole cost after a restart);
 - **idle**: a step with nothing new (the steady state of a cluster where nothing changes),
@@ -59,6 +60,7 @@ from batchsched.core.placement import kernels
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import RUNTIME_ANNOTATION
 from batchsched.core.session import Session, SessionSettings
+from batchsched.core.settings import FIRST_WALK_BUDGET
 from perf import procstat
 
 GIB = 2**30
@@ -104,7 +106,8 @@ class Backlog:
     def __init__(self, nodes: int, pods: int, *, seed: int = 11, same_work: bool = False) -> None:
         self.rng = rng = random.Random(seed)
         self.session = Session(SessionSettings(queues=QueueSettings(max_search_seconds=math.inf), walk_budget=None)
-                               if same_work else SessionSettings(queues=QueueSettings()))
+                               if same_work else SessionSettings(queues=QueueSettings(),
+                                                                 first_walk_budget=FIRST_WALK_BUDGET))
         #: what every step decided, as a digest
         self.decisions = hashlib.sha256()
         self.nodes = [Node(name=NodeName(f"node-{i:05d}"), uid=f"n{i}",
