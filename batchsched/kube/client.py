@@ -37,7 +37,7 @@ from batchsched.kube.api import JSON
 from batchsched.kube.errors import KubeError, TemporaryError, from_status
 from batchsched.kube.kubeconfig import plain_in_cluster, plain_kubeconfig
 
-__all__ = ["JSON", "Credentials", "KubeClient", "before_send", "load_credentials"]
+__all__ = ["JSON", "Credentials", "KubeClient", "before_send", "load_credentials", "plain_credentials"]
 
 #: run just before each request of the current task is written (see the module docstring)
 before_send: ContextVar[Callable[[], None] | None] = ContextVar("before_send", default=None)
@@ -96,11 +96,15 @@ class Credentials:
 async def load_credentials(kubeconfig: str | None, *, context: str | None = None) -> Credentials:
     """Read a kubeconfig (or, with ``None``, the in-cluster service account): a plain one
     here (:mod:`batchsched.kube.kubeconfig`), any other through kubernetes-asyncio."""
+    plain = plain_credentials(kubeconfig, context=context)
+    return plain if plain is not None else await loaded_credentials(kubeconfig, context=context)
+
+
+def plain_credentials(kubeconfig: str | None, *, context: str | None = None) -> Credentials | None:
+    """The credentials of a plain kubeconfig or service account (:mod:`batchsched.kube.kubeconfig`);
+    None for any other."""
     plain = plain_in_cluster() if kubeconfig is None else plain_kubeconfig(kubeconfig, context)
-    if plain is not None:
-        host, ca_file, cert_file, key_file, token, verify = plain
-        return _credentials(host, ca_file, cert_file, key_file, token, verify)
-    return await loaded_credentials(kubeconfig, context=context)
+    return None if plain is None else _credentials(*plain)
 
 
 async def loaded_credentials(kubeconfig: str | None, *, context: str | None = None) -> Credentials:
@@ -183,6 +187,12 @@ def _loads_bulk(data: bytes) -> Any:
         return orjson.loads(data)
 
 
+def _page_of(raw: bytes) -> Any:
+    """A page of a list parsed, without its objects' ``managedFields``."""
+    raw = without_managed_fields(raw)
+    return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
+
+
 class KubeClient:
     """Async requests to one API server. Create with :meth:`connect`, close with :meth:`close`."""
 
@@ -242,10 +252,14 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float = 60.0,
+        read: Callable[[bytes], Any] | None = None,
     ) -> Any:
-        """One request; returns the parsed JSON body, raises a :class:`KubeError` on failure."""
+        """One request; returns the parsed JSON body (or what ``read`` makes of the body's
+        bytes), raises a :class:`KubeError` on failure."""
         raw = await self._exchange(method, path, params=params, body=body, content_type=content_type,
                                    timeout=timeout)
+        if read is not None:
+            return read(raw)
         if not raw:
             return None
         return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
@@ -331,7 +345,7 @@ class KubeClient:
             query["limit"] = page
             if cont:
                 query["continue"] = cont
-            return asyncio.ensure_future(self._list_page(path, query))
+            return asyncio.ensure_future(self.request("GET", path, params=query, timeout=300, read=_page_of))
 
         pending: asyncio.Future[Any] | None = ask("")
         try:
@@ -345,11 +359,6 @@ class KubeClient:
         finally:
             if pending is not None:
                 pending.cancel()
-
-    async def _list_page(self, path: str, query: Mapping[str, str | int]) -> Any:
-        """One page of a list, parsed without its objects' ``managedFields``."""
-        raw = without_managed_fields(await self._exchange("GET", path, params=query, timeout=300))
-        return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
 
     async def list(self, path: str, *, page: int = 500, **params: str | int) -> tuple[list[JSON], str]:
         """Every item of a collection, paged; returns ``(items, resourceVersion)``."""
