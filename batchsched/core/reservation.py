@@ -44,6 +44,7 @@ discarded; this module never calls the cycle.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import math
@@ -154,34 +155,74 @@ def unit_runtime(unit: Unit) -> float | None:
 @dataclass(slots=True, frozen=True)
 class _Ends:
     """The pods charged to the snapshot's nodes: node row, request, expected end. What
-    ends by a time is summed once per cycle: the reservations a cycle makes search the
-    same times (their binary searches start alike)."""
+    ends by a time is summed once per cycle (the reservations a cycle makes search the same
+    times: their binary searches start alike), and from the nearest time summed before: the
+    pods in order of their ends, a time's sum is that of a prefix of them, got from the
+    nearest prefix summed by adding or taking away the pods between."""
 
     rows: npt.NDArray[np.intp]
     reqs: IntArray
     ends: npt.NDArray[np.float64]
     nodes: int
     _sums: dict[float | None, IntArray] = field(default_factory=dict, compare=False)
+    _prefixes: dict[str, _Prefixes] = field(default_factory=dict, compare=False)
 
     def until(self, t: float) -> IntArray:
         """Per node, the requests of the pods expected to end at or before ``t`` (read
         only; ``NEVER``: every pod with an end)."""
         out = self._sums.get(t)
         if out is None:
-            out = self._sums[t] = self._sum(self.ends < NEVER if t >= NEVER else self.ends <= t)
+            prefixes = self._prefixes.get("")
+            if prefixes is None:
+                prefixes = self._prefixes[""] = _Prefixes(self.rows, self.reqs, self.ends, self.nodes)
+            out = self._sums[t] = prefixes.until(t)
         return out
 
     def endless(self) -> IntArray:
         """Per node, the requests of the pods with no expected end (read only)."""
         out = self._sums.get(None)
         if out is None:
-            out = self._sums[None] = self._sum(self.ends >= NEVER)
+            out = self._sums[None] = _sum(self.rows, self.reqs, self.ends >= NEVER, self.nodes)
         return out
 
-    def _sum(self, which: npt.NDArray[np.bool_]) -> IntArray:
-        out = np.zeros((self.nodes, self.reqs.shape[1]), dtype=np.int64)
-        np.add.at(out, self.rows[which], self.reqs[which])
+
+def _sum(rows: npt.NDArray[np.intp], reqs: IntArray, which: npt.NDArray[np.bool_], nodes: int) -> IntArray:
+    """Per node, the requests of the pods ``which`` selects (read only)."""
+    out = np.zeros((nodes, reqs.shape[1]), dtype=np.int64)
+    np.add.at(out, rows[which], reqs[which])
+    out.setflags(write=False)
+    return out
+
+
+class _Prefixes:
+    """Per node, the requests of the first ``k`` pods in order of their expected ends, for
+    the ``k`` asked so far; a new ``k`` is summed from the nearest one known."""
+
+    def __init__(self, rows: npt.NDArray[np.intp], reqs: IntArray, ends: npt.NDArray[np.float64], nodes: int) -> None:
+        self.order = np.argsort(ends, kind="stable")
+        self.sorted_ends = ends[self.order]
+        self.rows, self.reqs = rows, reqs
+        zero = np.zeros((nodes, reqs.shape[1]), dtype=np.int64)
+        zero.setflags(write=False)
+        self.known: list[int] = [0]
+        self.sums: dict[int, IntArray] = {0: zero}
+
+    def until(self, t: float) -> IntArray:
+        if t >= NEVER:
+            k = int(np.searchsorted(self.sorted_ends, NEVER, side="left"))  # every end short of NEVER
+        else:
+            k = int(np.searchsorted(self.sorted_ends, t, side="right"))  # every end at or before t
+        out = self.sums.get(k)
+        if out is not None:
+            return out
+        at = bisect.bisect_left(self.known, k)
+        near = min(self.known[max(0, at - 1):at + 1], key=lambda j: abs(j - k))
+        out = self.sums[near].copy()
+        between = self.order[min(near, k):max(near, k)]
+        (np.add if k > near else np.subtract).at(out, self.rows[between], self.reqs[between])
         out.setflags(write=False)
+        self.sums[k] = out
+        self.known.insert(at, k)
         return out
 
 

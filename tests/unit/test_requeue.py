@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from batchsched.core.reservation import (
     NEVER,
     RUNTIME_ANNOTATION,
     ReservationSettings,
+    _Ends,
     _EndsCache,
     expected_end,
 )
@@ -376,3 +378,34 @@ def test_a_status_write_on_a_waiting_gang_member_does_not_wake_its_gang() -> Non
     obj["spec"]["containers"][0]["resources"]["requests"][GPU] = "4"
     c._modified(members[0])
     assert c.session.wants_step
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pods=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.sampled_from([0.0, 5.0, 10.0, 10.0, 30.0, NEVER])),
+                  max_size=30),
+    times=st.lists(st.sampled_from([-1.0, 0.0, 5.0, 7.0, 10.0, 29.0, 30.0, 1e9, NEVER]), min_size=1, max_size=12),
+)
+def test_what_ends_by_a_time_summed_from_the_nearest_time_is_the_direct_sum(
+    pods: list[tuple[int, int, float]], times: list[float],
+) -> None:
+    """Each time's per-node sum, got from the nearest one summed before (adding or taking
+    away the pods between), in any order of asking, equals the sum of the pods that end by
+    then; ``NEVER`` sums every pod with an end, and the endless ones are the rest."""
+    rows = np.array([p[0] for p in pods], dtype=np.intp)
+    reqs = np.array([[p[1], 1000 * p[1]] for p in pods], dtype=np.int64).reshape(len(pods), 2)
+    ends_at = np.array([p[2] for p in pods], dtype=np.float64)
+    ends = _Ends(rows, reqs, ends_at, 4)
+
+    def direct(which: list[bool]) -> list[list[int]]:
+        out = [[0, 0] for _ in range(4)]
+        for (row, req, _), w in zip(pods, which, strict=True):
+            if w:
+                out[row][0] += req
+                out[row][1] += 1000 * req
+        return out
+
+    for t in times:
+        want = direct([end < NEVER if t >= NEVER else end <= t for _, _, end in pods])
+        assert ends.until(t).tolist() == want
+    assert ends.endless().tolist() == direct([end >= NEVER for _, _, end in pods])

@@ -68,8 +68,10 @@ def restored_nominations(
     tree = queues.tree(snap.columns)
     out = []
     for unit in units:
+        if not unit.pods or not unit.pods[0].nominated_node or unit.blocked:
+            continue  # most units: nothing nominated (a restart hands over every one)
         quorum = unit.pods[: max(1, unit.min_count)]
-        if unit.blocked or not quorum or not all(p.nominated_node in state.nodes for p in quorum):
+        if not all(p.nominated_node in state.nodes for p in quorum):
             continue
         nodes = tuple(p.nominated_node for p in quorum)
         victims = frozenset(p.uid for node in set(nodes) for p in state.pods_on(node) if p.deleting)
