@@ -228,15 +228,18 @@ def test_a_step_binds_what_a_cycle_trying_every_pod_binds(nodes: list[int], pods
 @settings(max_examples=40, deadline=None)
 @given(
     nodes=st.lists(st.integers(0, 8), min_size=1, max_size=5),
-    pods=st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from((0, 5))), min_size=1, max_size=40),
+    pods=st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from((0, 5)), st.sampled_from(("", "qa", "qb"))),
+                  min_size=1, max_size=40),
     gang=st.integers(0, 4),
+    queues=st.booleans(),
 )
 def test_a_first_cycle_that_stops_at_its_first_placement_binds_in_its_steps_what_one_walk_binds(
-    nodes: list[int], pods: list[tuple[int, int]], gang: int,
+    nodes: list[int], pods: list[tuple[int, int, str]], gang: int, queues: bool,
 ) -> None:
     """A start's first cycle stops at the first unit placed (``first_walk_budget`` 0): its
     Bindings are one unit's (a gang whole, or one run of alike pods), and the steps that
-    follow at once bind, all told, what one walk over every pod binds. (Reservations off:
+    follow at once bind, all told, what one walk over every pod binds, with queues sharing a
+    cohort or without (a pod naming a queue that does not exist waits). (Reservations off:
     a unit that waits reserves against the pods of the first step as running pods of no
     known end, against those placed in the same walk as not there yet.)"""
     off = ReservationSettings(enabled=False)
@@ -245,8 +248,14 @@ def test_a_first_cycle_that_stops_at_its_first_placement_binds_in_its_steps_what
     members = [parse_pod(make_pod(f"g{m}").uid(f"g{m}").group("g").priority(9).req(cpu="1", **{GPU: "1"}).obj())
                for m in range(gang)]
     singles = [Pod(uid=PodUID(f"p{k}"), namespace="default", name=f"p{k:02d}", priority=priority,
-                   created=T0 + k, requests=dict(SHAPES[shape])) for k, (shape, priority) in enumerate(pods)]
+                   created=T0 + k, requests=dict(SHAPES[shape]), labels={"batchsched.io/queue": q} if q else {})
+               for k, (shape, priority, q) in enumerate(pods)]
     for session in (quick, whole):
+        if queues:  # two queues of 4 GPUs each, in one cohort: each may borrow what the other leaves
+            session.on_queues_listed([
+                {"metadata": {"name": name, "uid": f"q-{name}", "resourceVersion": "1"},
+                 "spec": {"cohort": "c", "resources": [{"name": GPU, "nominal": "4"}]}} for name in ("qa", "qb")
+            ])
         for i, gpus in enumerate(nodes):
             session.on_node("ADDED", Node(name=NodeName(f"n{i}"), uid=f"n{i}",
                                           allocatable={"cpu": 8000, "pods": 110, GPU: gpus}))
