@@ -143,6 +143,21 @@ _AFTER_MANAGED = b']},"'
 _NEXT_ITEM = b'"metadata":{'
 
 
+#: the bytes that may follow a string's closing quote (in any JSON, spaced or not)
+_AFTER_STRING = frozenset(b",}]: \t\r\n")
+
+
+def _metadata_end(raw: bytes, start: int) -> int:
+    """Where the first ``]},"`` after ``start`` whose quote opens a key is (-1: none)."""
+    end = raw.find(_AFTER_MANAGED, start)
+    while end >= 0:
+        after = end + len(_AFTER_MANAGED)
+        if after < len(raw) and raw[after] not in _AFTER_STRING:
+            return end
+        end = raw.find(_AFTER_MANAGED, end + 1)
+    return -1
+
+
 def without_managed_fields(raw: bytes) -> bytes:
     """``raw`` (a list or an object, as the apiserver writes JSON) without any object's
     ``metadata.managedFields``, cut from the bytes before they are parsed: nothing here
@@ -151,11 +166,12 @@ def without_managed_fields(raw: bytes) -> bytes:
 
     The cut is safe on the bytes because the apiserver writes ``managedFields`` last in an
     object's metadata, an entry's ``fieldsV1`` holds objects only (so the array's closing
-    bracket is its only ``]`` outside a string), and a string never holds an unescaped
-    quote: ``,"managedFields":[`` starts the field, and the first ``]},"`` after it ends the
-    field and its metadata where another key follows (``spec``, ``data``...). When no key
-    follows within the same object (the next ``"metadata":{`` comes first), that object
-    keeps its field."""
+    bracket is its only ``]`` outside a string), and a quote inside a string is escaped: a
+    ``"`` not followed by what may follow a string (``,}]:``, or space) opens one, so
+    whatever comes before it is outside any string. So ``,"managedFields":[`` starts the
+    field, and the first ``]},"`` after it whose quote opens a key ends the field and its
+    metadata, where another key follows (``spec``, ``data``...). When no key follows within
+    the same object (the next ``"metadata":{`` comes first), that object keeps its field."""
     find = raw.find
     start = find(_MANAGED)
     if start < 0:
@@ -163,7 +179,7 @@ def without_managed_fields(raw: bytes) -> bytes:
     parts: list[bytes] = []
     pos = 0
     while start >= 0:
-        end = find(_AFTER_MANAGED, start)
+        end = _metadata_end(raw, start)
         if end < 0:
             break
         nxt = find(_NEXT_ITEM, start, end)

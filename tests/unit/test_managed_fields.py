@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batchsched.kube.client import without_managed_fields
@@ -45,8 +45,14 @@ def _dropped(obj: Any) -> Any:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(st.lists(objects(), max_size=5), st.booleans())
+# a string that holds the bytes that end the field, up to its closing quote
+@example([{"metadata": {"name": "", "managedFields": [{"manager": "", "operation": "Update", "apiVersion": "v1",
+                                                      "time": "]},", "fieldsType": "FieldsV1", "fieldsV1": {}}]},
+           "spec": {}}], False)
+@example([{"metadata": {"name": "", "managedFields": [{"manager": "]},", "operation": "Update", "apiVersion": "v1",
+                                                      "time": "", "fieldsType": "FieldsV1", "fieldsV1": {}}]}}], True)
 def test_a_list_cut_parses_to_its_objects_without_their_managed_fields(items: list[dict[str, Any]], event: bool) -> None:
     if event:  # a watch event's object, alone, with kind and apiVersion before its metadata
         for obj in items:
