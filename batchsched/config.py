@@ -89,9 +89,9 @@ class CycleSection:
     #: a cycle that has placed something stops walking after this long and sends its
     #: Bindings; the next cycle, at once, tries the units left
     walk_budget_seconds: float = WALK_BUDGET
-    #: the same for the first cycle (after the lists, or on becoming the leader): 0 stops
-    #: its walk at the first unit or run of alike pods placed, so the first Bindings leave
-    #: at once
+    #: the same for the first cycle (after the lists, or on becoming the leader): short, so
+    #: a large first walk stops at its first unit or run of alike pods placed and the first
+    #: Bindings leave at once
     first_walk_budget_seconds: float = FIRST_WALK_BUDGET
 
 

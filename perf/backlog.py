@@ -16,7 +16,7 @@ Measured, through :meth:`Session.step` as the running scheduler drives it:
 
 - **first**: the first step after the lists (the cost after a restart): its Bindings leave
   when it ends; its walk stops at its first placement (the scheduler's
-  ``cycle.firstWalkBudgetSeconds``, 0);
+  ``cycle.firstWalkBudgetSeconds``, 0.05 s: at this size, its first placement);
 - **first pass**: the steps, run at once one after the other, until a walk tried every unit
   handed over (every unit tried once: the whole cost after a restart);
 - **idle**: a step with nothing new (the steady state of a cluster where nothing changes),

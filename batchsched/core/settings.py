@@ -25,7 +25,7 @@ __all__ = ["FIRST_WALK_BUDGET", "WALK_BUDGET", "SessionSettings"]
 WALK_BUDGET = 0.3
 #: the walk budget of a scheduler's first cycle, in seconds (the configuration's
 #: ``cycle.firstWalkBudgetSeconds``, :attr:`SessionSettings.first_walk_budget`)
-FIRST_WALK_BUDGET = 0.0
+FIRST_WALK_BUDGET = 0.05
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,10 +72,11 @@ class SessionSettings:
     #: (:mod:`batchsched.simulate` sets None: its result must not depend on the machine)
     walk_budget: float | None = WALK_BUDGET
     #: the same for the session's first cycle, after the lists of a start or of a replica
-    #: that became the leader: 0 stops its walk at the first unit (or run of alike pods)
-    #: placed, so the first Bindings leave while the next cycle, at once, walks on (a
-    #: restart over a large backlog binds a run of pods, not the 0.3 s walk's thousands,
-    #: before its first Binding). None: ``walk_budget``, as a session built alone (a test,
-    #: a replay) walks; the scheduler's configuration sets FIRST_WALK_BUDGET. Ignored when
-    #: ``walk_budget`` is None
+    #: that became the leader: FIRST_WALK_BUDGET (0.05 s) stops a large first walk at its
+    #: first unit (or run of alike pods) placed, as its fair order alone takes longer, so
+    #: the first Bindings leave while the next cycle, at once, walks on (a restart over a
+    #: large backlog binds a run of pods, not the 0.3 s walk's thousands, before its first
+    #: Binding); a small cluster's first walk still ends within it. None: ``walk_budget``,
+    #: as a session built alone (a test, a replay) walks; the scheduler's configuration
+    #: sets FIRST_WALK_BUDGET. Ignored when ``walk_budget`` is None
     first_walk_budget: float | None = None
