@@ -209,8 +209,8 @@ class _Walk:
     def _out_of_time(self) -> bool:
         """Whether the walk has spent its budget (:attr:`Cycle.walk_budget`, from the
         cycle's start; :attr:`Cycle.first_walk_budget` in the first cycle) and has Bindings
-        to send: the units not tried yet wait for the next cycle, which runs at once and walks to the end (as do those of the following
-        :data:`WALK_STOP_INTERVAL` seconds). Without a Binding the walk goes on
+        to send: the units not tried yet wait for the next cycle, which runs at once and
+        walks to the end (as do those of the following :data:`WALK_STOP_INTERVAL` seconds). Without a Binding the walk goes on
         (stopping would send nothing sooner), so every cycle that stops early placed
         something: the units left are tried in order, as in one walk, only later."""
         cycle = self.cycle

@@ -203,10 +203,14 @@ def _loads_bulk(data: bytes) -> Any:
         return orjson.loads(data)
 
 
+def _parsed(raw: bytes) -> Any:
+    """A JSON body parsed (a large one as :func:`_loads_bulk` does)."""
+    return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
+
+
 def _page_of(raw: bytes) -> Any:
     """A page of a list parsed, without its objects' ``managedFields``."""
-    raw = without_managed_fields(raw)
-    return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
+    return _parsed(without_managed_fields(raw))
 
 
 class KubeClient:
@@ -278,7 +282,7 @@ class KubeClient:
             return read(raw)
         if not raw:
             return None
-        return _loads_bulk(raw) if len(raw) > 1 << 20 else orjson.loads(raw)
+        return _parsed(raw)
 
     async def text(self, path: str, *, timeout: float = 30.0) -> str:
         """A body that is not JSON (the apiserver's ``/metrics``)."""
