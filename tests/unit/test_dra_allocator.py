@@ -430,7 +430,8 @@ def test_the_search_stops_at_its_bound_and_says_so() -> None:
 def test_more_than_32_devices_in_one_claim_do_not_fit() -> None:
     p = world(gpus=8, migs=7)
     why = failed(run([claim("c", exactly("m", MIG_CLASS, count=20), exactly("n", MIG_CLASS, count=13))], node_devices(p)))
-    assert why.reason == "claim ns/c asks for 33 devices, more than the 32 one claim may hold"
+    assert why.reason == "claim ns/c asks for 33 devices on node n1, more than the 32 one claim may hold"
+    assert why.fatal  # an error of the claim, as upstream: no other node is tried
     ok(run([claim("c", exactly("m", MIG_CLASS, count=20), exactly("n", MIG_CLASS, count=12))], node_devices(p)))
 
 

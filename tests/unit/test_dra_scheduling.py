@@ -327,6 +327,28 @@ def test_a_claim_no_node_can_serve_is_told_at_once() -> None:
     assert "cannot be allocated on any of 1 nodes" in w.told(d, uid)
 
 
+def test_a_claim_taking_all_of_more_devices_than_a_claim_holds_on_any_node_is_refused_not_placed_elsewhere() -> None:
+    """As kube-scheduler: a request of ``allocationMode: All`` that matches more than 32
+    devices on one node it may go to is an error of the claim, so the pod is refused
+    even though a smaller node would hold every matching device (found by the
+    differential test against kube-scheduler: world 24 of seed 523479, MIG partitions)."""
+    w = DraWorld()
+    w.node("big", 40)
+    w.node("small", 4)
+    w.claim("every", allocationMode="All")
+    uid = w.pod("p", "every")
+    d = w.step()
+    assert not w.node_of(uid)
+    told = w.told(d, uid)
+    assert "claim default/every asks for 40 devices on node big, more than the 32 one claim may hold" in told, told
+    # with the big node gone (its slice goes with it) the same claim fits the small one
+    w.session.on_node("DELETED", parse_node(make_node("big").obj()))
+    w.session.on_resource_slice("DELETED", parse_resource_slice(gpu_slice("big", 40)))
+    w.step(after=60.0)
+    assert w.node_of(uid) == "small"
+    assert len(w.devices_of("every")) == 4
+
+
 def test_an_urgent_pod_preempts_the_pod_holding_its_devices_and_gets_them() -> None:
     w = DraWorld()
     w.node("n0", 2)

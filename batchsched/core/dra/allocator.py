@@ -169,7 +169,8 @@ class Unallocatable:
     request: str = ""
     #: the claim cannot be allocated as written, wherever it is tried (kube-scheduler fails
     #: the pod's whole attempt on it, not only the node): a request of ``allocationMode:
-    #: All`` one of whose matching devices a constraint of the claim excludes
+    #: All`` one of whose matching devices a constraint of the claim excludes, or a claim
+    #: whose requests match more devices on a node than one claim may hold
     fatal: bool = False
 
 
@@ -498,7 +499,7 @@ def allocate(
     pending = [c for c in claims if c.allocation is None]
     try:
         options = _Matcher(devices, classes, compile_selector, device_env, selector_cache).options(pending)
-        _check_sizes(pending, options)
+        _check_sizes(pending, options, devices.node)
         search = _Search(pending, options, devices, in_use, max_steps,
                          values=[[[] for _ in c.constraints] for c in pending], picked=[[] for _ in pending])
         if not search.claim(0, 0):
@@ -517,15 +518,18 @@ def allocate(
     return Allocated(out, _charge(added, lookup.get, in_use))
 
 
-def _check_sizes(claims: Sequence[ResourceClaim], options: Sequence[Sequence[Sequence[_Option]]]) -> None:
+def _check_sizes(claims: Sequence[ResourceClaim], options: Sequence[Sequence[Sequence[_Option]]], node: str) -> None:
     """Stop before searching when a claim needs more devices than one claim may hold
-    even with its smallest choices (upstream checks this first too)."""
+    even with its smallest choices. As upstream, this is an error of the claim, not a
+    miss of the node: kube-scheduler fails the pod's whole attempt when any node it
+    tries has more matching devices than an ``allocationMode: All`` request may take."""
     for claim, requests in zip(claims, options, strict=True):
         least = sum(min(len(o.candidates) if o.choice.all_devices else o.choice.count for o in choices)
                     for choices in requests)
         if least > MAX_RESULTS_PER_CLAIM:
-            raise _Stop(Unallocatable(f"claim {claim.key} asks for {least} devices, more than the "
-                                      f"{MAX_RESULTS_PER_CLAIM} one claim may hold", claim.key))
+            raise _Stop(Unallocatable(f"claim {claim.key} asks for {least} devices on node {node}, "
+                                      f"more than the {MAX_RESULTS_PER_CLAIM} one claim may hold", claim.key,
+                                      fatal=True))
 
 
 def _unusable_allocation(claim: ResourceClaim, devices: NodeDevices, pod_uid: str) -> str:
