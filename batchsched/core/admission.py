@@ -106,6 +106,7 @@ class Admission:
             st.unplace(rows, lay.reqs[members])
             return False
         st.spare(unit.key)
+        st.start(rows, lay.reqs[members], [unit.pods[m] for m in members])
         if q is not None:
             st.admit(q, lay.reqs[members].sum(axis=0))
         waiting = st.gone.blocked_by(rows)

@@ -12,7 +12,8 @@ cycle (nothing is remembered between cycles but the age limit below):
    GPU that frees would go to later small work and they would never fit. A unit that has held
    one for ``max_hold`` seconds loses it for as long again (its queue's reservation passes
    to the next unit that does not fit), then may hold one anew.
-2. **Which nodes, and when.** Every pod charged to a node has an *expected end*: its
+2. **Which nodes, and when.** Every pod charged to a node (and every member the cycle
+   placed before, which starts now) has an *expected end*: its
    ``status.startTime`` (or now, when it has not started) plus the shorter of its
    ``spec.activeDeadlineSeconds`` and its declared runtime (annotation
    :data:`RUNTIME_ANNOTATION`: a Go duration such as ``30m``, or seconds); a pod being
@@ -177,6 +178,11 @@ class _Ends:
                 prefixes = self._prefixes[""] = _Prefixes(self.rows, self.reqs, self.ends, self.nodes)
             out = self._sums[t] = prefixes.until(t)
         return out
+
+    def plus(self, rows: npt.NDArray[np.intp], reqs: IntArray, ends: npt.NDArray[np.float64]) -> _Ends:
+        """These pods and more (their rows, requests and ends), summed anew."""
+        return _Ends(np.concatenate([self.rows, rows]), np.concatenate([self.reqs, reqs]),
+                     np.concatenate([self.ends, ends]), self.nodes)
 
     def endless(self) -> IntArray:
         """Per node, the requests of the pods with no expected end (read only)."""
@@ -352,6 +358,8 @@ class CycleReservations:
     made: list[Reservation] = field(default_factory=list)
     per_queue: dict[QueueName | None, int] = field(default_factory=dict)
     _ends: _Ends | None = None
+    #: the ends with the members the cycle placed, and the last of those they count
+    _with_started: tuple[_Ends, object] | None = None
 
     # -- what the cycle asks ---------------------------------------------------------------
 
@@ -448,10 +456,23 @@ class CycleReservations:
         )
 
     def ends(self) -> _Ends:
+        """The expected ends of the pods charged to the nodes and of the members the cycle
+        placed so far (they are in the statement's usage: a reservation that did not count
+        them would see them run forever)."""
         if self._ends is None:
             p = self.placer
             self._ends = self.policy.charged.get(self.state, p.snap, p.rows).at(self.now, len(p.snap.nodes))
-        return self._ends
+        started = self.st.starting
+        if not started:
+            return self._ends
+        last = started[-1]  # a new entry each time one is recorded: it tells whether they changed
+        if self._with_started is None or self._with_started[1] is not last:
+            n, now = len(started), self.now
+            rows = np.fromiter((r for r, _, _ in started), dtype=np.intp, count=n)
+            reqs = np.array([req for _, req, _ in started], dtype=np.int64).reshape(n, self._ends.reqs.shape[1])
+            ends = np.fromiter((expected_end(pod, now) for _, _, pod in started), dtype=np.float64, count=n)
+            self._with_started = (self._ends.plus(rows, reqs, ends), last)
+        return self._with_started[0]
 
     def _fits(self, unit: Unit, lay: Layout, mc: int, base: IntArray) -> npt.NDArray[np.int64] | None:
         """Where the quorum goes if the usage were ``base``; None when it does not fit. A

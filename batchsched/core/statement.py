@@ -9,7 +9,8 @@ instead (as KAI Scheduler's Statement, over an overlay rather than the cluster):
 - the **queue charges** on the cycle's queue tree;
 - the **evictions**: victims still terminating (:class:`Terminating`), the pods each unit
   lost to victim searches, and the units spared from them;
-- the **reservation holds** on the nodes;
+- the **reservation holds** on the nodes, and the members placed so far (what a
+  reservation counts as work that starts now);
 - the **plan** being written: bindings, nominations, preemptions, results, and the pods
   told why they wait.
 
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from batchsched.core.model import Pod
 from batchsched.core.placement.cards import cards_over
 from batchsched.core.placement.views import NodeViews
 from batchsched.core.plan import (
@@ -112,6 +114,8 @@ class Statement:
         self._spared_order: list[str] = []
         #: unit key -> its pods chosen as victims in this cycle
         self.evicted: dict[str, int] = {}
+        #: the members placed (bound or nominated) in this cycle: node row, request, pod
+        self.starting: list[tuple[int, IntArray, Pod]] = []
         self._undo: list[Callable[[], None]] = []
         self._marks: list[int] = []
         self._undoing = False
@@ -284,6 +288,11 @@ class Statement:
     def _append(self, items: list[Any], item: Any) -> None:
         items.append(item)
         self._log(items.pop)
+
+    def start(self, rows: Sequence[int], reqs: IntArray, pods: Sequence[Pod]) -> None:
+        """Members placed on ``rows`` (``reqs[m]``, ``pods[m]``): bound now or nominated."""
+        for m, (row, pod) in enumerate(zip(rows, pods, strict=True)):
+            self._append(self.starting, (int(row), reqs[m], pod))
 
     def bind(self, binding: Binding) -> None:
         self._append(self.plan.bindings, binding)

@@ -13,6 +13,7 @@ does not start within the bound); each run prints the gang's wait.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -74,3 +75,48 @@ async def test_a_large_gang_starts_within_a_bound_under_a_stream_of_small_pods(
         assert "; holds a reservation on node(s) " in reserved["pod"], told
         assert "expected to start in about" in reserved["pod"]
         assert "; holds a reservation on node(s) " in reserved["group"], told
+
+
+def _told(pod: dict[str, Any]) -> tuple[str, str]:
+    """A waiting pod's PodScheduled condition: reason and message."""
+    cond = next((c for c in pod.get("status", {}).get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    return cond.get("reason", ""), cond.get("message", "")
+
+
+@pytest.mark.parametrize("first_walk", [0.0, 5.0], ids=["first-cycle-cut", "one-walk"])
+async def test_a_waiting_pod_reserves_behind_pods_placed_in_its_own_cycle_as_behind_bound_ones(
+    sandbox, kube: KubeClient, namespace: str, make_nodes, first_walk: float,  # type: ignore[no-untyped-def]
+) -> None:
+    """One node of 8 GPUs and, made before batchsched starts and a second apart (equal
+    priorities go oldest first): a gang of one 1-GPU pod, a pod of 8 GPUs, a pod of 1 GPU.
+    The gang's pod is bound; the 8-GPU pod holds a reservation on the node behind it (it
+    declares no end, so the start is unknown); the last pod waits, told the room is
+    reserved. Alike whether the first cycle stops after the gang (first walk budget 0) or
+    walks all three: a walk that saw the gang's pod, placed in that same walk, as never
+    ending made no reservation and bound the last pod."""
+    [node] = await make_nodes(count=1, gpus=8)
+    await create_group(kube, XK8S, namespace, "g", {"minMember": 1})
+    bodies = [pod_body("g-0", gpu=1, metadata={"labels": {"scheduling.x-k8s.io/pod-group": "g"}}),
+              pod_body("big", gpu=8), pod_body("last", gpu=1)]
+    for body in bodies:
+        await create_pods(kube, namespace, [body])
+        await asyncio.sleep(1.1)  # creation times are in seconds
+    async with running_scheduler(sandbox, namespace, cycle={"firstWalkBudgetSeconds": first_walk}):  # type: ignore[attr-defined]
+        async def decided() -> dict[str, dict[str, Any]] | None:
+            got = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
+            waiting = all(_told(got[n])[1] for n in ("big", "last")) or got["last"]["spec"].get("nodeName")
+            return got if got["g-0"]["spec"].get("nodeName") and waiting else None
+
+        got = await wait_for(decided, timeout=30)
+        assert not got["last"]["spec"].get("nodeName"), "the last pod took a GPU the 8-GPU pod reserves"
+        reason, message = _told(got["big"])
+        assert reason == "Reserved" and f"holds a reservation on node(s) {node}; start time unknown" in message, message
+        _, message = _told(got["last"])
+        assert f"capacity on node(s) {node} is reserved for" in message and "big" in message, message
+        await asyncio.sleep(2)  # later cycles keep it so
+        assert not await bound_now(kube, namespace, "last")
+
+
+async def bound_now(kube: KubeClient, namespace: str, name: str) -> bool:
+    pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    return bool(pod["spec"].get("nodeName"))

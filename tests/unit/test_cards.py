@@ -139,7 +139,7 @@ def test_a_share_that_fits_no_card_says_so() -> None:
     state = mirror(elastic_node("n0", cards=3), *(share(f"p{i}", 70) for i in range(4)))
     plan = run(state, "binpack")
     [u] = plan.unschedulable
-    assert u.pod.name == "p3" and u.message == "0/1 nodes fit: 1 no card with 70% free."
+    assert u.pod.name == "p3" and u.message.startswith("0/1 nodes fit: 1 no card with 70% free; holds a reservation")
     mem = mirror(elastic_node("n0", cards=2, card_mib=1024), share("big", 10, memory=4096))
     [u] = run(mem).unschedulable
     assert "insufficient gpu-memory on any card" in u.message or "insufficient elasticgpu.io/gpu-memory" in u.message

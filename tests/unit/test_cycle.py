@@ -66,7 +66,9 @@ def test_priority_order_then_age() -> None:
     assert [b.name for b in plan.bindings] == ["new-high"]
     [u] = plan.unschedulable
     assert u.pod.name == "old-low"
-    assert u.message == "0/1 nodes fit: 1 insufficient cpu."
+    # at the head of its queue, it holds the node for when new-high (no declared end) ends
+    assert u.message == ("0/1 nodes fit: 1 insufficient cpu; holds a reservation on node(s) n; "
+                         "start time unknown (running work on those nodes declares no end)")
 
 
 def test_unschedulable_message_counts_reasons() -> None:

@@ -333,9 +333,11 @@ def test_two_gangs_each_needing_more_than_half_never_split_the_gpus(use_jit: boo
     plan = w.run()
     assert sorted(b.name for b in plan.bindings) == ["b-0", "b-1", "b-2"]  # b is older
     assert plan.placed_units == {"x-k8s:default/b": 3}
-    message = plan.failed_units["x-k8s:default/a"]
-    assert message.startswith("gang needs 3 pods (3 cpu, 12 nvidia.com/gpu) placed together; only 1 fit now.")
-    assert "Member a-1: 0/2 nodes fit" in message
+    a = plan.results["x-k8s:default/a"]
+    assert a.message.startswith("gang needs 3 pods (3 cpu, 12 nvidia.com/gpu) placed together; only 1 fit now.")
+    assert "Member a-1: 0/2 nodes fit" in a.message
+    # it waits whole, holding the nodes b runs on (b declares no end) for when b ends
+    assert a.reason == "Reserved" and "holds a reservation on node(s) n0, n1" in a.message, a.message
     assert {u.pod.name for u in plan.unschedulable} == {"a-0", "a-1", "a-2"}
     # while b holds its GPUs, a stays empty; when b finishes, a goes whole
     w.confirm()

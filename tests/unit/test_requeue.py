@@ -11,7 +11,7 @@ import random
 from dataclasses import replace
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batchsched.core.cycle import Cycle
@@ -232,19 +232,23 @@ def test_a_step_binds_what_a_cycle_trying_every_pod_binds(nodes: list[int], pods
                   min_size=1, max_size=40),
     gang=st.integers(0, 4),
     queues=st.booleans(),
+    reserve=st.booleans(),
 )
+@example(nodes=[8], pods=[(3, 5, ""), (0, 0, "")], gang=1, queues=False, reserve=True)
 def test_a_first_cycle_that_stops_at_its_first_placement_binds_in_its_steps_what_one_walk_binds(
-    nodes: list[int], pods: list[tuple[int, int, str]], gang: int, queues: bool,
+    nodes: list[int], pods: list[tuple[int, int, str]], gang: int, queues: bool, reserve: bool,
 ) -> None:
     """A start's first cycle stops at the first unit placed (``first_walk_budget`` 0): its
     Bindings are one unit's (a gang whole, or one run of alike pods), and the steps that
     follow at once bind, all told, what one walk over every pod binds, with queues sharing a
-    cohort or without (a pod naming a queue that does not exist waits). (Reservations off:
-    a unit that waits reserves against the pods of the first step as running pods of no
-    known end, against those placed in the same walk as not there yet.)"""
-    off = ReservationSettings(enabled=False)
-    quick = Session(SessionSettings(first_walk_budget=0.0, reservation=off))
-    whole = Session(SessionSettings(walk_budget=None, reservation=off))
+    cohort or without (a pod naming a queue that does not exist waits), with reservations
+    or without. A unit that waits reserves alike in both: against the pods placed earlier
+    in its own walk as against those bound by an earlier step (running, no declared end).
+    The example: the gang's pod placed first, the 8-GPU pod reserves the node behind it, so
+    the last pod may not take a GPU (a walk that saw the gang's pod as never ending bound it)."""
+    policy = ReservationSettings(enabled=reserve)
+    quick = Session(SessionSettings(first_walk_budget=0.0, reservation=policy))
+    whole = Session(SessionSettings(walk_budget=None, reservation=policy))
     members = [parse_pod(make_pod(f"g{m}").uid(f"g{m}").group("g").priority(9).req(cpu="1", **{GPU: "1"}).obj())
                for m in range(gang)]
     singles = [Pod(uid=PodUID(f"p{k}"), namespace="default", name=f"p{k:02d}", priority=priority,
