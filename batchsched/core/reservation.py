@@ -179,17 +179,34 @@ class _Ends:
             out = self._sums[t] = prefixes.until(t)
         return out
 
-    def plus(self, rows: npt.NDArray[np.intp], reqs: IntArray, ends: npt.NDArray[np.float64]) -> _Ends:
-        """These pods and more (their rows, requests and ends), summed anew."""
-        return _Ends(np.concatenate([self.rows, rows]), np.concatenate([self.reqs, reqs]),
-                     np.concatenate([self.ends, ends]), self.nodes)
-
     def endless(self) -> IntArray:
         """Per node, the requests of the pods with no expected end (read only)."""
         out = self._sums.get(None)
         if out is None:
             out = self._sums[None] = _sum(self.rows, self.reqs, self.ends >= NEVER, self.nodes)
         return out
+
+
+@dataclass(slots=True, frozen=True)
+class _Joined:
+    """The ends of the charged pods and of the members a cycle placed so far (few): each
+    sum is the charged pods' (kept for the cycle) plus the members' (summed anew)."""
+
+    charged: _Ends
+    started: _Ends
+    rows: npt.NDArray[np.intp]
+    ends: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, charged: _Ends, started: _Ends) -> _Joined:
+        return cls(charged, started, np.concatenate([charged.rows, started.rows]),
+                   np.concatenate([charged.ends, started.ends]))
+
+    def until(self, t: float) -> IntArray:
+        return self.charged.until(t) + self.started.until(t)
+
+    def endless(self) -> IntArray:
+        return self.charged.endless() + self.started.endless()
 
 
 def _sum(rows: npt.NDArray[np.intp], reqs: IntArray, which: npt.NDArray[np.bool_], nodes: int) -> IntArray:
@@ -359,7 +376,7 @@ class CycleReservations:
     per_queue: dict[QueueName | None, int] = field(default_factory=dict)
     _ends: _Ends | None = None
     #: the ends with the members the cycle placed, and the last of those they count
-    _with_started: tuple[_Ends, object] | None = None
+    _with_started: tuple[_Joined, object] | None = None
 
     # -- what the cycle asks ---------------------------------------------------------------
 
@@ -455,7 +472,7 @@ class CycleReservations:
             if (unit.priority > r.priority and not unit.never_preempts) or (r.start < NEVER and end <= r.start)
         )
 
-    def ends(self) -> _Ends:
+    def ends(self) -> _Ends | _Joined:
         """The expected ends of the pods charged to the nodes and of the members the cycle
         placed so far (they are in the statement's usage: a reservation that did not count
         them would see them run forever)."""
@@ -471,7 +488,7 @@ class CycleReservations:
             rows = np.fromiter((r for r, _, _ in started), dtype=np.intp, count=n)
             reqs = np.array([req for _, req, _ in started], dtype=np.int64).reshape(n, self._ends.reqs.shape[1])
             ends = np.fromiter((expected_end(pod, now) for _, _, pod in started), dtype=np.float64, count=n)
-            self._with_started = (self._ends.plus(rows, reqs, ends), last)
+            self._with_started = (_Joined.of(self._ends, _Ends(rows, reqs, ends, self._ends.nodes)), last)
         return self._with_started[0]
 
     def _fits(self, unit: Unit, lay: Layout, mc: int, base: IntArray) -> npt.NDArray[np.int64] | None:
@@ -535,7 +552,7 @@ class CycleReservations:
         return r
 
     def _unknown(
-        self, unit: Unit, lay: Layout, mc: int, cur: IntArray, ends: _Ends,
+        self, unit: Unit, lay: Layout, mc: int, cur: IntArray, ends: _Ends | _Joined,
     ) -> tuple[npt.NDArray[np.int64] | None, IntArray]:
         """No finite start: free the work with no declared end on the fewest nodes, those
         holding the least of it first, until the quorum fits (rule 2)."""
