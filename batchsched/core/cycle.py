@@ -95,8 +95,23 @@ from batchsched.core.queues import (
     QueueTree,
     StopPolicy,
 )
-from batchsched.core.reservation import Reservations, ReservationSettings
+from batchsched.core.reservation import RESERVED, Reservation, Reservations, ReservationSettings
 from batchsched.core.statement import Statement
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """What a walk stopped at its budget settled, for the walks that take it up (so that
+    they decide as the rest of that one walk would): the units it placed or held room for
+    (spared from victim searches: a pod bound a moment ago is the cheapest victim there
+    is; their nominations held as they are) and the reservations it made, on the rows of
+    its snapshot (``node_generation``, ``width`` columns)."""
+
+    spared: frozenset[str] = frozenset()
+    #: each reservation, and what its holder was told
+    reservations: tuple[tuple[Reservation, str], ...] = ()
+    node_generation: int = -1
+    width: int = 0
 
 
 class Cycle(CycleKernels):
@@ -122,6 +137,8 @@ class Cycle(CycleKernels):
         #: when a walk last stopped at its budget: walks within :data:`WALK_STOP_INTERVAL`
         #: of it go to the end (each stop costs the next cycle its preparation again)
         self.stopped_at = -math.inf
+        #: what the last walk settled when it stopped at its budget (empty when it ended)
+        self.resumed = Stopped()
         super().__init__(scoring, use_jit=use_jit, levels=levels, cards=cards)
 
     def run(
@@ -183,6 +200,8 @@ class _Walk:
         self.plan = Plan()
         arrays = cycle.arrays(snap)
         self.st = Statement(snap.alloc, snap.used, self.tree, self.plan, device=arrays.device)
+        for key in sorted(cycle.resumed.spared):
+            self.st.spare(key)
         self.placer = Placer(cycle, snap, self.st, arrays, state, devices)
         self.running = RunningWork(self.qi, self.st, len(snap.columns))
         #: unit key -> its nomination, charged in this cycle
@@ -197,6 +216,7 @@ class _Walk:
         """The phases of a cycle, in order."""
         self.account()  # running work, held nominations, usage history: charged
         done = self.nominated()  # units holding a nomination, first
+        done |= self.carried()  # the reservations of the walk this one takes up, held again
         order = self.fair_order(done)  # the rest, in fair order
         for q, unit in order:
             if self.plan.unfinished or self._out_of_time():
@@ -242,20 +262,40 @@ class _Walk:
         return tree
 
     def nominated(self) -> set[str]:
-        """The units holding a nomination go first; returns those it settled."""
+        """The units holding a nomination go first; returns those it settled. One made by
+        the walk this one takes up (:attr:`Cycle.resumed`) is held as it is: in the one
+        walk they stand for, it was settled once."""
         by_key = {u.key: u for u in self.units}
+        resumed = self.cycle.resumed.spared
         first = [h for h in self.held.values() if h.nomination.unit in by_key
-                 and not _held_back(by_key[h.nomination.unit])]
-        for key, h in self.held.items():
-            if key not in by_key or _held_back(by_key[key]):
-                self.st.nominate(h.nomination)  # its unit was not handed in: keep holding
+                 and not _held_back(by_key[h.nomination.unit]) and h.nomination.unit not in resumed]
         done: set[str] = set()
+        for key, h in self.held.items():
+            if key not in by_key or _held_back(by_key[key]) or key in resumed:
+                self.st.nominate(h.nomination)  # its unit was not handed in (or settled): keep holding
+                if key in resumed and key in by_key:
+                    done.add(key)
         for h in first:
             unit = by_key[h.nomination.unit]
             self.plan.tried.append(unit.key)
             if self._nominee(unit, h):
                 done.add(unit.key)
         return done
+
+    def carried(self) -> set[str]:
+        """The reservations the walk this one takes up made (:attr:`Cycle.resumed`), held
+        again as they were, for the units still handed in; returns those units (they are
+        not tried again: in the one walk they stand for, each was tried once). None when
+        the nodes changed since (their rows would not be the same)."""
+        stopped, snap = self.cycle.resumed, self.snap
+        if not stopped.reservations or (stopped.node_generation, stopped.width) != (snap.node_generation, len(snap.columns)):
+            return set()
+        handed = {u.key: u for u in self.units}
+        kept = [(r, told) for r, told in stopped.reservations if r.unit in handed]
+        self.reserve.carry([r for r, _ in kept])
+        for r, told in kept:  # told again: a holder is known as one by what the cycle says of it
+            self.st.fail(handed[r.unit], told, reason=RESERVED, status=UnitStatus.WAITING)
+        return {r.unit for r, _ in kept}
 
     def fair_order(self, done: set[str]) -> FairOrder[Unit]:
         """The units not ``done``, by queue in fair order; those whose queue is unknown,
@@ -308,6 +348,10 @@ class _Walk:
         plan = self.plan
         if plan.unfinished:
             self.cycle.stopped_at = self.qi.now
+        self.cycle.resumed = Stopped(
+            frozenset(self.st.spared), tuple((r, plan.results[r.unit].message) for r in self.reserve.made),
+            self.snap.node_generation, len(self.snap.columns),
+        ) if plan.unfinished else Stopped()
         self.reserve.finish(set(plan.tried) if plan.unfinished else None)
         plan.timings["kernel"] = self.placer.kernel_time
         plan.timings["preempt"] = self.preemption.time

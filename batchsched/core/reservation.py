@@ -433,6 +433,14 @@ class CycleReservations:
         st.fail(unit, explain.reserved(message, r.nodes, start_in, r.ending), reason=RESERVED,
                 status=UnitStatus.WAITING)
 
+    def carry(self, made: Collection[Reservation]) -> None:
+        """Reservations made by a walk that stopped at its budget, held again as they were
+        (the walk taking it up stands for the rest of that one walk)."""
+        for r in made:
+            self.st.hold(r.hold_rows, r.hold)
+            self.made.append(r)
+            self.per_queue[r.queue] = self.per_queue.get(r.queue, 0) + 1
+
     def finish(self, tried: Collection[str] | None = None) -> None:
         """After the walk: how long each holder has held its reservation. ``tried``: the
         units a walk that stopped early reached (None: all); a holder it did not reach keeps

@@ -38,11 +38,12 @@ class Held:
 def held_nominations(
     nominations: Sequence[Nomination], rows: Mapping[str, int], col: Mapping[str, int], tree: QueueTree,
 ) -> Iterator[Held]:
-    """The nominations that can hold, oldest first (``rows``: node name -> row; ``col``:
-    resource -> column): those naming an unknown node or resource, or a queue work may not
-    name, are dropped."""
+    """The nominations that can hold, oldest first, those of one cycle in the order it made
+    them (the order ``nominations`` has: a cycle keeps it), as its walk went (``rows``:
+    node name -> row; ``col``: resource -> column): those naming an unknown node or
+    resource, or a queue work may not name, are dropped."""
     width = len(col)
-    for n in sorted(nominations, key=lambda n: (n.since, n.unit)):
+    for n in sorted(nominations, key=lambda n: n.since):
         held = [rows.get(name, -1) for name in n.nodes]
         if -1 in held or (n.queue is not None and tree.leaf_problem(n.queue) is not None):
             continue
