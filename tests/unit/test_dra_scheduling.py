@@ -349,6 +349,25 @@ def test_a_claim_taking_all_of_more_devices_than_a_claim_holds_on_any_node_is_re
     assert len(w.devices_of("every")) == 4
 
 
+def test_a_gang_one_of_whose_claims_is_in_error_waits_whole_told_why() -> None:
+    """The claim error above, met by a gang: one member's claim takes all of more GPUs than
+    a claim may hold on a node the gang may go to; no member is bound (not even those whose
+    claims fit), no claim is allocated, and the member in error says why."""
+    w = DraWorld()
+    w.node("big", 40)
+    w.node("small", 4)
+    w.session.on_podgroup("ADDED", parse_podgroup(XK8S, make_group("g").min_member(2).obj()))
+    w.claim("one", 1)
+    w.claim("every", allocationMode="All")
+    fine = w.pod("g-0", "one", group="g")
+    wrong = w.pod("g-1", "every", group="g")
+    d = w.step()
+    assert not w.node_of(fine) and not w.node_of(wrong)
+    assert not w.devices_of("one") and not w.devices_of("every")
+    told = w.told(d, wrong)
+    assert "asks for 40 devices on node big, more than the 32 one claim may hold" in told, told
+
+
 def test_an_urgent_pod_preempts_the_pod_holding_its_devices_and_gets_them() -> None:
     w = DraWorld()
     w.node("n0", 2)
