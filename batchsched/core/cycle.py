@@ -112,6 +112,9 @@ class Stopped:
     reservations: tuple[tuple[Reservation, str], ...] = ()
     node_generation: int = -1
     width: int = 0
+    #: when the walk stopped (the cycle's clock): a cycle later than
+    #: :data:`WALK_STOP_INTERVAL` after it takes nothing up
+    at: float = -math.inf
 
 
 class Cycle(CycleKernels):
@@ -150,6 +153,8 @@ class Cycle(CycleKernels):
         or a cached one): once a unit fails, the later units of its class and queue fail alike.
         ``devices``: the cycle's use of DRA devices, where the units' ResourceClaims are
         allocated (None when no unit has any)."""
+        if queues is not None and queues.now - self.resumed.at > WALK_STOP_INTERVAL:
+            self.resumed = Stopped()  # no cycle took the stopped walk up soon: its word is stale
         plan = _Walk(self, snap, units, queues, state, classes, devices).run()
         self.walks += 1
         return plan
@@ -350,7 +355,7 @@ class _Walk:
             self.cycle.stopped_at = self.qi.now
         self.cycle.resumed = Stopped(
             frozenset(self.st.spared), tuple((r, plan.results[r.unit].message) for r in self.reserve.made),
-            self.snap.node_generation, len(self.snap.columns),
+            self.snap.node_generation, len(self.snap.columns), self.qi.now,
         ) if plan.unfinished else Stopped()
         self.reserve.finish(set(plan.tried) if plan.unfinished else None)
         plan.timings["kernel"] = self.placer.kernel_time

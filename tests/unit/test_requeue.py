@@ -365,6 +365,37 @@ def test_a_first_cycle_cut_short_preempts_and_holds_queues_as_one_walk_does(
     assert not held & {b.uid for s in steps for b in s.binds}
 
 
+def test_what_a_stopped_walk_spared_is_spared_by_the_cycle_that_takes_it_up_soon_not_later() -> None:
+    """Two 1-GPU nodes; queue qa runs r0 (priority 0, 90 s in); waiting: a gang of one
+    1-GPU pod of qa (priority 9) and an unqueued 1-GPU pod p0. The first cycle, stopped at
+    its first placement, binds p0 (the unqueued turn comes first) and the gang goes next.
+    Taken up at once, the cycle evicts r0 for the gang, as one walk would (p0 was placed
+    in it); taken up only 15 s later, p0 is running work like any other, and the cheapest
+    victim (the least work lost)."""
+    def world() -> Session:
+        s = Session(SessionSettings(first_walk_budget=0.0))
+        s.on_queues_listed([{"metadata": {"name": "qa", "uid": "q-qa", "resourceVersion": "1"},
+                             "spec": {"resources": [{"name": GPU, "nominal": "2"}]}}])
+        for i in range(2):
+            s.on_node("ADDED", Node(name=NodeName(f"n{i}"), uid=f"n{i}", allocatable={"cpu": 8000, "pods": 110, GPU: 1}))
+        s.on_pod("ADDED", Pod(uid=PodUID("r0"), namespace="default", name="r0", created=T0 - 100,
+                              requests={"cpu": 1000, GPU: 1}, node_name="n0", phase="Running", started=T0 - 90,
+                              labels={"batchsched.io/queue": "qa"}))
+        s.on_podgroup("ADDED", make_group("g").min_member(1).build())
+        s.on_pod("ADDED", parse_pod(make_pod("g0").uid("g0").group("g").priority(9).label({"batchsched.io/queue": "qa"})
+                                    .req(cpu="1", **{GPU: "1"}).created(T0).obj()))
+        s.on_pod("ADDED", Pod(uid=PodUID("p0"), namespace="default", name="p0", created=T0 + 1,
+                              requests={"cpu": 1000, GPU: 1}))
+        return s
+
+    for later, victim in ((0.01, "r0"), (15.0, "p0")):
+        s = world()
+        first = s.step(T0 + 100)
+        assert [b.uid for b in first.binds] == ["p0"] and first.again and not first.evictions
+        taken_up = s.step(T0 + 100 + later)
+        assert [e.uid for e in taken_up.evictions] == [victim], (later, taken_up.evictions)
+
+
 # -- kept books equal rebuilt ones -----------------------------------------------------------
 
 
