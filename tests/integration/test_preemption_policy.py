@@ -18,11 +18,13 @@ from batchsched.kube.errors import NotFoundError
 from tests.integration.helpers import (
     VOLCANO,
     VOLCANO_CRD,
+    XK8S,
     create_group,
     create_pods,
     events_for,
     get_group,
     pod_body,
+    queues,
     running_scheduler,
     wait_for,
 )
@@ -203,3 +205,40 @@ async def test_the_victims_are_the_set_that_lost_the_fewest_gpu_hours(
 
         assert await wait_for(bound, timeout=30) == a
         assert b != a
+
+
+async def test_a_pod_bound_by_a_first_cycle_cut_short_is_not_the_victim_of_the_cycle_that_takes_it_up(
+    sandbox, kube: KubeClient, namespace: str, make_nodes,  # type: ignore[no-untyped-def]
+) -> None:
+    """Two 1-GPU nodes; on node a runs r0 of queue qa (started an hour ago). Waiting when
+    batchsched starts again: a gang of one 1-GPU pod of qa at high priority, and an
+    unqueued 1-GPU pod p0 at low priority. The first cycle stops at its first placement
+    (``firstWalkBudgetSeconds`` 0): p0, bound to node b (the unqueued turn comes first).
+    The cycle that takes the walk up at once places the gang by evicting r0, as one walk
+    would; not p0, bound a moment before, which has lost the fewest GPU-hours."""
+    tag = uuid.uuid4().hex[:6]
+    [a] = await make_nodes(count=1, gpus=1, labels={"pool": tag, "slot": "a"})
+    [b] = await make_nodes(count=1, gpus=1, labels={"pool": tag, "slot": "b"})
+    qa = f"qa-{tag}"
+    queued = {"batchsched.io/queue": qa}
+    async with queues(kube, (qa, {"resources": [{"name": "nvidia.com/gpu", "nominal": 2}]})):
+        await create_pods(kube, namespace, [_pod("r0", 1, {"pool": tag, "slot": "a"}, "low-priority", queued)])
+        async with running_scheduler(sandbox, namespace):
+            await wait_for(lambda: _running(kube, namespace, "r0"), timeout=30)
+        hour_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+        await kube.patch(f"/api/v1/namespaces/{namespace}/pods/r0/status", {"status": {"startTime": _stamp(hour_ago)}})
+        await create_group(kube, XK8S, namespace, "g", {"minMember": 1})
+        await create_pods(kube, namespace, [_pod("g-0", 1, {"pool": tag}, "high-priority",
+                                                 {**queued, "scheduling.x-k8s.io/pod-group": "g"})])
+        await asyncio.sleep(1.1)  # creation times are in seconds: the gang is older
+        await create_pods(kube, namespace, [_pod("p0", 1, {"pool": tag}, "low-priority")])
+        async with running_scheduler(sandbox, namespace, cycle={"firstWalkBudgetSeconds": 0}):
+            async def evicted() -> list[str]:
+                return [n for n in ("r0", "p0") if await _evicted(kube, namespace, n)]
+
+            assert await wait_for(evicted, timeout=30) == ["r0"]
+            p0 = await _pod_of(kube, namespace, "p0")
+            assert p0 is not None and p0["spec"].get("nodeName") == b
+            await asyncio.sleep(2)  # the cycles after keep it so
+            assert await evicted() == ["r0"]
+            assert a != b
