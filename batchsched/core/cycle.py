@@ -290,8 +290,8 @@ class _Walk:
     def carried(self) -> set[str]:
         """The reservations the walk this one takes up made (:attr:`Cycle.resumed`), held
         again as they were, for the units still handed in; returns those units (they are
-        not tried again: in the one walk they stand for, each was tried once). None when
-        the nodes changed since (their rows would not be the same)."""
+        not tried again: in the one walk they stand for, each was tried once). Nothing is
+        carried when the nodes changed since (their rows would not be the same)."""
         stopped, snap = self.cycle.resumed, self.snap
         if not stopped.reservations or (stopped.node_generation, stopped.width) != (snap.node_generation, len(snap.columns)):
             return set()
@@ -354,7 +354,8 @@ class _Walk:
         if plan.unfinished:
             self.cycle.stopped_at = self.qi.now
         self.cycle.resumed = Stopped(
-            frozenset(self.st.spared), tuple((r, plan.results[r.unit].message) for r in self.reserve.made),
+            frozenset(self.st.spared), tuple((r, told.message) for r in self.reserve.made
+                                             if (told := plan.results.get(r.unit)) is not None),
             self.snap.node_generation, len(self.snap.columns), self.qi.now,
         ) if plan.unfinished else Stopped()
         self.reserve.finish(set(plan.tried) if plan.unfinished else None)
