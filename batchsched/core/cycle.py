@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,8 +220,9 @@ class _Walk:
     def run(self) -> Plan:
         """The phases of a cycle, in order."""
         self.account()  # running work, held nominations, usage history: charged
-        done = self.nominated()  # units holding a nomination, first
-        done |= self.carried()  # the reservations of the walk this one takes up, held again
+        by_key = {u.key: u for u in self.units}
+        done = self.nominated(by_key)  # units holding a nomination, first
+        done |= self.carried(by_key)  # the reservations of the walk this one takes up, held again
         order = self.fair_order(done)  # the rest, in fair order
         for q, unit in order:
             if self.plan.unfinished or self._out_of_time():
@@ -266,11 +267,11 @@ class _Walk:
                     qi.history.record(name, tree.usage_vector(name), qi.now)
         return tree
 
-    def nominated(self) -> set[str]:
-        """The units holding a nomination go first; returns those it settled. One made by
-        the walk this one takes up (:attr:`Cycle.resumed`) is held as it is: in the one
-        walk they stand for, it was settled once."""
-        by_key = {u.key: u for u in self.units}
+    def nominated(self, by_key: Mapping[str, Unit]) -> set[str]:
+        """The units holding a nomination go first (``by_key``: the units handed in);
+        returns those it settled. One made by the walk this one takes up
+        (:attr:`Cycle.resumed`) is held as it is: in the one walk they stand for, it was
+        settled once (unless its unit is held back since: then it is told why, in its turn)."""
         resumed = self.cycle.resumed.spared
         first = [h for h in self.held.values() if h.nomination.unit in by_key
                  and not _held_back(by_key[h.nomination.unit]) and h.nomination.unit not in resumed]
@@ -278,7 +279,7 @@ class _Walk:
         for key, h in self.held.items():
             if key not in by_key or _held_back(by_key[key]) or key in resumed:
                 self.st.nominate(h.nomination)  # its unit was not handed in (or settled): keep holding
-                if key in resumed and key in by_key:
+                if key in resumed and key in by_key and not _held_back(by_key[key]):
                     done.add(key)
         for h in first:
             unit = by_key[h.nomination.unit]
@@ -287,20 +288,34 @@ class _Walk:
                 done.add(unit.key)
         return done
 
-    def carried(self) -> set[str]:
+    def carried(self, by_key: Mapping[str, Unit]) -> set[str]:
         """The reservations the walk this one takes up made (:attr:`Cycle.resumed`), held
-        again as they were, for the units still handed in; returns those units (they are
-        not tried again: in the one walk they stand for, each was tried once). Nothing is
-        carried when the nodes changed since (their rows would not be the same)."""
+        again as they were, for the units still handed in (``by_key``) that may still be
+        placed in their queue; returns those units (they are not tried again: in the one
+        walk they stand for, each was tried once). A unit held back since, or whose queue
+        turned unusable or stopped, goes its turn and is told why. Nothing is carried when
+        the nodes changed since (their rows would not be the same)."""
         stopped, snap = self.cycle.resumed, self.snap
         if not stopped.reservations or (stopped.node_generation, stopped.width) != (snap.node_generation, len(snap.columns)):
             return set()
-        handed = {u.key: u for u in self.units}
-        kept = [(r, told) for r, told in stopped.reservations if r.unit in handed]
+        kept = [(r, told) for r, told in stopped.reservations
+                if r.unit in by_key and not _held_back(by_key[r.unit]) and self._queue(by_key[r.unit])[1] is None]
         self.reserve.carry([r for r, _ in kept])
         for r, told in kept:  # told again: a holder is known as one by what the cycle says of it
-            self.st.fail(handed[r.unit], told, reason=RESERVED, status=UnitStatus.WAITING)
+            self.st.fail(by_key[r.unit], told, reason=RESERVED, status=UnitStatus.WAITING)
         return {r.unit for r, _ in kept}
+
+    def _queue(self, unit: Unit) -> tuple[QueueName | None, tuple[str, str] | None]:
+        """The queue ``unit`` is tried in (None: none, or held back before any queue), and
+        why that queue refuses it in this cycle, as (reason, message): unknown or unusable,
+        or stopped; None when it may be tried."""
+        q = None if unit.blocked else self.qi.queue_of.get(unit.key)
+        if isinstance(q, QueueProblem):
+            return None, (q.reason, q.message)
+        stop = self.tree.stop_policy(q) if q is not None else StopPolicy.NONE
+        if stop is not StopPolicy.NONE:
+            return q, (QUEUE_STOPPED, explain.queue_stopped(str(q), stop.value))
+        return q, None
 
     def fair_order(self, done: set[str]) -> FairOrder[Unit]:
         """The units not ``done``, by queue in fair order; those whose queue is unknown,
@@ -310,14 +325,9 @@ class _Walk:
         for u in self.units:
             if u.key in done:
                 continue
-            q = None if u.blocked else qi.queue_of.get(u.key)
-            if isinstance(q, QueueProblem):
-                self.st.fail(u, q.message, reason=q.reason, status=UnitStatus.UNRESOLVABLE)
-                continue
-            stop = tree.stop_policy(q) if q is not None else StopPolicy.NONE
-            if stop is not StopPolicy.NONE:
-                self.st.fail(u, explain.queue_stopped(str(q), stop.value), reason=QUEUE_STOPPED,
-                             status=UnitStatus.UNRESOLVABLE)
+            q, refused = self._queue(u)
+            if refused is not None:
+                self.st.fail(u, refused[1], reason=refused[0], status=UnitStatus.UNRESOLVABLE)
                 continue
             by_queue.setdefault(q, []).append(u)
         order: FairOrder[Unit] = FairOrder(

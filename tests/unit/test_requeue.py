@@ -12,21 +12,25 @@ import random
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batchsched.core.cycle import Cycle
 from batchsched.core.equivalence import SingleIndex, pod_class
 from batchsched.core.gangs import GroupBook
+from batchsched.core.gangs.podgroup import SUSPEND_ANNOTATION
 from batchsched.core.mirror import ClusterState
 from batchsched.core.model import GPU, Node, NodeName, Pod, PodUID, parse_pod
 from batchsched.core.placement.scoring import ScoringConfig
 from batchsched.core.plan import single_unit
 from batchsched.core.queues import QueueSettings
 from batchsched.core.queues.running import RunningBook
+from batchsched.core.queues.spec import QUEUE_STOPPED
 from batchsched.core.queues.tree import QueueTree
 from batchsched.core.reservation import (
     NEVER,
+    RESERVED,
     RUNTIME_ANNOTATION,
     ReservationSettings,
     _Ends,
@@ -395,6 +399,95 @@ def test_what_a_stopped_walk_spared_is_spared_by_the_cycle_that_takes_it_up_soon
         taken_up = s.step(T0 + 100 + later)
         assert [e.uid for e in taken_up.evictions] == [victim], (later, taken_up.evictions)
 
+
+def _stopped_over_gang(*, reserve: bool) -> tuple[Cluster, Session, dict[str, str]]:
+    """Queue qa on an 8-GPU node n0 and a 1-GPU node n1; r0 (qa) runs 8 GPUs on n0 at
+    priority 0, or (``reserve``) 4 GPUs at priority 100 for a declared hour. Waiting in qa:
+    a gang of one 8-GPU pod (priority 9), p0 of 1 GPU (priority 5), p1 of 1 GPU (priority
+    0). The first cycle, stopped at its first placement, has the gang preempt r0 (or hold a
+    reservation on n0 behind it), binds p0 on n1 and stops before p1. Returns the cluster,
+    its session and the pods' uids by name."""
+    s = Session(SessionSettings(first_walk_budget=0.0))
+    c = Cluster(s)
+    c.node("n0", 8)
+    c.node("n1", 1)
+    s.on_queues_listed([_queue("qa")])
+    running = (make_pod("r0").req(cpu="1", **{GPU: "4" if reserve else "8"}).priority(100 if reserve else 0)
+               .label({"batchsched.io/queue": "qa"}).created(T0 - 3600).running("n0"))
+    if reserve:
+        running = running.annotate(**{RUNTIME_ANNOTATION: "2h"})
+    uids = {"r0": c.pod(running.obj())}
+    s.on_podgroup("ADDED", make_group("g").min_member(1).build())
+    uids["g0"] = gang = c.pod(make_pod("g0").group("g").priority(9).label({"batchsched.io/queue": "qa"})
+                 .req(cpu="1", **{GPU: "8"}).created(T0).obj())
+    for name, priority in (("p0", 5), ("p1", 0)):
+        uids[name] = c.pod(make_pod(name).priority(priority).label({"batchsched.io/queue": "qa"})
+              .req(cpu="1", **{GPU: "1"}).created(T0).obj())
+    first = c.step()
+    assert [b.uid for b in first.binds] == [uids["p0"]] and first.again
+    told = {u.ref.uid: u.reason for u in first.unschedulable}
+    if reserve:
+        assert told.get(gang) == RESERVED and not first.evictions, told
+    else:
+        assert [e.uid for e in first.evictions] == [uids["r0"]], first.evictions
+    assert uids["p1"] not in told  # not tried: the walk stopped before it
+    return c, s, uids
+
+
+def _queue(name: str, stop: str = "") -> dict[str, object]:
+    spec: dict[str, object] = {"resources": [{"name": GPU, "nominal": "16"}]}
+    if stop:
+        spec["stopPolicy"] = stop
+    return {"metadata": {"name": name, "uid": f"q-{name}", "resourceVersion": "1"}, "spec": spec}
+
+
+@pytest.mark.parametrize("reserve", [False, True], ids=["nominated", "reserving"])
+def test_a_gang_the_stopped_walk_settled_that_is_suspended_before_the_walk_is_taken_up_is_told_so(
+        reserve: bool) -> None:
+    """What the stopped walk settled for a gang (its nomination, or its reservation) is
+    held as made only while the gang may still be placed: suspended in between, it goes its
+    turn in the cycle that takes the walk up (a reservation is not held for it, so p1 takes
+    room beside r0), and its pods are told it is suspended once it has been held back for
+    the report delay (1 s) counted from that cycle, not from a cycle later."""
+    c, s, uids = _stopped_over_gang(reserve=reserve)
+    s.on_podgroup("MODIFIED", make_group("g").min_member(1).annotate(**{SUSPEND_ANNOTATION: "true"}).build())
+    taken_up = c.step(after=0.01)
+    assert [b.uid for b in taken_up.binds] == ([uids["p1"]] if reserve else [])
+    later = c.step(after=1.0)
+    told = {u.ref.uid: u.reason for u in later.unschedulable}
+    assert told.get(uids["g0"]) == "Suspended", told
+
+
+def test_a_reservation_the_stopped_walk_made_is_not_held_again_once_its_queue_is_stopped() -> None:
+    """Queue qa stopped between the stop and the cycle that takes the walk up: the gang
+    holding a reservation from the stopped walk is told its queue is stopped, as the other
+    pods of the queue are, and holds nothing."""
+    c, s, uids = _stopped_over_gang(reserve=True)
+    s.on_queue("MODIFIED", _queue("qa", stop="Hold"))
+    taken_up = c.step(after=0.01)
+    told = {u.ref.uid: u.reason for u in taken_up.unschedulable}
+    assert told.get(uids["g0"]) == told.get(uids["p1"]) == QUEUE_STOPPED, told
+    assert not taken_up.binds
+
+
+
+def test_a_gang_backing_off_behind_its_reservation_is_told_soon_that_its_podgroup_is_suspended() -> None:
+    """A gang holding a reservation backs off like a failed one; its PodGroup suspended
+    wakes it (what decides its placement changed): its pods are told it is suspended once
+    the report delay (1 s) has passed, not when its back-off runs out a minute later."""
+    s = Session(SessionSettings())
+    c = Cluster(s)
+    c.node("n0", 8)
+    s.on_queues_listed([_queue("qa")])
+    c.pod(make_pod("r0").req(cpu="1", **{GPU: "4"}).priority(100).label({"batchsched.io/queue": "qa"})
+          .created(T0 - 3600).running("n0").annotate(**{RUNTIME_ANNOTATION: "2h"}).obj())
+    s.on_podgroup("ADDED", make_group("g").min_member(1).build())
+    g0 = c.pod(make_pod("g0").group("g").priority(9).label({"batchsched.io/queue": "qa"})
+               .req(cpu="1", **{GPU: "8"}).created(T0).obj())
+    assert [u.reason for u in c.step().unschedulable if u.ref.uid == g0] == [RESERVED]
+    s.on_podgroup("MODIFIED", make_group("g").min_member(1).annotate(**{SUSPEND_ANNOTATION: "true"}).build())
+    told = [u.reason for _ in range(3) for u in c.step(after=0.6).unschedulable if u.ref.uid == g0]
+    assert told == ["Suspended"]
 
 # -- kept books equal rebuilt ones -----------------------------------------------------------
 

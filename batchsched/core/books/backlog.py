@@ -660,7 +660,7 @@ def _spec(group: PodGroup) -> tuple[Any, ...]:
         group.min_member, dict(group.min_resources), dict(group.min_task_member),
         group.priority_class, group.invalid, group.uid, group.queue, group.labels.get(QUEUE_LABEL),
         group.annotations.get(TOPOLOGY_ANNOTATION), group.annotations.get(TOPOLOGY_PREFERRED_ANNOTATION),
-        group.upstream,
+        group.upstream, group.suspended,
     )
 
 
