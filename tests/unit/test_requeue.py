@@ -458,17 +458,22 @@ def test_a_gang_the_stopped_walk_settled_that_is_suspended_before_the_walk_is_ta
     assert told.get(uids["g0"]) == "Suspended", told
 
 
-def test_a_reservation_the_stopped_walk_made_is_not_held_again_once_its_queue_is_stopped() -> None:
+@pytest.mark.parametrize("stop", ["Hold", "HoldAndDrain"])
+def test_a_reservation_the_stopped_walk_made_is_not_held_again_once_its_queue_is_stopped(stop: str) -> None:
     """Queue qa stopped between the stop and the cycle that takes the walk up: the gang
     holding a reservation from the stopped walk is told its queue is stopped, as the other
-    pods of the queue are, and holds nothing."""
+    pods of the queue are, and nothing is placed; drained, what the queue runs (r0, and p0
+    bound by the stopped walk) is evicted at the next check of the holds, still with
+    nothing placed."""
     c, s, uids = _stopped_over_gang(reserve=True)
-    s.on_queue("MODIFIED", _queue("qa", stop="Hold"))
+    s.on_queue("MODIFIED", _queue("qa", stop=stop))
     taken_up = c.step(after=0.01)
     told = {u.ref.uid: u.reason for u in taken_up.unschedulable}
     assert told.get(uids["g0"]) == told.get(uids["p1"]) == QUEUE_STOPPED, told
-    assert not taken_up.binds
-
+    later = [c.step(after=1.0) for _ in range(2)]
+    assert not [b for d in (taken_up, *later) for b in d.binds]
+    evicted = sorted(e.uid for d in (taken_up, *later) for e in d.evictions)
+    assert evicted == (sorted([uids["p0"], uids["r0"]]) if stop == "HoldAndDrain" else [])
 
 
 def test_a_gang_backing_off_behind_its_reservation_is_told_soon_that_its_podgroup_is_suspended() -> None:
