@@ -110,9 +110,13 @@ def pod_class(pod: Pod, read: tuple[str, ...] = ()) -> Hashable:
     return ClassKey((
         pod.namespace, pod.priority, pod.never_preempts, tuple(sorted(pod.requests.items())), pod.constraint_key(),
         pod.card_asks, pod.active_deadline, labels.get(QUEUE_LABEL, ""),
-        tuple(notes.get(k) for k in READ_ANNOTATIONS),
-        tuple(labels.get(k) for k in read) if read and not constrained(pod) else (),
+        tuple([notes.get(k) for k in READ_ANNOTATIONS]) if notes else _NO_NOTES,
+        tuple([labels.get(k) for k in read]) if read and not constrained(pod) else (),
     ))
+
+
+#: what :func:`pod_class` reads of a pod without annotations
+_NO_NOTES = (None,) * len(READ_ANNOTATIONS)
 
 
 def own_class(key: Hashable) -> bool:
@@ -130,7 +134,7 @@ def unit_class(unit: Unit, of_pod: Any = pod_class) -> Hashable:
     if unit.blocked or unit.min_resources_short or unit.placed_on:
         return ClassKey(("unit", unit.key))
     return ClassKey(("gang", unit.min_count, unit.priority, unit.never_preempts, unit.topology_level,
-                     unit.topology_required, tuple(of_pod(p) for p in unit.pods)))
+                     unit.topology_required, tuple([of_pod(p) for p in unit.pods])))
 
 
 def gang_like(key: Hashable) -> bool:

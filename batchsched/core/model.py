@@ -280,14 +280,15 @@ class Pod:
                 self.namespace,
                 tuple(sorted(self.labels.items())),
             )
+        selector = self.node_selector
         return (
-            tuple(sorted(self.node_selector.items())),
+            tuple(sorted(selector.items())) if selector else (),
             self.required_terms,
             self.preferred_terms,
             self.tolerations,
             self.uid if self.invalid else "",
             self.device_nodes,
-            any(a.recorded for a in self.card_asks),
+            bool(self.card_asks) and any(a.recorded for a in self.card_asks),
             *topology,
         )
 

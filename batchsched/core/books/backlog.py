@@ -554,12 +554,13 @@ class GangClasses:
         for ckey, alike in by_class.items():
             alike.sort(key=Unit.order)
             first = alike[0]
-            n = _gang_fit((ckey, first.order(), _smallest(first), first.min_count), fits, len(alike))
+            need = _smallest(first)  # alike members ask alike: the same for every gang of the class
+            n = _gang_fit((ckey, first.order(), need, first.min_count), fits, len(alike))
             out.extend(alike[:n])
             if n < len(alike):
                 self._cut.setdefault(ckey, []).extend(u.key for u in alike[n:])
                 for u in alike[n:]:
-                    self._entries[u.key] = (ckey, u.order(), _smallest(u), u.min_count)
+                    self._entries[u.key] = (ckey, u.order(), need, u.min_count)
         return out
 
     def turns_wanted(self, turns: list[tuple[Order, str]], fits: Fits) -> set[str]:
