@@ -220,26 +220,27 @@ class Session(EventRouting):
         # one snapshot for the whole decision (the units' admission and the cycle), taken
         # only when there is something to decide
         snapshot = _once(state.snapshot)
-        with groups.tallies_kept():  # the mirror holds still until the cycle's bindings
+        with groups.tallies_kept():  # the mirror holds still but for the pods the cycle assumes
             self.reports.dirty.update(self.holds.gang_timers(state, groups, now, out))
             self.holds.hold_running(state, groups, self.queues, now, out)
             self.backlog.wake(state)
             units = self.schedulable_units(now, snapshot)
-        self.told.tell_joined(out, state.pending, self.backlog.class_of, self.backlog.asleep_class)
-        if units:
-            plan, queues = self._cycle(units, snapshot(), now, out)
-            gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
-            self._assume(plan, now, out)
-            self._unplaced(plan, gangs, now, out)
-            self.followup.preempted(plan, state, groups, out)
-            self.reports.preempted(plan)
-            self._gang_results(plan, gangs, now, out)
-            self._cut_gangs(plan, gangs, now, out)
-            self.backlog.held(plan, gangs)
-            self.queue_statuses.charge(queues.tree)
-            self._sync_queues(now, out, queues)
-            self.told.keep_blocked(lambda key: key in gangs and bool(gangs[key].blocked))
-        self.reports.statuses(state, now, lambda: Room(state, groups, self.queues, _once(state.snapshot), now), out)
+            self.told.tell_joined(out, state.pending, self.backlog.class_of, self.backlog.asleep_class)
+            if units:
+                plan, queues = self._cycle(units, snapshot(), now, out)
+                gangs = {u.key: u for u in units if not (u.single and u.key == u.pods[0].key)}
+                self._assume(plan, now, out)
+                self._unplaced(plan, gangs, now, out)
+                self.followup.preempted(plan, state, groups, out)
+                self.reports.preempted(plan)
+                self._gang_results(plan, gangs, now, out)
+                self._cut_gangs(plan, gangs, now, out)
+                self.backlog.held(plan, gangs)
+                self.queue_statuses.charge(queues.tree)
+                self._sync_queues(now, out, queues)
+                self.told.keep_blocked(lambda key: key in gangs and bool(gangs[key].blocked))
+            self.reports.statuses(state, now, lambda: Room(state, groups, self.queues, _once(state.snapshot), now),
+                                  out)
         self._sync_queues(now, out)
         self.check(now)
         return out

@@ -209,10 +209,15 @@ class GroupBook:
 
     def touch(self, uid: PodUID) -> None:
         """The pod's state changed outside :meth:`pod_event` (assumed bound, or its
-        binding undone): its group is looked at again by the next :meth:`check`."""
+        binding undone): its group is looked at again by the next :meth:`check`, and its
+        tally kept by :meth:`tallies_kept` is counted again."""
         ref = self._refs.get(uid)
         if ref is not None:
             self._mark((ref[0], ref[2]))
+        if self._tallies:
+            group = self.group_of(uid)
+            if group is not None:
+                self._tallies.pop(group.key, None)
 
     def _mark(self, named: tuple[str, str]) -> None:
         if self._dirty is not None:
@@ -273,10 +278,10 @@ class GroupBook:
 
     @contextlib.contextmanager
     def tallies_kept(self) -> Iterator[None]:
-        """Inside, each group's :meth:`tally` is counted once: for the stretch of a step
-        where the mirror does not change (the gang timers, then the units; a step's first
-        after a start tallies every group there). Nothing inside may assume, bind or
-        forget a pod."""
+        """Inside, each group's :meth:`tally` is counted once: for a step, over which the
+        mirror does not change but for the pods the step assumes or forgets, each of which
+        is passed to :meth:`touch` (its group counted again). A step's first after a start
+        tallies every group: for the gang timers, the units, then the groups' statuses."""
         self._tallies = {}
         try:
             yield

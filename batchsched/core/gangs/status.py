@@ -70,7 +70,7 @@ class Tally:
 @functools.lru_cache(maxsize=1 << 18)
 def _natural(name: str) -> tuple[Any, ...]:
     # isdecimal, not isdigit: "³" is a digit that int() refuses (and \d does not match)
-    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
+    return tuple([int(p) if p.isdecimal() else p for p in _NATURAL.split(name)])
 
 
 def member_order(pod: Pod) -> tuple[Any, ...]:

@@ -29,4 +29,8 @@ KUEUE_PODSET_LABEL = "kueue.x-k8s.io/podset"
 
 def kueue_managed(pods: Iterable[Pod]) -> bool:
     """Whether Kueue manages these pods (any of them carries its mark)."""
-    return any(p.labels.get(KUEUE_MANAGED_LABEL) == "true" or KUEUE_PODSET_LABEL in p.labels for p in pods)
+    for p in pods:  # a loop, not any(): called for every unit of every cycle
+        labels = p.labels
+        if labels and (labels.get(KUEUE_MANAGED_LABEL) == "true" or KUEUE_PODSET_LABEL in labels):
+            return True
+    return False

@@ -214,13 +214,14 @@ class _Builder:
         q = self.queue_of(pods, group, self.tree)
         queue = q if isinstance(q, str) else None
         elastic = _elastic(pods, group)
-        protected = "terminating" if any(p.deleting for p in pods) else self.protecting(pods)
-        start = min((p.started for p in pods if p.started), default=self.now)
-        running_pods = tuple(
+        protected = "terminating" if any([p.deleting for p in pods]) else self.protecting(pods)
+        start = min([p.started for p in pods if p.started], default=self.now)
+        ordered = members if len(members) == 1 else sorted(members, key=lambda m: (m[0].created, natural(m[0].name)))
+        running_pods = tuple([
             RunningPod(uid=pod.uid, node=row, req=vec, gpus=_cards(vec, self.gpu, self.shares),
                        elastic=pod.uid in elastic)
-            for pod, row, vec in sorted(members, key=lambda m: (m[0].created, natural(m[0].name)))
-        )
+            for pod, row, vec in ordered
+        ])
         if group is not None:
             priority = self.groups.priority(group, pods)
             created, unit_uid, arrival = group.created, group.uid or key, group.arrival
