@@ -225,11 +225,16 @@ class _Walk:
         done |= self.carried(by_key)  # the reservations of the walk this one takes up, held again
         order = self.fair_order(done)  # the rest, in fair order
         for q, unit in order:
-            if self.plan.unfinished or self._out_of_time():
+            if self._out_of_time():
                 self.plan.unfinished = True  # the rest in the next cycle: these Bindings leave now
-                self._after_stop(q, unit)
-                continue
+                break
             self.attempt(order, q, unit)  # each: place, else preempt, else reserve
+        if self.plan.unfinished:
+            # the units not tried, in any order (nothing is learnt after the stop): no
+            # shares to weigh for each, as the fair order would
+            for q, rest in order.remaining().items():
+                for unit in rest:
+                    self._after_stop(q, unit)
         return self.finish()
 
     def _out_of_time(self) -> bool:
