@@ -308,6 +308,6 @@ def _has_pending(key: str, state: ClusterState, groups: GroupBook) -> bool:
     pending = state.pending
     group = groups.groups.get(GroupKey(key))
     if group is not None:
-        return any(uid in pending for uid in groups.member_uids(group))
+        return not pending.keys().isdisjoint(groups.member_uids(group))
     uid = state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
     return uid is not None and uid in pending

@@ -164,14 +164,16 @@ class _Running:
 
     @property
     def holders(self) -> list[tuple[Pod, int]]:
-        """Only pods with required anti-affinity are looked at (a pass over the pods with
-        no allocation: the plain path pays this much in a cycle that tries any unit)."""
+        """Only pods with required anti-affinity are looked at (a pass over the charged
+        pods with no allocation: the plain path pays this much in a cycle that tries any
+        unit). In no particular order: each is read on its own."""
         if self._holders is None:
             self._holders = []
             if self.source is not None:
-                charges = self.source.charges
-                for uid, pod in self.source.pods.items():
-                    if pod.anti_affinity_terms and uid in charges:
+                pods = self.source.pods
+                for uid in self.source.charges:
+                    pod = pods.get(uid)
+                    if pod is not None and pod.anti_affinity_terms:
                         hit = self._row(uid)
                         if hit is not None:
                             self._holders.append(hit)
