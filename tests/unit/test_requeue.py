@@ -17,6 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batchsched.core.cycle import Cycle
+from batchsched.core.devices import ELASTIC_CORE, ELASTIC_MEMORY
 from batchsched.core.equivalence import SingleIndex, pod_class
 from batchsched.core.gangs import GroupBook
 from batchsched.core.gangs.podgroup import SUSPEND_ANNOTATION
@@ -368,6 +369,47 @@ def test_a_first_cycle_cut_short_preempts_and_holds_queues_as_one_walk_does(
     held = {f"p{k}" for k, (_, _, q) in enumerate(pods) if q == "qs"}
     assert not held & {b.uid for s in steps for b in s.binds}
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cards=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    pods=st.lists(st.tuples(st.sampled_from((10, 30, 50, 100, 200)), st.sampled_from((0, 5))), min_size=1,
+                  max_size=25),
+    gang=st.integers(0, 3),
+    reserve=st.booleans(),
+)
+def test_a_first_cycle_cut_short_puts_gpu_shares_on_the_cards_one_walk_does(
+    cards: list[int], pods: list[tuple[int, int]], gang: int, reserve: bool,
+) -> None:
+    """Shares of GPU cards (elastic GPU cores, 100 a card) on nodes of one to four cards:
+    the first cycle stopped at its first placement, and the steps after it, bind each pod
+    to the node and the cards one walk over every pod does; a gang of 50-core members too,
+    with reservations or without."""
+    policy = ReservationSettings(enabled=reserve)
+    quick = Session(SessionSettings(first_walk_budget=0.0, reservation=policy))
+    whole = Session(SessionSettings(walk_budget=None, reservation=policy))
+    members = [parse_pod(make_pod(f"g{m}").uid(f"g{m}").group("g").priority(9)
+                         .req({"cpu": "1", ELASTIC_CORE: "50"}).created(T0).obj()) for m in range(gang)]
+    for session in (quick, whole):
+        for i, n in enumerate(cards):
+            session.on_node("ADDED", make_node(f"n{i}").cap({"cpu": "64", "memory": "256Gi", ELASTIC_CORE: str(100 * n),
+                                                              ELASTIC_MEMORY: str(16384 * n)}).build())
+        if gang:
+            session.on_podgroup("ADDED", make_group("g").min_member(gang).build())
+        for pod in members:
+            session.on_pod("ADDED", pod)
+        for k, (core, priority) in enumerate(pods):
+            # each pod a class of its own (see the test above)
+            session.on_pod("ADDED", make_pod(f"p{k:02d}").uid(f"p{k}").priority(priority).created(T0 + k)
+                           .req({"cpu": f"{1000 + k}m", ELASTIC_CORE: str(core)}).build())
+    steps = [quick.step(T0 + 100)]
+    while steps[-1].again and len(steps) < 60:
+        steps.append(quick.step(T0 + 100 + 0.01 * len(steps)))
+    one = whole.step(T0 + 100)
+    got = sorted((b.uid, b.node, b.cards) for s in steps for b in s.binds)
+    assert got == sorted((b.uid, b.node, b.cards) for b in one.binds)
+    assert all(b.cards for b in one.binds)  # each placed on cards, not on the node alone
 
 def test_what_a_stopped_walk_spared_is_spared_by_the_cycle_that_takes_it_up_soon_not_later() -> None:
     """Two 1-GPU nodes; queue qa runs r0 (priority 0, 90 s in); waiting: a gang of one
