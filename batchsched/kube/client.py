@@ -22,6 +22,7 @@ meanwhile. Only requests with a body are checked (every write the fence guards h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
@@ -384,9 +385,10 @@ class KubeClient:
         """Every item of a collection, paged; returns ``(items, resourceVersion)``."""
         items: list[JSON] = []
         rv = ""
-        async for got, version in self.pages(path, page=page, **params):
-            items.extend(got)
-            rv = version
+        async with contextlib.aclosing(self.pages(path, page=page, **params)) as pages:
+            async for got, version in pages:
+                items.extend(got)
+                rv = version
         return items, rv
 
     async def watch(

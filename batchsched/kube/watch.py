@@ -106,15 +106,17 @@ class Reflector:
         self._relist_asked.clear()
         values: list[Any] = []
         rv, listed = "", 0
-        async for items, version in self.client.pages(self.path, page=self.page, **self.params):
-            rv = version
-            listed += len(items)
-            for i in range(0, len(items), READ_CHUNK):
-                # the objects read live on as the mirror: kept out of the collector's walks
-                with procmem.collector_paused(kept=True):
-                    values.extend(v for v in map(self.read, items[i:i + READ_CHUNK]) if v is not None)
-                await asyncio.sleep(0)
-            del items
+        # closed on the way out, whatever ends the list: its request for the next page too
+        async with contextlib.aclosing(self.client.pages(self.path, page=self.page, **self.params)) as pages:
+            async for items, version in pages:
+                rv = version
+                listed += len(items)
+                for i in range(0, len(items), READ_CHUNK):
+                    # the objects read live on as the mirror: kept out of the collector's walks
+                    with procmem.collector_paused(kept=True):
+                        values.extend(v for v in map(self.read, items[i:i + READ_CHUNK]) if v is not None)
+                    await asyncio.sleep(0)
+                del items
         t1 = time.monotonic()
         self.on_list(values)
         log.info("%s: listed and read %d in %.2f s, taken in in %.2f s", self.name, listed, t1 - t0,
