@@ -9,7 +9,7 @@ call are listed; every failure is one of :mod:`batchsched.kube.errors`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 
 __all__ = ["JSON", "KubeAPI"]
@@ -38,7 +38,7 @@ class KubeAPI(Protocol):
 
     def pages(
         self, path: str, *, page: int = 500, **params: str | int
-    ) -> AsyncIterator[tuple[list[JSON], str]]:
+    ) -> AsyncGenerator[tuple[list[JSON], str], None]:
         """Each page of a list, with the resourceVersion to watch from (the last page's)."""
         ...
 

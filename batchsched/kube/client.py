@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -356,7 +356,7 @@ class KubeClient:
     async def delete(self, path: str, body: JSON | None = None, **params: str | int) -> Any:
         return await self.request("DELETE", path, body=body, params=params)
 
-    async def pages(self, path: str, *, page: int = 500, **params: str | int) -> AsyncIterator[tuple[list[JSON], str]]:
+    async def pages(self, path: str, *, page: int = 500, **params: str | int) -> AsyncGenerator[tuple[list[JSON], str], None]:
         """Each page of a consistent list of a collection, with the list's resourceVersion.
         The next page is asked for before this one is handed over, so the server prepares
         it while the caller reads this one."""

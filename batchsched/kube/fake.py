@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,7 +134,7 @@ class FakeKube:
 
     async def pages(
         self, path: str, *, page: int = 500, **params: str | int
-    ) -> AsyncIterator[tuple[list[JSON], str]]:
+    ) -> AsyncGenerator[tuple[list[JSON], str], None]:
         yield await self.list(path, page=page, **params)
 
     async def list(
