@@ -95,6 +95,7 @@ from batchsched.core.queues import (
     QueueTree,
     StopPolicy,
 )
+from batchsched.core.queues.fair import Place
 from batchsched.core.reservation import RESERVED, Reservation, Reservations, ReservationSettings
 from batchsched.core.statement import Statement
 
@@ -147,15 +148,17 @@ class Cycle(CycleKernels):
     def run(
         self, snap: Snapshot, units: Sequence[Unit], *, queues: QueueInput | None = None,
         state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class,
-        devices: DeviceCycle | None = None,
+        devices: DeviceCycle | None = None, limits: Mapping[QueueName | None, Place] | None = None,
     ) -> Plan:
         """``classes``: each unit's equivalence class (:func:`~batchsched.core.equivalence.unit_class`,
         or a cached one): once a unit fails, the later units of its class and queue fail alike.
         ``devices``: the cycle's use of DRA devices, where the units' ResourceClaims are
-        allocated (None when no unit has any)."""
+        allocated (None when no unit has any). ``limits``: the queues whose units were not
+        all handed over, and the place in each after which none was: the walk stops before
+        any unit after it (:class:`~batchsched.core.queues.FairOrder`)."""
         if queues is not None and queues.now - self.resumed.at > WALK_STOP_INTERVAL:
             self.resumed = Stopped()  # no cycle took the stopped walk up soon: its word is stale
-        plan = _Walk(self, snap, units, queues, state, classes, devices).run()
+        plan = _Walk(self, snap, units, queues, state, classes, devices, limits or {}).run()
         self.walks += 1
         return plan
 
@@ -190,8 +193,10 @@ class _Walk:
 
     def __init__(self, cycle: Cycle, snap: Snapshot, units: Sequence[Unit], queues: QueueInput | None,
                  state: ClusterState | None = None, classes: Callable[[Unit], Hashable] = unit_class,
-                 devices: DeviceCycle | None = None) -> None:
+                 devices: DeviceCycle | None = None, limits: Mapping[QueueName | None, Place] | None = None) -> None:
         self.t0 = time.perf_counter()
+        #: the queues whose units were not all handed over: where each was cut
+        self.limits = limits or {}
         self.class_of = classes
         #: (queue, class) -> how its first unit failed: (reason, message, status, that unit)
         self.failed_classes: dict[Hashable, tuple[str, str, UnitStatus, Unit]] = {}
@@ -229,6 +234,8 @@ class _Walk:
                 self.plan.unfinished = True  # the rest in the next cycle: these Bindings leave now
                 break
             self.attempt(order, q, unit)  # each: place, else preempt, else reserve
+        if order.cut_short:
+            self.plan.unfinished = True  # a queue's next unit was not handed over: the next cycle has it
         if self.plan.unfinished:
             # the units not tried, in any order (nothing is learnt after the stop): no
             # shares to weigh for each, as the fair order would
@@ -335,9 +342,12 @@ class _Walk:
                 self.st.fail(u, refused[1], reason=refused[0], status=UnitStatus.UNRESOLVABLE)
                 continue
             by_queue.setdefault(q, []).append(u)
+        # a stopped queue refuses the units not handed over too: nothing to wait for there
+        limits = {q: place for q, place in self.limits.items()
+                  if q is None or self.tree.stop_policy(q) is StopPolicy.NONE}
         order: FairOrder[Unit] = FairOrder(
             tree, by_queue, now=qi.now, history=qi.history, max_wait=qi.max_wait,
-            request=self.placer.quorum_vector if tree.names else None,
+            request=self.placer.quorum_vector if tree.names else None, limits=limits,
         )
         self.plan.timings["order"] = time.perf_counter() - self.t0
         return order

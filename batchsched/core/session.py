@@ -33,7 +33,8 @@ A step (:meth:`Session.step`), in order:
    work evicted;
 4. the backlog: the sleepers the events since the last step woke; the units worth trying
    (each class or gang that failed is skipped until something changed or the retry
-   interval passed); the pods that joined a sleeping class are told its word;
+   interval passed; in the first cycle, only the first gangs of each queue are built:
+   :mod:`batchsched.core.queues.heads`); the pods that joined a sleeping class are told its word;
 5. the nominations: restored after a start, those expired or of a stopped queue given up
    (their preemptors told), the rest charged; then the cycle;
 6. its plan followed up: each binding assumed; the pods not placed told why, the classes
@@ -257,7 +258,7 @@ class Session(EventRouting):
                                      nominations=due.live)
         queues.turns = self.backlog.turned
         plan = self.cycle.run(snap, units, queues=queues, state=state, classes=self.backlog.classes(self.groups),
-                              devices=self.intake.devices.begin(units))
+                              devices=self.intake.devices.begin(units), limits=self.backlog.limits)
         self.queues.settle(plan, queues.queue_of)
         self.nominations.settle(plan)
         self.cycles += 1
@@ -350,9 +351,11 @@ class Session(EventRouting):
     def schedulable_units(self, now: float, snapshot: Callable[[], Snapshot] | None = None) -> list[Unit]:
         """The units worth trying at ``now`` (:meth:`~batchsched.core.books.backlog.Backlog.units`);
         ``snapshot()``: the step's snapshot."""
+        first = self.cycle.walks == 0 and self.cycle.first_walk_budget is not None
         return self.backlog.units(
             now, state=self.state, groups=self.groups, queues=self.queues, nominated=self.nominations,
             snapshot=snapshot or _once(self.state.snapshot), restored=self.nominations.restored,
+            heads=self.settings.first_walk_heads if first else None,
         )
 
     def last_word(self, key: str) -> tuple[str, str] | None:

@@ -19,13 +19,15 @@ from batchsched.core.placement.topology import TopologyLevels
 from batchsched.core.queues import QueueSettings
 from batchsched.core.reservation import ReservationSettings
 
-__all__ = ["FIRST_WALK_BUDGET", "WALK_BUDGET", "SessionSettings"]
+__all__ = ["FIRST_WALK_BUDGET", "FIRST_WALK_HEADS", "WALK_BUDGET", "SessionSettings"]
 
 #: the walk budget of a cycle, in seconds (:attr:`SessionSettings.walk_budget`)
 WALK_BUDGET = 0.3
 #: the walk budget of a scheduler's first cycle, in seconds (the configuration's
 #: ``cycle.firstWalkBudgetSeconds``, :attr:`SessionSettings.first_walk_budget`)
 FIRST_WALK_BUDGET = 0.05
+#: the gangs of each queue a first walk with a budget is handed (:attr:`SessionSettings.first_walk_heads`)
+FIRST_WALK_HEADS = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,3 +82,8 @@ class SessionSettings:
     #: as a session built alone (a test, a replay) walks; the scheduler's configuration
     #: sets FIRST_WALK_BUDGET. Ignored when ``walk_budget`` is None
     first_walk_budget: float | None = None
+    #: how many gangs of each queue (in its order) that first walk, when it has a budget, is
+    #: handed: building every waiting gang would cost more than the walk, which stops at its
+    #: first placement (the next step builds them all and walks on; see
+    #: :mod:`batchsched.core.queues.heads`)
+    first_walk_heads: int = FIRST_WALK_HEADS

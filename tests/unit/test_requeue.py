@@ -411,6 +411,123 @@ def test_a_first_cycle_cut_short_puts_gpu_shares_on_the_cards_one_walk_does(
     assert got == sorted((b.uid, b.node, b.cards) for b in one.binds)
     assert all(b.cards for b in one.binds)  # each placed on cards, not on the node alone
 
+def _queues_c_qa_qb_qs(session: Session) -> None:
+    """qa and qb (4 GPUs nominal each) share a cohort; qs (8) is stopped (``Hold``)."""
+    session.on_queues_listed([
+        {"metadata": {"name": "c", "uid": "q-c", "resourceVersion": "1"}, "spec": {}},
+        {"metadata": {"name": "qa", "uid": "q-qa", "resourceVersion": "1"},
+         "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
+        {"metadata": {"name": "qb", "uid": "q-qb", "resourceVersion": "1"},
+         "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
+        {"metadata": {"name": "qs", "uid": "q-qs", "resourceVersion": "1"},
+         "spec": {"stopPolicy": "Hold", "resources": [{"name": GPU, "nominal": "8"}]}},
+    ])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    nodes=st.lists(st.integers(1, 8), min_size=1, max_size=4),
+    running=st.lists(st.tuples(st.integers(0, 3), st.sampled_from((1, 2, 4)), st.sampled_from((0, 5)),
+                               st.sampled_from(("", "qa", "qb"))), max_size=8),
+    gangs=st.lists(st.tuples(st.integers(1, 3), st.sampled_from((1, 2, 4)), st.sampled_from((0, 5, 9)),
+                             st.sampled_from(("", "qa", "qb", "qs")), st.integers(0, 90), st.booleans()),
+                   min_size=1, max_size=12),
+    pods=st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from((0, 5, 9)),
+                            st.sampled_from(("", "qa", "qb"))), max_size=8),
+    heads=st.integers(1, 3),
+    aging=st.booleans(),
+    reserve=st.booleans(),
+)
+# qa's third gang (not built in the first step) fits where qb's would go (qa's share the lower)
+@example(nodes=[2], running=[(0, 1, 0, "qb")], gangs=[(2, 2, 0, "qa", 0, False), (2, 2, 0, "qa", 1, False),
+                                                      (1, 1, 0, "qa", 10, False), (1, 1, 0, "qb", 5, False)],
+         pods=[], heads=2, aging=False, reserve=False)
+def test_a_first_cycle_handed_the_heads_of_its_queues_binds_and_evicts_what_one_walk_does(
+    nodes: list[int], running: list[tuple[int, int, int, str]], gangs: list[tuple[int, int, int, str, int, bool]],
+    pods: list[tuple[int, int, str]], heads: int, aging: bool, reserve: bool,
+) -> None:
+    """A start's first cycle is handed, of each queue's gangs, only the first ``heads`` in
+    the queue's order (priority, age; with aging on, those waiting past ``maxWait`` first),
+    and stops before a queue's next unit would come after the last one built. Where it
+    meets the other policies (gangs of several queues and unqueued ones, priorities,
+    gangs short of members, a stopped queue, single pods, running pods a gang may preempt
+    or reclaim, reservations): the steps that follow at once bind and evict, all told,
+    what one walk over every unit does."""
+    no_budget = QueueSettings(max_search_seconds=math.inf, max_wait=50.0 if aging else 0.0)
+    policy = ReservationSettings(enabled=reserve)
+    quick = Session(SessionSettings(first_walk_budget=0.0, first_walk_heads=heads, queues=no_budget, reservation=policy))
+    whole = Session(SessionSettings(walk_budget=None, queues=no_budget, reservation=policy))
+    for session in (quick, whole):
+        _queues_c_qa_qb_qs(session)
+        for i, gpus in enumerate(nodes):
+            session.on_node("ADDED", Node(name=NodeName(f"n{i}"), uid=f"n{i}",
+                                          allocatable={"cpu": 8000, "pods": 110, GPU: gpus}))
+        free = list(nodes)
+        for k, (node, gpus, priority, q) in enumerate(running):
+            if node >= len(nodes) or free[node] < gpus:
+                continue
+            free[node] -= gpus
+            session.on_pod("ADDED", Pod(uid=PodUID(f"r{k}"), namespace="default", name=f"r{k:02d}", priority=priority,
+                                        created=T0 - 100, requests={"cpu": 1000, GPU: gpus}, node_name=f"n{node}",
+                                        phase="Running", started=T0 - 90,
+                                        labels={"batchsched.io/queue": q} if q else {}))
+        for j, (size, gpus, priority, q, age, short) in enumerate(gangs):
+            session.on_podgroup("ADDED", make_group(f"g{j}").min_member(size).created(T0 + age).build())
+            for m in range(size - 1 if short else size):  # short: a member still to come
+                pod = make_pod(f"g{j}-{m}").uid(f"g{j}-{m}").group(f"g{j}").priority(priority).created(T0 + age)
+                session.on_pod("ADDED", parse_pod(pod.label({"batchsched.io/queue": q} if q else {})
+                                                  .req(cpu="1", **{GPU: str(gpus)}).obj()))
+        for k, (shape, priority, q) in enumerate(pods):
+            asks = {**SHAPES[shape], "cpu": SHAPES[shape]["cpu"] + k}  # each a class of its own
+            session.on_pod("ADDED", Pod(uid=PodUID(f"p{k}"), namespace="default", name=f"p{k:02d}", priority=priority,
+                                        created=T0 + 30 + k, requests=asks,
+                                        labels={"batchsched.io/queue": q} if q else {}))
+    steps = [quick.step(T0 + 100)]
+    while steps[-1].again and len(steps) < 60:
+        steps.append(quick.step(T0 + 100 + 0.01 * len(steps)))
+    ones = [whole.step(T0 + 100 + 0.01 * k) for k in range(len(steps) + 2)]
+    steps += [quick.step(T0 + 100 + 0.01 * k) for k in range(len(steps), len(steps) + 2)]
+    assert sorted((b.uid, b.node) for s in steps for b in s.binds) == sorted((b.uid, b.node) for s in ones for b in s.binds)
+    assert sorted(e.uid for s in steps for e in s.evictions) == sorted(e.uid for s in ones for e in s.evictions)
+
+
+def _gang_of(session: Session, name: str, *, members: int, gpus: int, queue: str, created: float) -> None:
+    session.on_podgroup("ADDED", make_group(name).min_member(members).created(created).build())
+    for m in range(members):
+        session.on_pod("ADDED", parse_pod(make_pod(f"{name}-{m}").uid(f"{name}-{m}").group(name).created(created)
+                                          .label({"batchsched.io/queue": queue}).req(cpu="1", **{GPU: str(gpus)}).obj()))
+
+
+def test_a_first_step_handed_only_its_queues_heads_stops_where_the_first_left_out_gang_would_go() -> None:
+    """One node of 2 GPUs, one of them taken by a pod of queue qb; queue qa waits with five
+    gangs of two 2-GPU members (they do not fit), then a gang of one 1-GPU member; qb with a
+    gang of one 1-GPU member, older than it. With the first walk handed two gangs of each
+    queue, qa's sixth gang is not built in the first step; qa's share is the lower, so its
+    gangs go before qb's, and the sixth takes the free GPU. The first step stops once qa's two heads failed, though qb's
+    gang could be placed (it binds nothing); the next, at once, builds every gang and binds
+    qa's sixth, and qb's gang waits, told why; so does every member of qa's five. (No
+    reservations: qa's first would hold the room.)"""
+    s = Session(SessionSettings(first_walk_budget=0.0, first_walk_heads=2,
+                                reservation=ReservationSettings(enabled=False)))
+    _queues_c_qa_qb_qs(s)
+    s.on_node("ADDED", Node(name=NodeName("n0"), uid="n0", allocatable={"cpu": 8000, "pods": 110, GPU: 2}))
+    s.on_pod("ADDED", Pod(uid=PodUID("busy"), namespace="default", name="busy", created=T0 - 100,
+                          requests={"cpu": 1000, GPU: 1}, node_name="n0", phase="Running", started=T0 - 90,
+                          labels={"batchsched.io/queue": "qb"}))
+    for j in range(5):
+        _gang_of(s, f"big{j}", members=2, gpus=2, queue="qa", created=T0 + j)
+    _gang_of(s, "late", members=1, gpus=1, queue="qa", created=T0 + 10)
+    _gang_of(s, "other", members=1, gpus=1, queue="qb", created=T0 + 5)
+    first = s.step(T0 + 100)
+    assert not first.binds and first.again
+    second = s.step(T0 + 100.01)
+    assert [b.uid for b in second.binds] == ["late-0"]
+    later = s.step(T0 + 102)
+    assert not later.binds
+    assert s.last_word("x-k8s:default/other") is not None
+    assert all(s.last_word(f"x-k8s:default/big{j}") is not None for j in range(5))
+
+
 def test_what_a_stopped_walk_spared_is_spared_by_the_cycle_that_takes_it_up_soon_not_later() -> None:
     """Two 1-GPU nodes; queue qa runs r0 (priority 0, 90 s in); waiting: a gang of one
     1-GPU pod of qa (priority 9) and an unqueued 1-GPU pod p0. The first cycle, stopped at

@@ -36,9 +36,11 @@ from batchsched.core.gangs import GroupBook, GroupKey, PodGroup
 from batchsched.core.mirror import ClusterState, Snapshot
 from batchsched.core.model import Pod, PodUID
 from batchsched.core.placement.topology import TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION
-from batchsched.core.plan import Plan, Unit, UnitResult, UnitStatus, single_unit
+from batchsched.core.plan import Plan, QueueName, Unit, UnitResult, UnitStatus, single_unit
 from batchsched.core.preemption import Room
 from batchsched.core.queues import QUEUE_LABEL, QueueBook
+from batchsched.core.queues.fair import Place
+from batchsched.core.queues.heads import first_heads
 from batchsched.core.requeue import WaitBook
 from batchsched.core.reservation import RESERVED
 
@@ -78,6 +80,9 @@ class Backlog:
         self._turned_classes: set[Any] = set()
         #: classes of single pods cut short in this step: how many members were handed over
         self._cut: dict[Any, tuple[float, int, str]] = {}
+        #: the queues whose gangs were not all built in this step (only their first ones: a
+        #: first step's heads), and the place in each after which none was
+        self.limits: Mapping[QueueName | None, Place] = {}
 
     # -- what changed ------------------------------------------------------------------------
 
@@ -263,13 +268,16 @@ class Backlog:
     def units(
         self, now: float, *, state: ClusterState, groups: GroupBook, queues: QueueBook,
         nominated: Mapping[str, Any], snapshot: Callable[[], Snapshot], restored: bool,
+        heads: int | None = None,
     ) -> list[Unit]:
         """The units worth trying at ``now``: pending and not gated; of each class of single
         pods that is awake, the oldest members that could fit in the free capacity and one
         more (:func:`~batchsched.core.equivalence.fit_count`); each gang that is awake (or
         blocked, to be told so); and every unit holding a nomination (``nominated``), asleep
         or not. ``snapshot()``: the step's snapshot; ``restored``: the nominations of before
-        a start were looked at (else pods nominated then are tried too)."""
+        a start were looked at (else pods nominated then are tried too). ``heads``: of the
+        gangs awake, only the first ``heads`` of each queue (:mod:`batchsched.core.queues.heads`;
+        :attr:`limits` says where each queue's were cut)."""
         self.gangs.new_step()
         units: list[Unit] = []
         seen: set[PodUID] = set()
@@ -301,7 +309,7 @@ class Backlog:
             for uid in self.singles.nominated(seen):
                 units.append(single_unit(state.pending[uid]))
         room = Room(state, groups, queues, snapshot, now)
-        units.extend(self._gangs(now, state, groups, room, nominated, fits))
+        units.extend(self._gangs(now, state, groups, queues, room, nominated, fits, snapshot, heads))
         before = len(units)
         self._turn(now, units, hand, seen, state=state, groups=groups, queues=queues, room=room,
                    nominated=nominated, snapshot=snapshot, fits=fits)
@@ -338,10 +346,12 @@ class Backlog:
         if gang_turns:
             units.extend(self._gang_turns(gang_turns, now, state, groups, room, nominated, fits))
 
-    def _gangs(self, now: float, state: ClusterState, groups: GroupBook, room: Room,
-               nominated: Mapping[str, Any], fits: Fits) -> list[Unit]:
-        """The gangs to hand to the cycle: those awake, and of each class of alike gangs
-        only the oldest that could fit and one more (the rest share their outcome)."""
+    def _gangs(self, now: float, state: ClusterState, groups: GroupBook, queues: QueueBook, room: Room,
+               nominated: Mapping[str, Any], fits: Fits, snapshot: Callable[[], Snapshot],
+               heads: int | None) -> list[Unit]:
+        """The gangs to hand to the cycle: those awake (with ``heads``, the first of each
+        queue), and of each class of alike gangs only the oldest that could fit and one
+        more (the rest share their outcome)."""
         def asleep(key: str) -> bool:
             return self.waits.asleep(key, now, self.retry)
 
@@ -349,6 +359,16 @@ class Backlog:
 
         def want(key: str) -> bool:
             return key in nominated or (key not in skip and not asleep(key))
+
+        self.limits = {}
+        if heads is not None:
+            first = first_heads(groups, state, queues, queues.tree(snapshot().columns), now=now, per_queue=heads,
+                                want=want)
+            if first.limits:
+                self.limits = first.limits
+
+                def want(key: str) -> bool:
+                    return key in nominated or key in first.keys
 
         return self.gangs.cut_alike(groups.units(state, now, room, want=want), groups, nominated, fits)
 

@@ -398,6 +398,10 @@ class GroupBook:
                 units.append(unit)
         return units
 
+    def waiting(self, state: ClusterState, want: Callable[[str], bool] | None = None) -> list[PodGroup]:
+        """The groups with a pending member, of those ``want(key)`` says (in key order)."""
+        return [self.groups[key] for key in sorted(self._waiting(state, want)[1])]
+
     def _waiting(
         self, state: ClusterState, want: Callable[[str], bool] | None,
     ) -> tuple[dict[tuple[str, str], list[Pod]], set[GroupKey]]:

@@ -39,7 +39,18 @@ from batchsched.core.plan import QueueName
 from batchsched.core.queues.structure import FloatArray, IntArray
 from batchsched.core.queues.tree import QueueTree
 
-__all__ = ["FairOrder", "Orderable", "UsageHistory", "queue_rank"]
+__all__ = ["FairOrder", "Orderable", "Place", "UsageHistory", "queue_rank", "within_order"]
+
+#: where a unit goes within its queue (:func:`within_order`)
+Place = tuple[int, int, float, int, str]
+
+
+def within_order(priority: int, created: float, arrival: int, uid: str, *, aged: bool) -> Place:
+    """A unit's place within its queue: a unit that waited past ``max_wait`` (``aged``)
+    first, oldest first; then priority, creation time, arrival; the UID keeps it total."""
+    if aged:
+        return (0, 0, created, arrival, uid)
+    return (1, -priority, created, arrival, uid)
 
 
 # -- history ----------------------------------------------------------------------------
@@ -156,6 +167,12 @@ class FairOrder(Generic[U]):
     heads that fit within their queue's nominal go before heads that would borrow (as in
     Kueue), whatever the shares: otherwise a borrower admitted early in a cycle would be
     reclaimed later in the same cycle by a queue that was only asking for its nominal.
+
+    ``limits``: per queue, the last place (:func:`within_order`) up to which its units were
+    all handed over (the units after it were not built, see
+    :mod:`batchsched.core.books.heads`). The order ends, with :attr:`cut_short` set, as soon
+    as such a queue's next unit would come after its limit (or it has none left): which
+    queue goes next then depends on a unit that is not here.
     """
 
     def __init__(
@@ -167,6 +184,7 @@ class FairOrder(Generic[U]):
         history: UsageHistory | None = None,
         max_wait: float | None = None,
         request: Callable[[U], IntArray] | None = None,
+        limits: Mapping[QueueName | None, Place] | None = None,
     ) -> None:
         self.tree = tree
         self.now = now
@@ -192,6 +210,9 @@ class FairOrder(Generic[U]):
         self._run: list[U] = []
         self.admitted_count: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
         self.skipped_count: dict[QueueName | None, int] = dict.fromkeys(self._queues, 0)
+        self._limits = dict(limits or {})
+        #: the order ended at a queue's limit (see ``limits``)
+        self.cut_short = any(q not in self._queues for q in self._limits)
         _, self._mark = tree.changes_since(0)
         for q in self._queues:
             self._push(q)
@@ -199,10 +220,14 @@ class FairOrder(Generic[U]):
     def aged(self, unit: U) -> bool:
         return self.max_wait is not None and self.now - unit.created > self.max_wait
 
-    def _within_key(self, unit: U) -> tuple[int, int, float, int, str]:
-        if self.aged(unit):
-            return (0, 0, unit.created, unit.arrival, unit.uid)
-        return (1, -unit.priority, unit.created, unit.arrival, unit.uid)
+    def _within_key(self, unit: U) -> Place:
+        return within_order(unit.priority, unit.created, unit.arrival, unit.uid, aged=self.aged(unit))
+
+    def _past_limit(self, queue: QueueName | None, pos: int) -> bool:
+        """Whether ``queue``'s unit at ``pos`` is past its limit (or it has none left)."""
+        limit = self._limits.get(queue)
+        units = self._queues[queue]
+        return limit is not None and (pos >= len(units) or self._within_key(units[pos]) > limit)
 
     def share(self, queue: QueueName | None, unit: U | None = None) -> float:
         """``queue``'s weighted share; with ``unit`` (and a ``request``), the share it would
@@ -230,6 +255,8 @@ class FairOrder(Generic[U]):
         units = self._queues[queue]
         if queue is not None:
             self._gen[queue] = self.tree.queue_generation(queue)
+        if self._past_limit(queue, pos):
+            self.cut_short = True
         if pos >= len(units):
             return
         head = units[pos]
@@ -288,7 +315,7 @@ class FairOrder(Generic[U]):
         units = self._queues[None]
         out: list[U] = []
         pos = self._pos[None] + 1
-        while pos < len(units) and (limit is None or len(out) < limit):
+        while pos < len(units) and (limit is None or len(out) < limit) and not self._past_limit(None, pos):
             unit = units[pos]
             prio = TOP_PRIORITY if self.aged(unit) else unit.priority
             if (other is not None and (0, 0.0, -prio, unit.created, unit.arrival, unit.uid) > other) or not same(unit):
@@ -302,6 +329,8 @@ class FairOrder(Generic[U]):
         while True:
             if self._current is not None:
                 self.skipped(self._current[1])
+            if self.cut_short:
+                return
             self._refresh()
             while self._heap:
                 stamp, slot = self._heap[0][-2:]
