@@ -42,8 +42,9 @@ A step (:meth:`Session.step`), in order:
    evictions; each gang's result (its PodGroup, its sleep); the gangs cut as alike share
    their class's outcome; the holders of reservations noted; the Queue statuses from the
    cycle's tree (at most every few seconds);
-7. the PodGroup statuses of the groups that changed, and the Queue statuses if due and no
-   cycle wrote them.
+7. the PodGroup statuses of the groups that changed (after a walk that stopped early, at
+   the next step: its Bindings leave first), and the Queue statuses if due and no cycle
+   wrote them.
 
 After each step the mirror's invariants are checked (:meth:`Session.check`); a broken one
 raises, and the process stops.
@@ -240,8 +241,11 @@ class Session(EventRouting):
                 self.queue_statuses.charge(queues.tree)
                 self._sync_queues(now, out, queues)
                 self.told.keep_blocked(lambda key: key in gangs and bool(gangs[key].blocked))
-            self.reports.statuses(state, now, lambda: Room(state, groups, self.queues, _once(state.snapshot), now),
-                                  out)
+            if out.plan is None or not out.plan.unfinished:
+                # (a walk that stopped early sends its Bindings first: the next step, at
+                # once, writes the statuses of the groups that changed, these included)
+                self.reports.statuses(state, now, lambda: Room(state, groups, self.queues, _once(state.snapshot), now),
+                                      out)
         self._sync_queues(now, out)
         self.check(now)
         return out

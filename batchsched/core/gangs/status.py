@@ -27,7 +27,7 @@ from batchsched.core.gangs.podgroup import (
 from batchsched.core.gangs.upstream import COND_SCHEDULED, K8S
 from batchsched.core.model import Pod
 
-__all__ = ["Tally", "condition_type", "desired_status", "member_order", "runs_whole", "task_of"]
+__all__ = ["Tally", "condition_type", "desired_status", "member_order", "natural", "runs_whole", "task_of"]
 
 _NATURAL = re.compile(r"(\d+)")
 
@@ -68,7 +68,8 @@ class Tally:
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def _natural(name: str) -> tuple[Any, ...]:
+def natural(name: str) -> tuple[Any, ...]:
+    """A name's natural order: ``pod-10`` after ``pod-9``."""
     # isdecimal, not isdigit: "³" is a digit that int() refuses (and \d does not match)
     return tuple([int(p) if p.isdecimal() else p for p in _NATURAL.split(name)])
 
@@ -77,7 +78,7 @@ def member_order(pod: Pod) -> tuple[Any, ...]:
     """Members by priority, age, then name in natural order (``worker-2`` before
     ``worker-10``: an operator creates a job's members together, and their index is the
     order its users read); arrival and UID only keep the order total."""
-    return (-pod.priority, pod.created, _natural(pod.name), pod.arrival, pod.uid)
+    return (-pod.priority, pod.created, natural(pod.name), pod.arrival, pod.uid)
 
 
 def task_of(pod: Pod) -> str:

@@ -96,13 +96,6 @@ class QueueInput:
 
 
 
-_NATURAL = re.compile(r"(\d+)")
-
-
-def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
-
-
 @dataclass(slots=True, frozen=True)
 class QueueSettings:
     """The configuration the book applies (see ``queues`` and ``preemption`` in the config)."""

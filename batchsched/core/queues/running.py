@@ -15,7 +15,6 @@ search of every cycle and the same until the unit's members change.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,26 +26,19 @@ from sortedcontainers import SortedDict
 
 from batchsched.core.devices import GPU_SHARES, MILLI
 from batchsched.core.gangs import ANNOTATION_TASK, GroupBook, PodGroup
+from batchsched.core.gangs.status import natural
 from batchsched.core.mirror import ChargeReader, ClusterState, Snapshot, to_width
 from batchsched.core.model import GPU, Pod, PodUID
 from batchsched.core.plan import QueueName, RunningPod, RunningUnit
 from batchsched.core.queues.assign import QueueProblem
 from batchsched.core.queues.tree import QueueTree
 
-__all__ = ["Held", "RunningBook", "held"]
+__all__ = ["Held", "RunningBook", "held", "natural"]
 
 IntArray = npt.NDArray[np.int64]
 Member = tuple[Pod, int, IntArray]
 QueueOf = Callable[[Sequence[Pod], PodGroup | None, QueueTree], QueueName | QueueProblem | None]
 Protecting = Callable[[Sequence[Pod]], str]
-
-_NATURAL = re.compile(r"(\d+)")
-
-
-def natural(name: str) -> tuple[Any, ...]:
-    """``pod-10`` after ``pod-9``."""
-    return tuple(int(p) if p.isdecimal() else p for p in _NATURAL.split(name))
-
 
 @dataclass(slots=True, frozen=True)
 class Held:
@@ -107,7 +99,7 @@ class RunningBook:
         rows: dict[str, int] = {n.name: i for i, n in enumerate(snap.nodes)}
         width = len(snap.columns)
         changed = self._charges.read(state, basis)
-        dirty = set()
+        dirty: set[str] = set()
         if changed is None:
             self.units.clear()
             self._members.clear()
@@ -115,9 +107,7 @@ class RunningBook:
             self.usage.clear()
             self._held.clear()
             for uid in state.charges:
-                key = self._place(uid, state, groups, rows, width)
-                if key is not None:
-                    dirty.add(key)
+                self._place(uid, state, groups, rows, width)
         else:
             for uid in changed:
                 old = self._unit_of.pop(uid, None)
@@ -128,6 +118,13 @@ class RunningBook:
                 if key is not None:
                     dirty.add(key)
         build = _Builder(snap, groups, tree, now, queue_of, protecting)
+        if changed is None:  # every unit anew: sorted once, not inserted one by one
+            built = {key: build(key, list(members.values()), self._group_of(groups, members))
+                     for key, members in self._members.items()}
+            self.units.update(built)  # (cleared above)
+            for unit in built.values():
+                self._count(unit, 1)
+            return list(self.units.values())
         for key in dirty:
             self._held.pop(key, None)
             old_unit = self.units.pop(key, None)
