@@ -108,7 +108,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from batchsched.core.placement import kernels
+from batchsched.core.placement import kernels, reference
 from batchsched.core.placement.problem import Place, PlacementProblem
 from batchsched.core.placement.scoring import ScoringArrays
 from batchsched.core.plan import QueueName, RunningPod, RunningUnit, Victim, VictimKind
@@ -584,6 +584,13 @@ class _Search:
         self.core = np.ascontiguousarray(p.reqs[:mc], dtype=np.int64)
         self.core_sig = np.ascontiguousarray(p.sig[:mc], dtype=np.int64)
         self.x = self.core.sum(axis=0)
+        #: more room never places fewer of the quorum: its members are alike (one request,
+        #: one mask), none asks for cards, and the bare kernel (or its twin) places them,
+        #: each wherever room is left, so how many it places is what each node has room
+        #: for, summed, whatever the order (:meth:`_fallback`)
+        self.by_room = (place in (kernels.place, reference.place) and bool((self.core == self.core[0]).all())
+                        and bool((self.core_sig == self.core_sig[0]).all())
+                        and not reference.asks_cards(self.core[0].tolist(), scoring.device.tolist()))
         self.columns = tree.columns if tree is not None else ()
         self.valid = p.queue is None or (tree is not None and tree.leaf_problem(p.queue) is None)
         self.managed: BoolArray = np.zeros(used.shape[1], dtype=np.bool_)
@@ -974,8 +981,12 @@ class _Search:
         pieces dropped one by one while enough room is still freed in all."""
         everything = self._one_per_unit(candidates)
         chosen = _Sums(everything)
-        if self._passes(chosen):
+        failure = "quota" if self._hopeless(chosen) else self._check(chosen)[0]
+        if not failure:
             return everything
+        if failure == "place" and self.by_room:
+            # every set frees at most this much room on each node: none places the quorum
+            return None
         if len(candidates) <= EXHAUSTIVE_PIECES:
             return self._exhaustive(candidates, None, None, checks=FALLBACK_CHECKS)
         short = self._short()

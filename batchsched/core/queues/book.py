@@ -24,7 +24,6 @@ Pure, like the rest of :mod:`batchsched.core`: the time is passed in.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +50,7 @@ from batchsched.core.queues.assign import QueueProblem, assign_queue
 from batchsched.core.queues.fair import UsageHistory, queue_rank
 from batchsched.core.queues.kueue import kueue_managed
 from batchsched.core.queues.running import RunningBook
-from batchsched.core.queues.spec import StopPolicy
+from batchsched.core.queues.spec import QUEUE_LABEL, StopPolicy
 from batchsched.core.queues.tree import QueueTree
 
 __all__ = ["QueueBook", "QueueInput", "QueueSettings"]
@@ -156,6 +155,10 @@ class QueueBook:
         self._running = RunningBook()
         #: the queue tree's structure (no usage), at a generation of the queues
         self._structure: tuple[int, QueueTree] | None = None
+        #: the queue each reading of a unit's labels gives (:meth:`queue_of`), in one tree
+        #: at one :attr:`generation`
+        self._assigned: tuple[QueueTree | None, int, dict[tuple[str, str | None, str], QueueName | QueueProblem | None]] = (
+            None, -1, {})
         #: the snapshot rows of nodes that take no GPU work, at a node generation
         self._sick: tuple[int, npt.NDArray[np.intp]] = (-1, np.zeros(0, dtype=np.intp))
 
@@ -243,19 +246,25 @@ class QueueBook:
     ) -> QueueName | QueueProblem | None:
         if kueue_managed(pods):
             return None  # Kueue owns its quota: charged to none of ours
-        labels: Mapping[str, str] = {}
-        if group is not None and group.labels.get("batchsched.io/queue"):
-            labels = group.labels
+        if group is not None and group.labels.get(QUEUE_LABEL):
+            named = group.labels[QUEUE_LABEL]
         else:
-            labels = next((p.labels for p in pods if p.labels.get("batchsched.io/queue")), {})
+            named = next((name for p in pods if (name := p.labels.get(QUEUE_LABEL))), "")
         namespace = group.namespace if group is not None else (pods[0].namespace if pods else "")
-        return assign_queue(
-            labels=labels,
-            podgroup_queue=group.queue or None if group is not None and group.api == VOLCANO else None,
-            namespace_labels=self.namespaces.get(namespace),
-            default_queue=self.settings.default_queue or None,
-            tree=tree,
-        )
+        volcano = group.queue or None if group is not None and group.api == VOLCANO else None
+        # what decides the queue is read above; the same reading gives the same queue in
+        # one tree (thousands of units share a few): kept for the last tree asked about
+        if self._assigned[0] is not tree or self._assigned[1] != self.generation:
+            self._assigned = (tree, self.generation, {})
+        key = (named, volcano, namespace)
+        assigned = self._assigned[2]
+        if key not in assigned:
+            assigned[key] = assign_queue(
+                labels={QUEUE_LABEL: named} if named else {}, podgroup_queue=volcano,
+                namespace_labels=self.namespaces.get(namespace), default_queue=self.settings.default_queue or None,
+                tree=tree,
+            )
+        return assigned[key]
 
     def prepare(
         self,
