@@ -184,6 +184,34 @@ def test_the_cache_gives_a_new_unit_its_own_pieces() -> None:
     assert isinstance(second, Preemption) and [len(v.pods) for v in second.victims] == [2]
 
 
+@st.composite
+def borrowers_near_nominal(draw: st.DrawFn) -> tuple[World, Preemptor]:
+    """Queues of one cohort that borrow a little: many one-pod units of ``b`` and ``c``,
+    each queue's nominal a few GPUs below its use, and a preemptor of ``a`` (within its
+    nominal) asking more than they borrow: evicting every candidate takes a victim queue
+    below its nominal, and the search drops pieces until no queue is (or none places)."""
+    nodes = draw(st.lists(st.sampled_from([4, 8]), min_size=2, max_size=4))
+    used = {"b": draw(st.integers(5, 12)), "c": draw(st.integers(0, 8))}
+    over = {q: draw(st.integers(0, 3)) for q in used}
+    objs = [queue_obj("org"), queue_obj("a", "org", nominal=sum(nodes))]
+    objs += [queue_obj(q, "org", nominal=max(0, used[q] - over[q])) for q in used]
+    world = World(nodes, QueueTree.from_objects(objs, COLUMNS))
+    k = 0
+    for q, count in used.items():
+        for _ in range(count):
+            start_unit(draw, world, f"r{k}", q, [1])
+            k += 1
+    p = preemptor("p", "a", draw(st.lists(st.integers(1, 8), min_size=1, max_size=3)), nodes=len(nodes),
+                  priority=draw(st.sampled_from([2, 4])))
+    return world, p
+
+
+@SAME
+@given(case=borrowers_near_nominal())
+def test_reclaim_from_queues_just_above_their_nominal_gives_the_twins_answer(case: tuple[World, Preemptor]) -> None:
+    event(outcome(same_answer(*case)))
+
+
 def test_the_bounds_leave_the_reason_of_the_full_search() -> None:
     """A queue over its nominal even with all its own work gone cannot reclaim: no set
     works, and the reason names what the full search ends with."""

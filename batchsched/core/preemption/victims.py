@@ -826,18 +826,27 @@ class _Search:
 
     def _below_nominal(self, sums: _Sums) -> str | None:
         """Rule "never below nominal" for the reclaim victims' queues."""
+        q = self._taken_below(sums)
+        if q is None:
+            return None
+        used, nominal = self._queue_arrays(q)
+        bad = self.managed & (used > nominal) & (used - sums.removed[q] < nominal)
+        c = int(np.argmax(bad))
+        res = self.columns[c]
+        return f"evicting it would take queue {q} below its nominal {format_units(res, int(nominal[c]))} {res}"
+
+    def _taken_below(self, sums: _Sums) -> str | None:
+        """The first reclaim victims' queue (by name) the set takes below its nominal in
+        a resource it borrows; None when none."""
         for q in sorted(sums.reclaimed):
-            used, nominal = self._queue_arrays(q)
-            borrowing = self.managed & (used > nominal)
-            bad = borrowing & (used - sums.removed[q] < nominal)
-            if bad.any():
-                c = int(np.argmax(bad))
-                res = self.columns[c]
-                return (
-                    f"evicting it would take queue {q} below its nominal "
-                    f"{format_units(res, int(nominal[c]))} {res}"
-                )
+            if self._below(sums, q):
+                return q
         return None
+
+    def _below(self, sums: _Sums, q: str) -> bool:
+        """Whether the set takes queue ``q`` below its nominal in a resource it borrows."""
+        used, nominal = self._queue_arrays(q)
+        return bool((self.managed & (used > nominal) & (used - sums.removed[q] < nominal)).any())
 
     def _hopeless(self, sums: _Sums) -> bool:
         """Whether the bounds already say that the set fails the quota check."""
@@ -993,14 +1002,18 @@ class _Search:
         freed = np.zeros(self.used.shape[1], dtype=np.int64)
         for pc in everything:
             freed += self._in_reach(pc)
+        below: str | None = None  # a queue the set takes below its nominal
         for pc in reversed(everything):
             rest = freed - self._in_reach(pc)
             if len(chosen) == 1 or bool((rest < short).any()):
                 continue
             chosen.drop(pc)
             freed = rest
+            if below is not None and below in chosen.reclaimed and (pc.unit.queue != below or self._below(chosen, below)):
+                continue  # that queue is still taken below its nominal: the set fails
             if self._passes(chosen):
                 return chosen.pieces
+            below = self._taken_below(chosen) if chosen.reclaimed and self.p.queue is not None and self.tree is not None else None
         return None
 
     def _short(self) -> IntArray:
