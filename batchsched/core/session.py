@@ -355,7 +355,9 @@ class Session(EventRouting):
     def schedulable_units(self, now: float, snapshot: Callable[[], Snapshot] | None = None) -> list[Unit]:
         """The units worth trying at ``now`` (:meth:`~batchsched.core.books.backlog.Backlog.units`);
         ``snapshot()``: the step's snapshot."""
-        first = self.cycle.walks == 0 and self.cycle.first_walk_budget is not None
+        # a first walk that stops early (the scheduler's): it is handed the queues' heads
+        first = self.cycle.walks == 0 and self.settings.first_walk_budget is not None \
+            and self.settings.walk_budget is not None
         return self.backlog.units(
             now, state=self.state, groups=self.groups, queues=self.queues, nominated=self.nominations,
             snapshot=snapshot or _once(self.state.snapshot), restored=self.nominations.restored,

@@ -82,8 +82,8 @@ class SessionSettings:
     #: as a session built alone (a test, a replay) walks; the scheduler's configuration
     #: sets FIRST_WALK_BUDGET. Ignored when ``walk_budget`` is None
     first_walk_budget: float | None = None
-    #: how many gangs of each queue (in its order) that first walk, when it has a budget, is
-    #: handed: building every waiting gang would cost more than the walk, which stops at its
-    #: first placement (the next step builds them all and walks on; see
-    #: :mod:`batchsched.core.queues.heads`)
+    #: how many gangs of each queue (in its order), and members of each class of alike
+    #: single pods, that first walk is handed when ``first_walk_budget`` is set: building
+    #: every waiting gang would cost more than the walk, which stops at its first placement
+    #: (the next step, at once, is handed everything; see :mod:`batchsched.core.queues.heads`)
     first_walk_heads: int = FIRST_WALK_HEADS

@@ -433,7 +433,7 @@ def _queues_c_qa_qb_qs(session: Session) -> None:
                              st.sampled_from(("", "qa", "qb", "qs")), st.integers(0, 90), st.booleans()),
                    min_size=1, max_size=12),
     pods=st.lists(st.tuples(st.integers(0, len(SHAPES) - 1), st.sampled_from((0, 5, 9)),
-                            st.sampled_from(("", "qa", "qb"))), max_size=8),
+                            st.sampled_from(("", "qa", "qb")), st.integers(1, 2)), max_size=6),
     heads=st.integers(1, 3),
     aging=st.booleans(),
     reserve=st.booleans(),
@@ -442,17 +442,23 @@ def _queues_c_qa_qb_qs(session: Session) -> None:
 @example(nodes=[2], running=[(0, 1, 0, "qb")], gangs=[(2, 2, 0, "qa", 0, False), (2, 2, 0, "qa", 1, False),
                                                       (1, 1, 0, "qa", 10, False), (1, 1, 0, "qb", 5, False)],
          pods=[], heads=2, aging=False, reserve=False)
+# a class of qa cut at its first member, which reclaims a GPU of qb; its second takes the
+# free one (handed over, or with the walk stopped at the cut, at the next step)
+@example(nodes=[4, 5], running=[(0, 4, 0, "qb"), (1, 4, 0, "qb")],
+         gangs=[(1, 1, 0, "", 0, True), (1, 1, 0, "", 0, True), (1, 1, 0, "", 0, True), (1, 2, 0, "", 0, False)],
+         pods=[(0, 0, "qa", 2)], heads=1, aging=False, reserve=False)
 def test_a_first_cycle_handed_the_heads_of_its_queues_binds_and_evicts_what_one_walk_does(
     nodes: list[int], running: list[tuple[int, int, int, str]], gangs: list[tuple[int, int, int, str, int, bool]],
-    pods: list[tuple[int, int, str]], heads: int, aging: bool, reserve: bool,
+    pods: list[tuple[int, int, str, int]], heads: int, aging: bool, reserve: bool,
 ) -> None:
     """A start's first cycle is handed, of each queue's gangs, only the first ``heads`` in
     the queue's order (priority, age; with aging on, those waiting past ``maxWait`` first),
-    and stops before a queue's next unit would come after the last one built. Where it
-    meets the other policies (gangs of several queues and unqueued ones, priorities,
-    gangs short of members, a stopped queue, single pods, running pods a gang may preempt
-    or reclaim, reservations): the steps that follow at once bind and evict, all told,
-    what one walk over every unit does."""
+    of each class of alike single pods its first ``heads`` members, and stops before a
+    queue's next unit would come after the last one handed over. Where it meets the other
+    policies (gangs of several queues and unqueued ones, priorities, gangs short of
+    members, a stopped queue, classes of single pods, running pods a gang may preempt or
+    reclaim, reservations): the steps that follow at once bind and evict, all told, what
+    one walk over every unit does."""
     no_budget = QueueSettings(max_search_seconds=math.inf, max_wait=50.0 if aging else 0.0)
     policy = ReservationSettings(enabled=reserve)
     quick = Session(SessionSettings(first_walk_budget=0.0, first_walk_heads=heads, queues=no_budget, reservation=policy))
@@ -477,16 +483,23 @@ def test_a_first_cycle_handed_the_heads_of_its_queues_binds_and_evicts_what_one_
                 pod = make_pod(f"g{j}-{m}").uid(f"g{j}-{m}").group(f"g{j}").priority(priority).created(T0 + age)
                 session.on_pod("ADDED", parse_pod(pod.label({"batchsched.io/queue": q} if q else {})
                                                   .req(cpu="1", **{GPU: str(gpus)}).obj()))
-        for k, (shape, priority, q) in enumerate(pods):
-            asks = {**SHAPES[shape], "cpu": SHAPES[shape]["cpu"] + k}  # each a class of its own
-            session.on_pod("ADDED", Pod(uid=PodUID(f"p{k}"), namespace="default", name=f"p{k:02d}", priority=priority,
-                                        created=T0 + 30 + k, requests=asks,
-                                        labels={"batchsched.io/queue": q} if q else {}))
+        for k, (shape, priority, q, alike) in enumerate(pods):
+            # each entry a class of its own, of two members at most: a class of more is also
+            # cut to what fits when it is handed over, and after a stop less fits than before
+            asks = {**SHAPES[shape], "cpu": SHAPES[shape]["cpu"] + k}
+            for c in range(alike):
+                session.on_pod("ADDED", Pod(uid=PodUID(f"p{k}-{c}"), namespace="default", name=f"p{k:02d}-{c}",
+                                            priority=priority, created=T0 + 30 + k + 7 * c, requests=dict(asks),
+                                            labels={"batchsched.io/queue": q} if q else {}))
+    # the steps that run at once share their time (a pod bound a moment later than its
+    # twin of the one walk would be a cheaper victim of the next search); after the steps
+    # that stand for the one walk, as many more of each (a preemptor is placed on what its
+    # victims free in a later step)
     steps = [quick.step(T0 + 100)]
     while steps[-1].again and len(steps) < 60:
-        steps.append(quick.step(T0 + 100 + 0.01 * len(steps)))
-    ones = [whole.step(T0 + 100 + 0.01 * k) for k in range(len(steps) + 2)]
-    steps += [quick.step(T0 + 100 + 0.01 * k) for k in range(len(steps), len(steps) + 2)]
+        steps.append(quick.step(T0 + 100))
+    ones = [whole.step(T0 + 100) for _ in range(4)]
+    steps += [quick.step(T0 + 100) for _ in range(3)]
     assert sorted((b.uid, b.node) for s in steps for b in s.binds) == sorted((b.uid, b.node) for s in ones for b in s.binds)
     assert sorted(e.uid for s in steps for e in s.evictions) == sorted(e.uid for s in ones for e in s.evictions)
 

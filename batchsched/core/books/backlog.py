@@ -17,6 +17,7 @@ cycle which classes and gangs failed (to be told so).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -40,7 +41,8 @@ from batchsched.core.plan import Plan, QueueName, Unit, UnitResult, UnitStatus, 
 from batchsched.core.preemption import Room
 from batchsched.core.queues import QUEUE_LABEL, QueueBook
 from batchsched.core.queues.fair import Place
-from batchsched.core.queues.heads import first_heads
+from batchsched.core.queues.heads import first_heads, narrowed, single_place
+from batchsched.core.queues.tree import QueueTree
 from batchsched.core.requeue import WaitBook
 from batchsched.core.reservation import RESERVED
 
@@ -80,8 +82,8 @@ class Backlog:
         self._turned_classes: set[Any] = set()
         #: classes of single pods cut short in this step: how many members were handed over
         self._cut: dict[Any, tuple[float, int, str]] = {}
-        #: the queues whose gangs were not all built in this step (only their first ones: a
-        #: first step's heads), and the place in each after which none was
+        #: the queues whose units were not all handed over in this step (only their first
+        #: ones: a first step's heads), and the place in each after which none was
         self.limits: Mapping[QueueName | None, Place] = {}
 
     # -- what changed ------------------------------------------------------------------------
@@ -276,15 +278,18 @@ class Backlog:
         blocked, to be told so); and every unit holding a nomination (``nominated``), asleep
         or not. ``snapshot()``: the step's snapshot; ``restored``: the nominations of before
         a start were looked at (else pods nominated then are tried too). ``heads``: of the
-        gangs awake, only the first ``heads`` of each queue (:mod:`batchsched.core.queues.heads`;
-        :attr:`limits` says where each queue's were cut)."""
+        gangs awake only the first ``heads`` of each queue, of each class its first
+        ``heads`` members at most (:mod:`batchsched.core.queues.heads`; :attr:`limits`
+        says where each queue was cut)."""
         self.gangs.new_step()
         units: list[Unit] = []
         seen: set[PodUID] = set()
         self._cut = {}
+        self.limits = {}
         fits = _fitter(snapshot)
+        tree = functools.cache(lambda: queues.tree(snapshot().columns))
 
-        def hand(ckey: Any, members: Any) -> None:
+        def hand(ckey: Any, members: Any, heads: int | None = None) -> None:
             limit = len(members)
             if limit > 2:
                 fit = fits(members[0].requests)
@@ -292,13 +297,22 @@ class Backlog:
                 if 0 <= fit < limit - 2:
                     limit = fit + 2
                     self._cut[ckey] = arrival_order(members[limit - 1])
+            if heads is not None and heads < limit:
+                # the first step's heads: the class's first members (alike: the class's
+                # word is shared as when cut to what fits), and where its queue is cut
+                limit = heads
+                last = members[limit - 1]
+                self._cut[ckey] = arrival_order(last)
+                found = single_place(last, queues, tree(), now)
+                if found is not None:
+                    self.limits = narrowed(self.limits, *found)
             for pod in members.islice(0, limit):
                 seen.add(pod.uid)
                 units.append(single_unit(pod))
 
         for ckey, members in self.singles.items():
             if not self.waits.asleep(("class", ckey), now, self.retry):
-                hand(ckey, members)
+                hand(ckey, members, heads)
         for key in nominated:
             uid = state.by_name.get(tuple(key.split("/", 1)))  # type: ignore[arg-type]
             if uid is not None and uid not in seen and self.singles.class_of(uid) is not None:
@@ -309,7 +323,7 @@ class Backlog:
             for uid in self.singles.nominated(seen):
                 units.append(single_unit(state.pending[uid]))
         room = Room(state, groups, queues, snapshot, now)
-        units.extend(self._gangs(now, state, groups, queues, room, nominated, fits, snapshot, heads))
+        units.extend(self._gangs(now, state, groups, queues, room, nominated, fits, tree, heads))
         before = len(units)
         self._turn(now, units, hand, seen, state=state, groups=groups, queues=queues, room=room,
                    nominated=nominated, snapshot=snapshot, fits=fits)
@@ -347,7 +361,7 @@ class Backlog:
             units.extend(self._gang_turns(gang_turns, now, state, groups, room, nominated, fits))
 
     def _gangs(self, now: float, state: ClusterState, groups: GroupBook, queues: QueueBook, room: Room,
-               nominated: Mapping[str, Any], fits: Fits, snapshot: Callable[[], Snapshot],
+               nominated: Mapping[str, Any], fits: Fits, tree: Callable[[], QueueTree],
                heads: int | None) -> list[Unit]:
         """The gangs to hand to the cycle: those awake (with ``heads``, the first of each
         queue), and of each class of alike gangs only the oldest that could fit and one
@@ -360,12 +374,11 @@ class Backlog:
         def want(key: str) -> bool:
             return key in nominated or (key not in skip and not asleep(key))
 
-        self.limits = {}
         if heads is not None:
-            first = first_heads(groups, state, queues, queues.tree(snapshot().columns), now=now, per_queue=heads,
-                                want=want)
+            first = first_heads(groups, state, queues, tree(), now=now, per_queue=heads, want=want)
             if first.limits:
-                self.limits = first.limits
+                for q, place in first.limits.items():
+                    self.limits = narrowed(self.limits, q, place)
 
                 def want(key: str) -> bool:
                     return key in nominated or key in first.keys

@@ -299,31 +299,35 @@ class GroupBook:
 
     def _tally(self, group: PodGroup, state: ClusterState) -> Tally:
         t = Tally()
+        pods, assumed, pending, ours = state.pods, state.assumed, state.pending, state.ours
+        by_task = t.placed_by_task
         for uid in self.member_uids(group):
-            pod = state.pods.get(uid)
+            pod = pods.get(uid)
             if pod is None:
                 continue
-            if not state.ours(pod):
+            if not ours(pod):
                 t.foreign += 1
                 continue
-            if pod.phase == "Running":
+            phase = pod.phase
+            if phase == "Running":
                 t.running += 1
-            if uid in state.assumed or pod.holds_resources:
+            bound = pod.holds_resources
+            if bound or uid in assumed:
                 t.holding.append(pod)
-                if pod.holds_resources:
+                if bound:
                     t.bound.append(pod)
-            elif pod.phase == "Succeeded":
+            elif phase == "Succeeded":
                 t.succeeded += 1
-            elif pod.phase == "Failed":
+            elif phase == "Failed":
                 t.failed += 1
                 continue
-            elif uid in state.pending:
+            elif uid in pending:
                 t.pending.append(pod)
                 continue
             else:
                 continue
             task = task_of(pod)
-            t.placed_by_task[task] = t.placed_by_task.get(task, 0) + 1
+            by_task[task] = by_task.get(task, 0) + 1
         return t
 
     # -- priority, timers ------------------------------------------------------------------

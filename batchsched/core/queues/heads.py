@@ -11,6 +11,9 @@ the walk tries before that comes, in its queue, before every gang left out, so t
 the beginning of the walk over everything; the next step, at once, builds every gang and
 takes the walk up.
 
+Classes of single pods are handed over the same way, their first ``per_queue`` members
+each (:func:`single_place` gives the limit where a class is cut).
+
 A gang's place is read without building its unit: its priority, creation, arrival and UID
 as its unit has them (:func:`~batchsched.core.queues.fair.within_order`), its queue from its
 PodGroup and members' labels. Left out of the first step, and told at the next: gangs held
@@ -36,7 +39,7 @@ from batchsched.core.queues.fair import Place, within_order
 from batchsched.core.queues.spec import QUEUE_LABEL
 from batchsched.core.queues.tree import QueueTree
 
-__all__ = ["Heads", "first_heads"]
+__all__ = ["Heads", "first_heads", "narrowed", "single_place"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +90,23 @@ def _queues_differ(group: PodGroup, pods: Sequence[Pod]) -> bool:
     named.discard(None)
     named.discard("")
     return len(named) > 1
+
+
+def single_place(pod: Pod, queues: QueueBook, tree: QueueTree, now: float) -> tuple[QueueName | None, Place] | None:
+    """The queue and place of a single pod; None when its queue is unknown or unusable
+    (refused whatever its place)."""
+    q = queues.queue_of((pod,), None, tree)
+    if isinstance(q, QueueProblem):
+        return None
+    max_wait = queues.settings.max_wait or None
+    return q, within_order(pod.priority, pod.created, pod.arrival, pod.uid,
+                          aged=max_wait is not None and now - pod.created > max_wait)
+
+
+def narrowed(limits: Mapping[QueueName | None, Place], queue: QueueName | None,
+             place: Place) -> dict[QueueName | None, Place]:
+    """``limits`` with ``queue``'s the earlier of its own and ``place``."""
+    out = dict(limits)
+    if queue not in out or place < out[queue]:
+        out[queue] = place
+    return out
