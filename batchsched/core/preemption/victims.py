@@ -931,7 +931,8 @@ class _Search:
             if same is not None:
                 chosen.drop(same)
             chosen.add(pc)
-            if pc.kind is VictimKind.RECLAIM and self._below_nominal(chosen) is not None:
+            # (only its queue may go below its nominal: an addition that took one there was undone)
+            if pc.kind is VictimKind.RECLAIM and self._below(chosen, pc.unit.queue):  # type: ignore[arg-type]
                 chosen.drop(pc)
                 if same is not None:
                     chosen.add(same)
