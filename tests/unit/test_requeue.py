@@ -285,6 +285,33 @@ def test_a_first_cycle_that_stops_at_its_first_placement_binds_in_its_steps_what
     assert got == sorted((b.uid, b.node) for b in whole.step(T0 + 100).binds)
 
 
+def _queues_c_qa_qb_qs(session: Session) -> None:
+    """qa and qb (4 GPUs nominal each) share a cohort; qs (8) is stopped (``Hold``)."""
+    session.on_queues_listed([
+        {"metadata": {"name": "c", "uid": "q-c", "resourceVersion": "1"}, "spec": {}},
+        {"metadata": {"name": "qa", "uid": "q-qa", "resourceVersion": "1"},
+         "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
+        {"metadata": {"name": "qb", "uid": "q-qb", "resourceVersion": "1"},
+         "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
+        {"metadata": {"name": "qs", "uid": "q-qs", "resourceVersion": "1"},
+         "spec": {"stopPolicy": "Hold", "resources": [{"name": GPU, "nominal": "8"}]}},
+    ])
+
+
+def _nodes_running(session: Session, nodes: list[int], running: list[tuple[int, int, int, str]]) -> None:
+    """Nodes of ``nodes`` GPUs; each running pod ``(node, gpus, priority, queue)`` that fits."""
+    for i, gpus in enumerate(nodes):
+        session.on_node("ADDED", Node(name=NodeName(f"n{i}"), uid=f"n{i}", allocatable={"cpu": 8000, "pods": 110, GPU: gpus}))
+    free = list(nodes)
+    for k, (node, gpus, priority, q) in enumerate(running):
+        if node >= len(nodes) or free[node] < gpus:
+            continue
+        free[node] -= gpus
+        session.on_pod("ADDED", Pod(uid=PodUID(f"r{k}"), namespace="default", name=f"r{k:02d}", priority=priority,
+                                    created=T0 - 100, requests={"cpu": 1000, GPU: gpus}, node_name=f"n{node}",
+                                    phase="Running", started=T0 - 90, labels={"batchsched.io/queue": q} if q else {}))
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     nodes=st.lists(st.integers(1, 8), min_size=1, max_size=4),
@@ -325,27 +352,8 @@ def test_a_first_cycle_cut_short_preempts_and_holds_queues_as_one_walk_does(
     members = [parse_pod(make_pod(f"g{m}").uid(f"g{m}").group("g").priority(9).label({"batchsched.io/queue": "qa"}).req(cpu="1", **{GPU: "1"})
                          .created(T0).obj()) for m in range(gang)]
     for session in (quick, whole):
-        session.on_queues_listed([
-            {"metadata": {"name": "c", "uid": "q-c", "resourceVersion": "1"}, "spec": {}},
-            {"metadata": {"name": "qa", "uid": "q-qa", "resourceVersion": "1"},
-             "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
-            {"metadata": {"name": "qb", "uid": "q-qb", "resourceVersion": "1"},
-             "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
-            {"metadata": {"name": "qs", "uid": "q-qs", "resourceVersion": "1"},
-             "spec": {"stopPolicy": "Hold", "resources": [{"name": GPU, "nominal": "8"}]}},
-        ])
-        for i, gpus in enumerate(nodes):
-            session.on_node("ADDED", Node(name=NodeName(f"n{i}"), uid=f"n{i}",
-                                          allocatable={"cpu": 8000, "pods": 110, GPU: gpus}))
-        free = list(nodes)
-        for k, (node, gpus, priority, q) in enumerate(running):
-            if node >= len(nodes) or free[node] < gpus:
-                continue
-            free[node] -= gpus
-            session.on_pod("ADDED", Pod(uid=PodUID(f"r{k}"), namespace="default", name=f"r{k:02d}", priority=priority,
-                                        created=T0 - 100, requests={"cpu": 1000, GPU: gpus}, node_name=f"n{node}",
-                                        phase="Running", started=T0 - 90,
-                                        labels={"batchsched.io/queue": q} if q else {}))
+        _queues_c_qa_qb_qs(session)
+        _nodes_running(session, nodes, running)
         if gang:
             session.on_podgroup("ADDED", make_group("g").min_member(gang).build())
         for pod in members:
@@ -411,19 +419,6 @@ def test_a_first_cycle_cut_short_puts_gpu_shares_on_the_cards_one_walk_does(
     assert got == sorted((b.uid, b.node, b.cards) for b in one.binds)
     assert all(b.cards for b in one.binds)  # each placed on cards, not on the node alone
 
-def _queues_c_qa_qb_qs(session: Session) -> None:
-    """qa and qb (4 GPUs nominal each) share a cohort; qs (8) is stopped (``Hold``)."""
-    session.on_queues_listed([
-        {"metadata": {"name": "c", "uid": "q-c", "resourceVersion": "1"}, "spec": {}},
-        {"metadata": {"name": "qa", "uid": "q-qa", "resourceVersion": "1"},
-         "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
-        {"metadata": {"name": "qb", "uid": "q-qb", "resourceVersion": "1"},
-         "spec": {"parent": "c", "resources": [{"name": GPU, "nominal": "4"}]}},
-        {"metadata": {"name": "qs", "uid": "q-qs", "resourceVersion": "1"},
-         "spec": {"stopPolicy": "Hold", "resources": [{"name": GPU, "nominal": "8"}]}},
-    ])
-
-
 @settings(max_examples=150, deadline=None)
 @given(
     nodes=st.lists(st.integers(1, 8), min_size=1, max_size=4),
@@ -465,18 +460,7 @@ def test_a_first_cycle_handed_the_heads_of_its_queues_binds_and_evicts_what_one_
     whole = Session(SessionSettings(walk_budget=None, queues=no_budget, reservation=policy))
     for session in (quick, whole):
         _queues_c_qa_qb_qs(session)
-        for i, gpus in enumerate(nodes):
-            session.on_node("ADDED", Node(name=NodeName(f"n{i}"), uid=f"n{i}",
-                                          allocatable={"cpu": 8000, "pods": 110, GPU: gpus}))
-        free = list(nodes)
-        for k, (node, gpus, priority, q) in enumerate(running):
-            if node >= len(nodes) or free[node] < gpus:
-                continue
-            free[node] -= gpus
-            session.on_pod("ADDED", Pod(uid=PodUID(f"r{k}"), namespace="default", name=f"r{k:02d}", priority=priority,
-                                        created=T0 - 100, requests={"cpu": 1000, GPU: gpus}, node_name=f"n{node}",
-                                        phase="Running", started=T0 - 90,
-                                        labels={"batchsched.io/queue": q} if q else {}))
+        _nodes_running(session, nodes, running)
         for j, (size, gpus, priority, q, age, short) in enumerate(gangs):
             session.on_podgroup("ADDED", make_group(f"g{j}").min_member(size).created(T0 + age).build())
             for m in range(size - 1 if short else size):  # short: a member still to come
