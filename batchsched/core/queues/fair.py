@@ -170,7 +170,7 @@ class FairOrder(Generic[U]):
 
     ``limits``: per queue, the last place (:func:`within_order`) up to which its units were
     all handed over (the units after it were not built, see
-    :mod:`batchsched.core.books.heads`). The order ends, with :attr:`cut_short` set, as soon
+    :mod:`batchsched.core.queues.heads`). The order ends, with :attr:`cut_short` set, as soon
     as such a queue's next unit would come after its limit (or it has none left): which
     queue goes next then depends on a unit that is not here.
     """
