@@ -33,8 +33,9 @@ A step (:meth:`Session.step`), in order:
    work evicted;
 4. the backlog: the sleepers the events since the last step woke; the units worth trying
    (each class or gang that failed is skipped until something changed or the retry
-   interval passed; in the first cycle, only the first gangs of each queue are built:
-   :mod:`batchsched.core.queues.heads`); the pods that joined a sleeping class are told its word;
+   interval passed; in the first cycle, only the first gangs of each queue and the first
+   members of each class: :mod:`batchsched.core.queues.heads`); the pods that joined a
+   sleeping class are told its word;
 5. the nominations: restored after a start, those expired or of a stopped queue given up
    (their preemptors told), the rest charged; then the cycle;
 6. its plan followed up: each binding assumed; the pods not placed told why, the classes

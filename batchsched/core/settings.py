@@ -26,7 +26,8 @@ WALK_BUDGET = 0.3
 #: the walk budget of a scheduler's first cycle, in seconds (the configuration's
 #: ``cycle.firstWalkBudgetSeconds``, :attr:`SessionSettings.first_walk_budget`)
 FIRST_WALK_BUDGET = 0.05
-#: the gangs of each queue a first walk with a budget is handed (:attr:`SessionSettings.first_walk_heads`)
+#: the gangs of each queue, and members of each class, a first walk with a budget is handed
+#: (:attr:`SessionSettings.first_walk_heads`)
 FIRST_WALK_HEADS = 16
 
 

@@ -584,13 +584,6 @@ class _Search:
         self.core = np.ascontiguousarray(p.reqs[:mc], dtype=np.int64)
         self.core_sig = np.ascontiguousarray(p.sig[:mc], dtype=np.int64)
         self.x = self.core.sum(axis=0)
-        #: more room never places fewer of the quorum: its members are alike (one request,
-        #: one mask), none asks for cards, and the bare kernel (or its twin) places them,
-        #: each wherever room is left, so how many it places is what each node has room
-        #: for, summed, whatever the order (:meth:`_fallback`)
-        self.by_room = (place in (kernels.place, reference.place) and bool((self.core == self.core[0]).all())
-                        and bool((self.core_sig == self.core_sig[0]).all())
-                        and not reference.asks_cards(self.core[0].tolist(), scoring.device.tolist()))
         self.columns = tree.columns if tree is not None else ()
         self.valid = p.queue is None or (tree is not None and tree.leaf_problem(p.queue) is None)
         self.managed: BoolArray = np.zeros(used.shape[1], dtype=np.bool_)
@@ -829,9 +822,8 @@ class _Search:
         q = self._taken_below(sums)
         if q is None:
             return None
-        used, nominal = self._queue_arrays(q)
-        bad = self.managed & (used > nominal) & (used - sums.removed[q] < nominal)
-        c = int(np.argmax(bad))
+        nominal = self._queue_arrays(q)[1]
+        c = int(np.argmax(self._below_in(sums, q)))
         res = self.columns[c]
         return f"evicting it would take queue {q} below its nominal {format_units(res, int(nominal[c]))} {res}"
 
@@ -845,8 +837,21 @@ class _Search:
 
     def _below(self, sums: _Sums, q: str) -> bool:
         """Whether the set takes queue ``q`` below its nominal in a resource it borrows."""
+        return bool(self._below_in(sums, q).any())
+
+    def _below_in(self, sums: _Sums, q: str) -> BoolArray:
+        """The columns the set takes queue ``q`` below its nominal in, of those it borrows."""
         used, nominal = self._queue_arrays(q)
-        return bool((self.managed & (used > nominal) & (used - sums.removed[q] < nominal)).any())
+        return self.managed & (used > nominal) & (used - sums.removed[q] < nominal)
+
+    def _by_room(self) -> bool:
+        """Whether more room never places fewer of the quorum: its members are alike (one
+        request, one mask), none asks for cards, and the bare kernel (or its twin) places
+        them, each wherever room is left, so how many it places is what each node has room
+        for, summed, whatever the order."""
+        return (self.place in (kernels.place, reference.place) and bool((self.core == self.core[0]).all())
+                and bool((self.core_sig == self.core_sig[0]).all())
+                and not reference.asks_cards(self.core[0].tolist(), self.scoring.device.tolist()))
 
     def _hopeless(self, sums: _Sums) -> bool:
         """Whether the bounds already say that the set fails the quota check."""
@@ -994,7 +999,7 @@ class _Search:
         failure = "quota" if self._hopeless(chosen) else self._check(chosen)[0]
         if not failure:
             return everything
-        if failure == "place" and self.by_room:
+        if failure == "place" and self._by_room():
             # every set frees at most this much room on each node: none places the quorum
             return None
         if len(candidates) <= EXHAUSTIVE_PIECES:

@@ -56,7 +56,6 @@ def first_heads(
 ) -> Heads:
     """Of the waiting gangs ``want(key)`` says, the first ``per_queue`` of each queue (and
     those always built), with the limits of the queues that have more."""
-    max_wait = queues.settings.max_wait or None
     lines: dict[QueueName | None, list[tuple[Place, str]]] = {}
     keys: set[str] = set()
     for group in groups.waiting(state, want):
@@ -70,8 +69,7 @@ def first_heads(
         q = queues.queue_of(pods, group, tree)
         if isinstance(q, QueueProblem):
             continue
-        place = within_order(groups.priority(group, pods), group.created, group.arrival, group.uid or group.key,
-                             aged=max_wait is not None and now - group.created > max_wait)
+        place = _place(queues, now, groups.priority(group, pods), group.created, group.arrival, group.uid or group.key)
         lines.setdefault(q, []).append((place, group.key))
     limits: dict[QueueName | None, Place] = {}
     for q, line in lines.items():
@@ -98,9 +96,13 @@ def single_place(pod: Pod, queues: QueueBook, tree: QueueTree, now: float) -> tu
     q = queues.queue_of((pod,), None, tree)
     if isinstance(q, QueueProblem):
         return None
+    return q, _place(queues, now, pod.priority, pod.created, pod.arrival, pod.uid)
+
+
+def _place(queues: QueueBook, now: float, priority: int, created: float, arrival: int, uid: str) -> Place:
+    """A unit's place in its queue at ``now``, aged as the queues' ``maxWait`` says."""
     max_wait = queues.settings.max_wait or None
-    return q, within_order(pod.priority, pod.created, pod.arrival, pod.uid,
-                          aged=max_wait is not None and now - pod.created > max_wait)
+    return within_order(priority, created, arrival, uid, aged=max_wait is not None and now - created > max_wait)
 
 
 def narrowed(limits: Mapping[QueueName | None, Place], queue: QueueName | None,
