@@ -8,11 +8,13 @@ import time
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batchsched.core.dra import allocator
 from batchsched.core.dra.allocator import Allocated, InUse, consumed_capacity, in_use_from_claims
 from batchsched.core.dra.objects import DeviceId, parse_resource_slice
 from tests.unit.dra_world import (
@@ -657,15 +659,20 @@ def _twin_picks(claims: Sequence[Any], out: Any, nd: Any) -> list[tuple[int, Any
     return picks
 
 
+@pytest.mark.parametrize("plain_steps", [allocator.PLAIN_STEPS, 0], ids=["plain-first", "pruning-from-the-start"])
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(twin_worlds())
-def test_the_allocator_finds_an_allocation_iff_one_exists_and_breaks_no_rule(world_: dict[str, Any]) -> None:
+@given(world_=twin_worlds())
+def test_the_allocator_finds_an_allocation_iff_one_exists_and_breaks_no_rule(
+        plain_steps: int, world_: dict[str, Any]) -> None:
+    """On worlds small enough to try every assignment; the search prunes from its first
+    device check in one run (these searches end before it would otherwise start)."""
     p = pools(*world_["slices"])
     nd = node_devices(p)
     prior, claims = _twin_claims(world_)
     in_use = held(p, *prior)
     cls = classes({"metadata": {"name": "twin"}, "spec": {"selectors": [{"cel": {"expression": f"driver == {TWIN}"}}]}})
-    out = run(claims, nd, in_use, device_classes=cls)
+    with mock.patch.object(allocator, "PLAIN_STEPS", plain_steps):
+        out = run(claims, nd, in_use, device_classes=cls)
     exists = _twin_exists(claims, nd, in_use)
     assert isinstance(out, Allocated) == exists, out
     if isinstance(out, Allocated):

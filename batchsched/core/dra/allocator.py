@@ -34,7 +34,9 @@ must be usable on the node (its ``nodeSelector``) and its ``reservedFor`` must h
 room for the pod, else the pod does not fit there.
 
 The work is bounded (``max_steps`` device checks); past it the allocation fails with a
-reason saying so. The result is deterministic: devices are tried in the order of
+reason saying so. A search still going after a few hundred checks prunes ways that cannot
+be completed (see ``_Search.careful``), which finds the same allocation sooner. The result
+is deterministic: devices are tried in the order of
 :class:`~batchsched.core.dra.objects.NodeDevices`; share ids come from ``new_share_id``.
 
 In-use state (:class:`InUse`) is rebuilt from claims alone by
@@ -44,6 +46,7 @@ allocations add, which is exactly what the rebuild adds once they are written.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,9 +72,12 @@ from batchsched.core.dra.objects import (
 #: about half a second of work, reached only by requests that cannot be met and whose
 #: impossibility shows late (constraints across requests)
 DEFAULT_MAX_STEPS = 50_000
+#: device checks a search makes before it starts pruning (see ``_Search.careful``)
+PLAIN_STEPS = 500
 #: the most consumers ``status.reservedFor`` may list (ResourceClaimReservedForMaxSize)
 MAX_RESERVATIONS = 256
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+_ZERO = Decimal(0)
 
 
 class Selector(Protocol):
@@ -261,6 +267,28 @@ class _Option:
     device_class: DeviceClass
     candidates: list[tuple[Device, dict[str, Qty]]]  # matching, with what each consumes
     waiting: int = 0  # matching devices skipped for their binding conditions
+    room: _Room | None = None  # what bounds the devices this choice and the requests after it can take
+
+
+@dataclass(frozen=True)
+class _Room:
+    """The devices a choice and every request after it could take, grouped by what
+    bounds them: devices of one counter set cannot be taken more often than the
+    counter that every one of them consumes has room for at the least consumption
+    among them. With ``later`` (how many devices the requests after the choice take
+    at the least), this tells early that a partial allocation cannot be completed:
+    three large partitions of a GPU leave too little memory for the four small ones
+    the rest of the pod asks, whichever four are tried."""
+
+    loose: tuple[DeviceId, ...]  # devices no shared counter bounds
+    groups: tuple[tuple[tuple[DeviceId, ...], tuple[tuple[CounterId, Decimal, Decimal], ...]], ...]
+    #: each request after the choice (claim, request) with the devices it and those
+    #: between take at the least; the last is what all of them take
+    after: tuple[tuple[tuple[int, int], int], ...]
+
+    @property
+    def later(self) -> int:
+        return self.after[-1][1] if self.after else 0
 
 
 @dataclass
@@ -279,6 +307,38 @@ class _Search:
     picked: list[list[tuple[Choice, Device, dict[str, Qty] | None]]] = field(default_factory=list)
     chosen: dict[tuple[int, int], _Option] = field(default_factory=dict)  # the choice each request took
     deepest: tuple[int, int] = (0, 0)
+    looks_ahead: bool = True  # whether requests not reached yet are checked on their own
+    measured: bool = False  # whether the choices have their rooms
+
+    @property
+    def careful(self) -> bool:
+        """Whether the search prunes: once it has taken more than a few device checks,
+        it bounds what the shared counters leave room for and checks that the requests
+        ahead can each still be met. Neither changes the answer (each cuts only ways
+        that cannot be completed); both cost more than they save in the searches most
+        pods make, which end sooner."""
+        return self.steps > PLAIN_STEPS
+
+    def each_still_met(self, ci: int, ri: int) -> bool:
+        """Whether every request from ``ri`` of claim ``ci`` on can still be met on its
+        own, with what is held now. More is held deeper in the search, never less, so a
+        request that cannot be met now will not be later: stop before trying every way
+        of meeting the requests in front of it."""
+        for cj in range(ci, len(self.claims)):
+            for rj in range(ri if cj == ci else 0, len(self.options[cj])):
+                if not any(self.could_meet(cj, o) for o in self.options[cj][rj]):
+                    self.deepest = max(self.deepest, (cj, rj))  # where the search could not get past
+                    return False
+        return True
+
+    def could_meet(self, ci: int, option: _Option) -> bool:
+        c = option.choice
+        need = len(option.candidates) if c.all_devices else c.count
+        if need == 0 or len(self.picked[ci]) + need > MAX_RESULTS_PER_CLAIM:
+            return False
+        if c.all_devices:
+            return all(self.allocatable(ci, c, d, consumed) for d, consumed in option.candidates)
+        return not self.hopeless(ci, c, option.candidates, need)
 
     def claim(self, ci: int, ri: int) -> bool:
         """Allocate request ``ri`` of claim ``ci`` and everything after it."""
@@ -305,7 +365,8 @@ class _Search:
         need = len(option.candidates) if c.all_devices else c.count
         if done == need:
             return self.claim(ci, ri + 1)
-        if not c.all_devices and self.hopeless(ci, c, option.candidates[start:], need - done):
+        if not c.all_devices and ((self.careful and self.short(option, need - done))
+                                  or self.hopeless(ci, c, option.candidates[start:], need - done)):
             return False
         stop = start + 1 if c.all_devices else len(option.candidates) - (need - done) + 1
         for i in range(start, stop):
@@ -321,7 +382,8 @@ class _Search:
                         f"of the claim excludes it, and allocationMode All needs every matching device",
                         claim.key, c.name, fatal=True))
                 continue
-            if self.pick(ci, ri, option, done + 1, i + 1):
+            ahead = self.looks_ahead and self.careful
+            if (not ahead or self.each_still_met(ci, ri + 1)) and self.pick(ci, ri, option, done + 1, i + 1):
                 return True
             undo()
         return False
@@ -330,13 +392,48 @@ class _Search:
         """Whether fewer than ``wanted`` of ``rest`` can be taken now. Deeper in the
         search more is held, never less, so what cannot be taken now cannot be later:
         without this a ``matchAttribute`` over more devices than share a value would
-        try every subset of those that do."""
-        left = 0
+        try every subset of those that do. Under a ``distinctAttribute`` devices sharing
+        a value count once: four from two GPUs' partitions never have four bus ids."""
+        request = c.name.split("/", 1)[0]
+        distinct = [k for k, con in enumerate(self.claims[ci].constraints) if con.distinct and con.applies(request, c.name)]
+        left, values = 0, [set[tuple[str, Any] | None]() for _ in distinct]
         for device, consumed in rest:
             if self.allocatable(ci, c, device, consumed):
                 left += 1
-                if left >= wanted:
+                for seen, k in zip(values, distinct, strict=True):  # devices sharing a value count once
+                    value = _attribute_value(device, self.claims[ci].constraints[k].attribute)
+                    seen.add(value)
+                if left >= wanted and all(len(seen) >= wanted for seen in values):
                     return False
+        return True
+
+    def short(self, option: _Option, wanted: int) -> bool:
+        """Whether the shared counters have too little left for ``wanted`` more devices
+        of ``option`` and the least the requests after it need (see :class:`_Room`)."""
+        if not self.measured:
+            _measure_rooms(self.options, self.devices)
+            self.measured = True
+        room = option.room
+        if room is None:
+            return False
+        demand = wanted + room.later
+        held, taken = self.in_use.devices, self.taken
+        have = sum(1 for d in room.loose if d not in held and not taken.get(d))
+        if have >= demand:
+            return False
+        used, mine = self.in_use.counters, self.counters
+        for devices, counters in room.groups:
+            n = sum(1 for d in devices if d not in held and not taken.get(d))
+            for key, total, least in counters:
+                left = total - used.get(key, _ZERO) - mine.get(key, _ZERO)
+                n = min(n, int(left // least)) if left > 0 else 0
+            have += n
+            if have >= demand:
+                return False
+        # the search could not get past the first request the room falls short for
+        short_at = next((at for at, least in room.after if wanted + least > have), None)
+        if short_at is not None:
+            self.deepest = max(self.deepest, short_at)
         return True
 
     def allocatable(self, ci: int, c: Choice, device: Device, consumed: dict[str, Qty]) -> bool:
@@ -500,7 +597,7 @@ def allocate(
     try:
         options = _Matcher(devices, classes, compile_selector, device_env, selector_cache).options(pending)
         _check_sizes(pending, options, devices.node)
-        search = _Search(pending, options, devices, in_use, max_steps,
+        search = _Search(pending, options, devices, in_use, max_steps, looks_ahead=not _may_stop_the_pod(pending),
                          values=[[[] for _ in c.constraints] for c in pending], picked=[[] for _ in pending])
         if not search.claim(0, 0):
             return _explain(search)
@@ -530,6 +627,52 @@ def _check_sizes(claims: Sequence[ResourceClaim], options: Sequence[Sequence[Seq
             raise _Stop(Unallocatable(f"claim {claim.key} asks for {least} devices on node {node}, "
                                       f"more than the {MAX_RESULTS_PER_CLAIM} one claim may hold", claim.key,
                                       fatal=True))
+
+
+def _measure_rooms(options: Sequence[Sequence[Sequence[_Option]]], devices: NodeDevices) -> None:
+    """Give every choice its :class:`_Room`, from the last request back to the first.
+    No room bounds a search where a device may serve several requests (shared devices,
+    admin access): a count of devices says nothing there."""
+    union_after: dict[DeviceId, Device] = {}
+    least_after: list[tuple[tuple[int, int], int]] = []  # each later request and the least it takes
+    bounded = True
+    for ci in reversed(range(len(options))):
+        for ri in reversed(range(len(options[ci]))):
+            choices = options[ci][ri]
+            cumulative = tuple(zip((at for at, _ in least_after),
+                                   itertools.accumulate(n for _, n in least_after), strict=True))
+            for option in choices:
+                bounded_here = bounded and not option.choice.admin_access and not any(
+                    d.allow_multiple for d, _ in option.candidates)
+                if bounded_here:
+                    union = {d.id: d for d, _ in option.candidates} | union_after
+                    option.room = _room(union.values(), devices, cumulative)
+            for option in choices:
+                bounded = bounded and not option.choice.admin_access and not any(
+                    d.allow_multiple for d, _ in option.candidates)
+                union_after.update((d.id, d) for d, _ in option.candidates)
+            least_after.insert(0, ((ci, ri), min(1 if o.choice.all_devices else o.choice.count for o in choices)))
+
+
+def _room(union: Iterable[Device], devices: NodeDevices, after: tuple[tuple[tuple[int, int], int], ...]) -> _Room:
+    loose: list[DeviceId] = []
+    by_set: dict[tuple[str, str, str], list[Device]] = {}
+    for d in union:
+        if len(d.consumes) == 1:
+            by_set.setdefault((d.driver, d.pool, d.consumes[0].counter_set), []).append(d)
+        else:
+            loose.append(d.id)
+    groups = []
+    for (driver, pool, counter_set), members in by_set.items():
+        totals = devices.counter_sets.get((driver, pool), {}).get(counter_set, {})
+        shared = set.intersection(*(set(m.consumes[0].counters) for m in members))
+        counters = []
+        for name in sorted(shared):
+            least = min(m.consumes[0].counters[name] for m in members)
+            if least > 0:
+                counters.append((CounterId(driver, pool, counter_set, name), totals.get(name, _ZERO), least))
+        groups.append((tuple(m.id for m in members), tuple(counters)))
+    return _Room(tuple(loose), tuple(groups), after)
 
 
 def _unusable_allocation(claim: ResourceClaim, devices: NodeDevices, pod_uid: str) -> str:
@@ -728,17 +871,36 @@ def _same_requirement(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 # ---------------------------------------------------------------- failure reasons
 
 
-def _explain(search: _Search) -> Unallocatable:
-    """Why the search found nothing: the first request that cannot be met even alone
-    (with what keeps its devices), else the request the search could not get past."""
+def _unmet_alone(search: _Search) -> Unallocatable | None:
+    """The first request that cannot be met even alone (with what keeps its devices), or None."""
     for ci, claim in enumerate(search.claims):
         for ri, request in enumerate(claim.requests):
             options = search.options[ci][ri]
-            reasons = [_alone(search, o) for o in options]
+            reasons: list[str] = []
+            for o in options:
+                reasons.append(_alone(search, o))
+                if not reasons[-1]:
+                    break
             if all(reasons):
                 text = reasons[0] if len(options) == 1 else "; ".join(
                     f"{o.choice.name}: {r}" for o, r in zip(options, reasons, strict=True))
                 return Unallocatable(f"claim {claim.key}: request {request.name}: {text}", claim.key, request.name)
+    return None
+
+
+def _may_stop_the_pod(claims: Sequence[ResourceClaim]) -> bool:
+    """Whether the search itself may find the claims wrong as written (an ``All``
+    request with a device a constraint excludes): then it must not look ahead, so that
+    it reports that exactly where upstream's search would."""
+    return any(c.constraints and any(ch.all_devices for r in c.requests for ch in r.choices) for c in claims)
+
+
+def _explain(search: _Search) -> Unallocatable:
+    """Why the search found nothing: the first request that cannot be met even alone
+    (with what keeps its devices), else the request the search could not get past."""
+    unmet = _unmet_alone(search)
+    if unmet is not None:
+        return unmet
     ci, ri = search.deepest
     ci = min(ci, len(search.claims) - 1)
     claim = search.claims[ci]
@@ -762,13 +924,22 @@ def _alone(search: _Search, option: _Option) -> str:
         for pool in search.devices.unusable:
             text += f"; {pool.problem}"
         return text
+    need = len(option.candidates) if c.all_devices else c.count
+    free = 0
+    for device, consumed in option.candidates:
+        if _blocked(search, c, device, consumed):
+            if c.all_devices:
+                break
+        else:
+            free += 1
+            if free >= need:
+                return ""
     blocked: dict[str, int] = {}
     for device, consumed in option.candidates:
         why = _blocked(search, c, device, consumed)
         if why:
             blocked[why] = blocked.get(why, 0) + 1
     free = len(option.candidates) - sum(blocked.values())
-    need = len(option.candidates) if c.all_devices else c.count
     if free >= need and not (c.all_devices and blocked):
         return ""
     details = ", ".join(f"{n} {why}" for why, n in blocked.items())
