@@ -564,3 +564,49 @@ def test_every_cycle_leaves_gangs_whole_or_empty_and_no_node_overcommitted(
                 job = jobs[pod.name.rsplit("-", 1)[0]][0]
                 if step - started[uid] >= job.duration:
                     w.pod(_with(pod, phase="Succeeded"))
+
+
+# -- which groups have a member to place, kept across steps -----------------------------------
+
+_OPS = st.lists(st.tuples(st.sampled_from(["add", "add-gated", "ungate", "bind", "assume", "forget", "finish",
+                                           "delete", "regroup"]),
+                          st.integers(0, 2), st.integers(0, 3)), max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS)
+def test_the_groups_waiting_are_those_with_a_member_pending_and_not_gated_after_any_events(
+        ops: list[tuple[str, int, int]]) -> None:
+    """The book keeps, across steps, which groups have a member to place; after pods come,
+    are gated and ungated, bound, assumed and forgotten, finish, leave or move to another
+    group, it names exactly the groups with a member pending and not gated."""
+    w = World().add(*gpu_nodes(2))
+    for g in range(3):
+        w.add(make_group(f"g{g}").min_member(1).uid(f"g{g}").build())
+    for op, g, m in ops:
+        uid = PodUID(f"g{g}-{m}")
+        pod = w.state.pods.get(uid)
+        if op in ("add", "add-gated") and pod is None:
+            b = make_pod(f"g{g}-{m}").req(cpu="1", gpu=1).group(f"g{g}").uid(uid)
+            w.pod((b.gate() if op == "add-gated" else b).build(), "ADDED")
+        elif pod is None:
+            continue
+        elif op == "ungate":
+            w.pod(_with(pod, gated=False))
+        elif op == "bind" and uid not in w.state.assumed and not pod.node_name:
+            w.pod(_with(pod, node_name="n0", phase="Running"))
+        elif op == "assume" and uid in w.state.pending and not pod.gated:
+            w.state.assume(uid, "n1")
+            w.book.touch(uid)
+        elif op == "forget" and uid in w.state.assumed:
+            w.state.forget(uid)
+            w.book.touch(uid)
+        elif op == "finish":
+            w.pod(_with(pod, phase="Succeeded"))
+        elif op == "delete":
+            w.pod(pod, "DELETED")
+        elif op == "regroup" and not pod.node_name:
+            w.pod(make_pod(pod.name).req(cpu="1", gpu=1).group(f"g{(g + 1) % 3}").uid(uid).build())
+        expected = sorted({f"x-k8s:default/{w.book.group_of(u).name}" for u, p in w.state.pending.items()  # type: ignore[union-attr]
+                           if not p.gated and w.book.group_of(u) is not None})
+        assert [grp.key for grp in w.book.waiting(w.state)] == expected, (op, g, m)

@@ -107,6 +107,13 @@ class GroupBook:
         self._dirty: set[tuple[str, str]] | None = None
         #: each pod reference's group, at a version of the groups
         self._resolved: tuple[int, dict[tuple[str, str, str], Any]] = (-1, {})
+        #: (namespace, group name) -> each reference to it -> a member waiting to be placed
+        #: (pending, not gated) or None; dropped when a member of the group changes
+        #: (:meth:`_mark`: a pod event, or :meth:`touch` for a pod assumed or forgotten),
+        #: all of it on a relist or when asked about another mirror. Only a pod event or a
+        #: forgotten binding makes a member pending; a member found waiting is looked at again
+        self._waiter: dict[tuple[str, str], dict[tuple[str, str, str], Any]] = {}
+        self._waiter_state: ClusterState | None = None
         #: each group's tally, while :meth:`tallies_kept` holds the mirror still (else None)
         self._tallies: dict[GroupKey, Tally] | None = None
 
@@ -222,9 +229,11 @@ class GroupBook:
     def _mark(self, named: tuple[str, str]) -> None:
         if self._dirty is not None:
             self._dirty.add(named)
+        self._waiter.pop(named, None)
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:
         self._dirty = None
+        self._waiter.clear()
         fresh = {p.uid: p for p in pods}
         for uid in list(self._refs):
             if uid not in fresh:
@@ -417,20 +426,31 @@ class GroupBook:
         resolved = self._resolved
         if resolved[0] != self.version:
             resolved = self._resolved = (self.version, {})
+        if self._waiter_state is not state:
+            self._waiter, self._waiter_state = {}, state
+        waiters = self._waiter
         for ref, uids in self._by_ref.items():
             group = resolved[1].get(ref, _UNKNOWN)
             if group is _UNKNOWN:
                 group = resolved[1][ref] = self.resolve(*ref)
-            if group is not None and (group.key in waiting or (want is not None and not want(group.key))):
+            if group is None:
+                missing_pods = [pod for uid in uids if (pod := pending.get(uid)) is not None and not pod.gated]
+                if missing_pods:
+                    missing.setdefault((ref[0], ref[2]), []).extend(missing_pods)
+                continue
+            if group.key in waiting or (want is not None and not want(group.key)):
                 continue  # known to wait, or it sleeps: its members are not looked at
-            for uid in uids:
-                pod = pending.get(uid)
-                if pod is None or pod.gated:
-                    continue
-                if group is not None:
-                    waiting.add(group.key)
-                    break
-                missing.setdefault((ref[0], ref[2]), []).append(pod)
+            named = (ref[0], ref[2])
+            known = waiters.get(named)
+            if known is None:
+                known = waiters[named] = {}
+            waiter = known.get(ref, _UNKNOWN)
+            if waiter is not None and (waiter is _UNKNOWN or (pod := pending.get(waiter)) is None or pod.gated):
+                # a member that waited may have been placed without a word to this book
+                waiter = known[ref] = next(
+                    (uid for uid in uids if (pod := pending.get(uid)) is not None and not pod.gated), None)
+            if waiter is not None:
+                waiting.add(group.key)
         return missing, waiting
 
     def admitted(self, group: PodGroup, state: ClusterState, now: float, room: Room) -> bool:
