@@ -438,8 +438,9 @@ class GroupBook:
                 if missing_pods:
                     missing.setdefault((ref[0], ref[2]), []).extend(missing_pods)
                 continue
-            if group.key in waiting or (want is not None and not want(group.key)):
-                continue  # known to wait, or it sleeps: its members are not looked at
+            key = group.key
+            if key in waiting:
+                continue
             named = (ref[0], ref[2])
             known = waiters.get(named)
             if known is None:
@@ -449,8 +450,8 @@ class GroupBook:
                 # a member that waited may have been placed without a word to this book
                 waiter = known[ref] = next(
                     (uid for uid in uids if (pod := pending.get(uid)) is not None and not pod.gated), None)
-            if waiter is not None:
-                waiting.add(group.key)
+            if waiter is not None and (want is None or want(key)):  # not a group that sleeps
+                waiting.add(key)
         return missing, waiting
 
     def admitted(self, group: PodGroup, state: ClusterState, now: float, room: Room) -> bool:
