@@ -37,10 +37,9 @@ class KubeAPI(Protocol):
         ...
 
     def pages(
-        self, path: str, *, page: int = 500, whole: int = 0, **params: str | int
+        self, path: str, *, page: int = 500, **params: str | int
     ) -> AsyncGenerator[tuple[list[JSON], str], None]:
-        """Each page of a list, with the resourceVersion to watch from (the last page's);
-        a collection of at most ``whole`` objects comes in one page."""
+        """Each page of a list, with the resourceVersion to watch from (the last page's)."""
         ...
 
     async def list(

@@ -356,39 +356,18 @@ class KubeClient:
     async def delete(self, path: str, body: JSON | None = None, **params: str | int) -> Any:
         return await self.request("DELETE", path, body=body, params=params)
 
-    async def pages(
-        self, path: str, *, page: int = 500, whole: int = 0, **params: str | int,
-    ) -> AsyncGenerator[tuple[list[JSON], str], None]:
+    async def pages(self, path: str, *, page: int = 500, **params: str | int) -> AsyncGenerator[tuple[list[JSON], str], None]:
         """Each page of a consistent list of a collection, with the list's resourceVersion.
         The next page is asked for before this one is handed over, so the server prepares
-        it while the caller reads this one.
+        it while the caller reads this one."""
 
-        ``whole``: when the collection holds at most that many objects (asked first with
-        a list of one), it comes in one page. The apiserver serves a list without a limit
-        from its watch cache, each object already encoded, and a list in pages from etcd,
-        each object decoded and encoded again: 26,400 pods came in 0.6-1.0 s whole, in
-        1.8-2.7 s in pages of 5,000 (or 20,000) on the sandbox. A larger collection still
-        comes in pages, so that it is never held all at once."""
-
-        def ask(cont: str, limit: int | None = page) -> asyncio.Future[Any]:
+        def ask(cont: str) -> asyncio.Future[Any]:
             query: dict[str, str | int] = dict(params)
-            if limit is not None:
-                query["limit"] = limit
+            query["limit"] = page
             if cont:
                 query["continue"] = cont
             return asyncio.ensure_future(self.request("GET", path, params=query, timeout=300, read=_page_of))
 
-        if whole > 0:
-            probe = await ask("", 1)
-            meta = probe.get("metadata") or {}
-            if not meta.get("continue"):  # one object or none: that is the list
-                yield probe.get("items") or [], str(meta.get("resourceVersion", ""))
-                return
-            remaining = meta.get("remainingItemCount")
-            if isinstance(remaining, int) and 1 + remaining <= whole:
-                result = await ask("", None)
-                yield result.get("items") or [], str((result.get("metadata") or {}).get("resourceVersion", ""))
-                return
         pending: asyncio.Future[Any] | None = ask("")
         try:
             while pending is not None:
@@ -406,7 +385,7 @@ class KubeClient:
         """Every item of a collection, paged; returns ``(items, resourceVersion)``."""
         items: list[JSON] = []
         rv = ""
-        async with contextlib.aclosing(self.pages(path, page=page, whole=0, **params)) as pages:
+        async with contextlib.aclosing(self.pages(path, page=page, **params)) as pages:
             async for got, version in pages:
                 items.extend(got)
                 rv = version

@@ -133,7 +133,7 @@ class FakeKube:
         return dict(merged)
 
     async def pages(
-        self, path: str, *, page: int = 500, whole: int = 0, **params: str | int
+        self, path: str, *, page: int = 500, **params: str | int
     ) -> AsyncGenerator[tuple[list[JSON], str], None]:
         yield await self.list(path, page=page, **params)
 

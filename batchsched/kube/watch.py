@@ -39,16 +39,15 @@ __all__ = ["Reflector"]
 
 log = logging.getLogger("batchsched.watch")
 
-#: items per page of a list too large to come whole. At 500 a list of 9,000 pods took
-#: twice as long as at 5,000 (0.85-2.1 s against 0.46-0.7 s on the sandbox), most of it
-#: round trips, while a page of 5,000 pods is still only some 15 MB to hold before it is
-#: decoded
+#: items per page of a list. At 500 a list of 9,000 pods took twice as long as at 5,000
+#: (0.85-2.1 s against 0.46-0.7 s on the sandbox), most of it round trips, while a page
+#: of 5,000 pods is still only some 15 MB to hold before it is decoded. A list without a
+#: limit is served by the apiserver three times as fast (from its watch cache, objects
+#: already encoded: 26,400 pods in 0.6-1.0 s against 1.8-2.7 s in pages), but it was
+#: tried and lost: the pods' reading, not their fetch, takes the time of a start, it no
+#: longer overlaps the fetch, and holding every pod at once took a restart's peak memory
+#: from 410 to 690 MB
 LIST_PAGE = 5000
-#: a collection of at most this many objects is listed in one response, which the
-#: apiserver serves from its watch cache three times as fast as pages
-#: (:meth:`~batchsched.kube.client.KubeClient.pages`): at most some 90 MB of pods'
-#: JSON to take in at once
-LIST_WHOLE = 40_000
 
 #: objects read between two turns of the loop while a list's pages come in
 READ_CHUNK = 500
@@ -72,7 +71,6 @@ class Reflector:
         read: Callable[[JSON], Any] = lambda obj: obj,
         params: dict[str, str] | None = None,
         page: int = LIST_PAGE,
-        whole: int = LIST_WHOLE,
         watch_timeout: int = 300,
         name: str = "",
     ) -> None:
@@ -83,7 +81,6 @@ class Reflector:
         self.read = read
         self.params = dict(params or {})
         self.page = page
-        self.whole = whole
         self.watch_timeout = watch_timeout
         self.name = name or path
         self.retry = watches()
@@ -114,21 +111,16 @@ class Reflector:
         values: list[Any] = []
         rv, listed = "", 0
         # closed on the way out, whatever ends the list: its request for the next page too
-        async with contextlib.aclosing(
-                self.client.pages(self.path, page=self.page, whole=self.whole, **self.params)) as pages:
+        async with contextlib.aclosing(self.client.pages(self.path, page=self.page, **self.params)) as pages:
             async for items, version in pages:
                 rv = version
                 listed += len(items)
-                held: list[Any] = items
-                for i in range(0, len(held), READ_CHUNK):
-                    chunk = held[i:i + READ_CHUNK]
-                    held[i:i + READ_CHUNK] = [None] * len(chunk)  # each object let go once it is read
+                for i in range(0, len(items), READ_CHUNK):
                     # the objects read live on as the mirror: kept out of the collector's walks
                     with procmem.collector_paused(kept=True):
-                        values.extend(v for v in map(self.read, chunk) if v is not None)
-                    del chunk
+                        values.extend(v for v in map(self.read, items[i:i + READ_CHUNK]) if v is not None)
                     await asyncio.sleep(0)
-                del items, held
+                del items
         t1 = time.monotonic()
         self.on_list(values)
         log.info("%s: listed and read %d in %.2f s, taken in in %.2f s", self.name, listed, t1 - t0,

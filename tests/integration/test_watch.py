@@ -94,7 +94,7 @@ async def test_a_list_in_pages_reads_each_page_while_the_next_is_fetched(kube: K
         return str(obj["metadata"]["name"])
 
     kube.request = logged  # type: ignore[method-assign]
-    reflector = Reflector(kube, f"/api/v1/namespaces/{namespace}/pods", page=7, whole=0, read=read,
+    reflector = Reflector(kube, f"/api/v1/namespaces/{namespace}/pods", page=7, read=read,
                           on_list=lambda names: listed.append(list(names)),
                           on_event=lambda kind, obj: seen.append(obj["metadata"]["name"]))
     task = asyncio.get_running_loop().create_task(reflector.run())
@@ -107,41 +107,6 @@ async def test_a_list_in_pages_reads_each_page_while_the_next_is_fetched(kube: K
         for page in range(3):  # page k+1 asked for before the first object of page k is read
             assert asks[page + 1] < reads[7 * page]
         # the watch goes on from the list's resourceVersion: a pod made after it is an event
-        await create_pods(kube, namespace, [pod_body("later")])
-        await wait_for(lambda: _is("later" in seen), timeout=20)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-@pytest.mark.parametrize("whole", [100, 10])
-async def test_a_collection_small_enough_is_listed_in_one_response_and_a_larger_one_in_pages(
-        kube: KubeClient, namespace: str, whole: int) -> None:
-    """Asked how many objects the collection holds (a list of one), the reflector lists 23
-    pods in one response when it may take up to 100 whole, and in pages of 7 when only 10;
-    either way every pod is read once and the watch goes on from the list."""
-    await create_pods(kube, namespace, [pod_body(f"p{i:02d}") for i in range(23)])
-    limits: list[str] = []
-    listed: list[list[str]] = []
-    seen: list[str] = []
-    request = kube.request
-
-    async def logged(method: str, path: str, **kwargs: Any) -> Any:
-        params = kwargs.get("params") or {}
-        if method == "GET" and "watch" not in params:
-            limits.append(str(params.get("limit", "none")))
-        return await request(method, path, **kwargs)
-
-    kube.request = logged  # type: ignore[method-assign]
-    reflector = Reflector(kube, f"/api/v1/namespaces/{namespace}/pods", page=7, whole=whole,
-                          read=lambda obj: str(obj["metadata"]["name"]),
-                          on_list=lambda names: listed.append(list(names)),
-                          on_event=lambda kind, obj: seen.append(obj["metadata"]["name"]))
-    task = asyncio.get_running_loop().create_task(reflector.run())
-    try:
-        await wait_for(lambda: _is(bool(listed)), timeout=20)
-        assert sorted(listed[0]) == [f"p{i:02d}" for i in range(23)]
-        assert limits == (["1", "none"] if whole == 100 else ["1", "7", "7", "7", "7"])
         await create_pods(kube, namespace, [pod_body("later")])
         await wait_for(lambda: _is("later" in seen), timeout=20)
     finally:
