@@ -307,16 +307,23 @@ class _Search:
     picked: list[list[tuple[Choice, Device, dict[str, Qty] | None]]] = field(default_factory=list)
     chosen: dict[tuple[int, int], _Option] = field(default_factory=dict)  # the choice each request took
     deepest: tuple[int, int] = (0, 0)
+    failed: set[tuple[Any, ...]] = field(default_factory=set)  # states from which nothing can be completed
+    admin: list[bool] = field(default_factory=list)  # claim -> whether any of its choices is admin access
+
     looks_ahead: bool = True  # whether requests not reached yet are checked on their own
     measured: bool = False  # whether the choices have their rooms
+
+    def __post_init__(self) -> None:
+        self.admin = [any(o.choice.admin_access for r in c for o in r) for c in self.options]
 
     @property
     def careful(self) -> bool:
         """Whether the search prunes: once it has taken more than a few device checks,
-        it bounds what the shared counters leave room for and checks that the requests
-        ahead can each still be met. Neither changes the answer (each cuts only ways
-        that cannot be completed); both cost more than they save in the searches most
-        pods make, which end sooner."""
+        it remembers states that failed (a request reached again holding the same
+        devices, taken by other requests), bounds what the shared counters leave room
+        for, and checks that the requests ahead can each still be met. None of these
+        changes the answer (each cuts only ways that cannot be completed); they cost
+        more than they save in the searches most pods make, which end sooner."""
         return self.steps > PLAIN_STEPS
 
     def each_still_met(self, ci: int, ri: int) -> bool:
@@ -347,6 +354,26 @@ class _Search:
             return True
         if ri == len(self.options[ci]):
             return self.claim(ci + 1, 0)
+        if self.careful and self.state(ci, ri) in self.failed:
+            return False
+        if self.requests(ci, ri):
+            return True
+        if self.careful:  # all undone by now: the state is the one met on the way in
+            self.failed.add(self.state(ci, ri))
+        return False
+
+    def state(self, ci: int, ri: int) -> tuple[Any, ...]:
+        """What decides whether the requests from ``ri`` of claim ``ci`` on can still be
+        met: what is held (whichever earlier requests took it), what this claim's
+        constraints have seen, and how many devices this claim holds."""
+        held = frozenset(d for d, cis in self.taken.items() if cis)
+        # admin access asks only whether this claim holds the device already
+        mine = frozenset(d for d, cis in self.taken.items() if ci in cis) if self.admin[ci] else None
+        shared = frozenset((d, tuple(sorted(c.items()))) for d, c in self.capacity.items() if self.shares.get(d))
+        seen = tuple(tuple(sorted(set(v), key=repr)) for v in self.values[ci])
+        return (ci, ri, held, mine, shared, seen, len(self.picked[ci]))
+
+    def requests(self, ci: int, ri: int) -> bool:
         for option in self.options[ci][ri]:
             c = option.choice
             need = len(option.candidates) if c.all_devices else c.count
