@@ -312,6 +312,48 @@ def _nodes_running(session: Session, nodes: list[int], running: list[tuple[int, 
                                     phase="Running", started=T0 - 90, labels={"batchsched.io/queue": q} if q else {}))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    cards=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    gangs=st.lists(st.tuples(st.integers(1, 3), st.sampled_from((30, 50, 100)), st.sampled_from((0, 5))),
+                   min_size=1, max_size=8),
+    pods=st.lists(st.tuples(st.sampled_from((10, 50, 100)), st.sampled_from((0, 5))), max_size=6),
+    heads=st.integers(1, 2),
+    reserve=st.booleans(),
+)
+def test_a_first_cycle_handed_the_heads_puts_gpu_shares_on_the_cards_one_walk_does(
+    cards: list[int], gangs: list[tuple[int, int, int]], pods: list[tuple[int, int]], heads: int, reserve: bool,
+) -> None:
+    """Gangs whose members ask shares of GPU cards (elastic cores, 100 a card), more of them
+    than the first cycle is handed (one or two), beside single pods asking shares: the steps
+    after a start bind each pod to the node and the cards one walk over everything does."""
+    policy = ReservationSettings(enabled=reserve)
+    quick = Session(SessionSettings(first_walk_budget=0.0, first_walk_heads=heads, reservation=policy))
+    whole = Session(SessionSettings(walk_budget=None, reservation=policy))
+    for session in (quick, whole):
+        for i, n in enumerate(cards):
+            session.on_node("ADDED", make_node(f"n{i}").cap({"cpu": "64", "memory": "256Gi", ELASTIC_CORE: str(100 * n),
+                                                              ELASTIC_MEMORY: str(16384 * n)}).build())
+        for j, (size, core, priority) in enumerate(gangs):
+            session.on_podgroup("ADDED", make_group(f"g{j}").min_member(size).created(T0 + j).build())
+            for m in range(size):
+                session.on_pod("ADDED", parse_pod(make_pod(f"g{j}-{m}").uid(f"g{j}-{m}").group(f"g{j}")
+                                                  .priority(priority).created(T0 + j)
+                                                  .req({"cpu": f"{1000 + j}m", ELASTIC_CORE: str(core)}).obj()))
+        for k, (core, priority) in enumerate(pods):
+            # each pod a class of its own (see the tests above)
+            session.on_pod("ADDED", make_pod(f"p{k:02d}").uid(f"p{k}").priority(priority).created(T0 + 20 + k)
+                           .req({"cpu": f"{2000 + k}m", ELASTIC_CORE: str(core)}).build())
+    steps = [quick.step(T0 + 100)]
+    while steps[-1].again and len(steps) < 60:
+        steps.append(quick.step(T0 + 100))
+    ones = [whole.step(T0 + 100) for _ in range(2)]
+    steps += [quick.step(T0 + 100)]
+    got = sorted((b.uid, b.node, b.cards) for s in steps for b in s.binds)
+    assert got == sorted((b.uid, b.node, b.cards) for s in ones for b in s.binds)
+    assert all(b.cards for s in ones for b in s.binds)  # each placed on cards, not on the node alone
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     nodes=st.lists(st.integers(1, 8), min_size=1, max_size=4),
