@@ -668,15 +668,15 @@ def _measure_rooms(options: Sequence[Sequence[Sequence[_Option]]], devices: Node
             choices = options[ci][ri]
             cumulative = tuple(zip((at for at, _ in least_after),
                                    itertools.accumulate(n for _, n in least_after), strict=True))
-            for option in choices:
-                bounded_here = bounded and not option.choice.admin_access and not any(
-                    d.allow_multiple for d, _ in option.candidates)
-                if bounded_here:
+            # a device taken once per request: what the room counts
+            once = [not o.choice.admin_access and not any(d.allow_multiple for d, _ in o.candidates)
+                    for o in choices]
+            for option, counted in zip(choices, once, strict=True):
+                if bounded and counted:
                     union = {d.id: d for d, _ in option.candidates} | union_after
                     option.room = _room(union.values(), devices, cumulative)
+            bounded = bounded and all(once)
             for option in choices:
-                bounded = bounded and not option.choice.admin_access and not any(
-                    d.allow_multiple for d, _ in option.candidates)
                 union_after.update((d.id, d) for d, _ in option.candidates)
             least_after.insert(0, ((ci, ri), min(1 if o.choice.all_devices else o.choice.count for o in choices)))
 
@@ -898,23 +898,6 @@ def _same_requirement(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 # ---------------------------------------------------------------- failure reasons
 
 
-def _unmet_alone(search: _Search) -> Unallocatable | None:
-    """The first request that cannot be met even alone (with what keeps its devices), or None."""
-    for ci, claim in enumerate(search.claims):
-        for ri, request in enumerate(claim.requests):
-            options = search.options[ci][ri]
-            reasons: list[str] = []
-            for o in options:
-                reasons.append(_alone(search, o))
-                if not reasons[-1]:
-                    break
-            if all(reasons):
-                text = reasons[0] if len(options) == 1 else "; ".join(
-                    f"{o.choice.name}: {r}" for o, r in zip(options, reasons, strict=True))
-                return Unallocatable(f"claim {claim.key}: request {request.name}: {text}", claim.key, request.name)
-    return None
-
-
 def _may_stop_the_pod(claims: Sequence[ResourceClaim]) -> bool:
     """Whether the search itself may find the claims wrong as written (an ``All``
     request with a device a constraint excludes): then it must not look ahead, so that
@@ -925,9 +908,14 @@ def _may_stop_the_pod(claims: Sequence[ResourceClaim]) -> bool:
 def _explain(search: _Search) -> Unallocatable:
     """Why the search found nothing: the first request that cannot be met even alone
     (with what keeps its devices), else the request the search could not get past."""
-    unmet = _unmet_alone(search)
-    if unmet is not None:
-        return unmet
+    for ci, claim in enumerate(search.claims):
+        for ri, request in enumerate(claim.requests):
+            options = search.options[ci][ri]
+            reasons = [_alone(search, o) for o in options]
+            if all(reasons):
+                text = reasons[0] if len(options) == 1 else "; ".join(
+                    f"{o.choice.name}: {r}" for o, r in zip(options, reasons, strict=True))
+                return Unallocatable(f"claim {claim.key}: request {request.name}: {text}", claim.key, request.name)
     ci, ri = search.deepest
     ci = min(ci, len(search.claims) - 1)
     claim = search.claims[ci]
@@ -951,22 +939,13 @@ def _alone(search: _Search, option: _Option) -> str:
         for pool in search.devices.unusable:
             text += f"; {pool.problem}"
         return text
-    need = len(option.candidates) if c.all_devices else c.count
-    free = 0
-    for device, consumed in option.candidates:
-        if _blocked(search, c, device, consumed):
-            if c.all_devices:
-                break
-        else:
-            free += 1
-            if free >= need:
-                return ""
     blocked: dict[str, int] = {}
     for device, consumed in option.candidates:
         why = _blocked(search, c, device, consumed)
         if why:
             blocked[why] = blocked.get(why, 0) + 1
     free = len(option.candidates) - sum(blocked.values())
+    need = len(option.candidates) if c.all_devices else c.count
     if free >= need and not (c.all_devices and blocked):
         return ""
     details = ", ".join(f"{n} {why}" for why, n in blocked.items())
