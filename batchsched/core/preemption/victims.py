@@ -101,7 +101,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,6 +204,8 @@ class NoPreemption:
 PieceCost = tuple[float, int, int, float, str, int]
 #: a piece before it is priced: what it holds, as what kind of victim, the resource borrowed
 _Shape = tuple[Held, VictimKind, str]
+#: a unit that offers pieces: the unit, its pieces unpriced, whether it is the preemptor's own part
+_Offer = tuple[RunningUnit, list[_Shape], bool]
 
 
 class _Kept:
@@ -400,14 +402,23 @@ class PieceCache:
         preemptor's own running part is one of them, and what was kept before and is kept
         now. What each unit offers is kept across cycles under ``context`` (what it depends
         on besides the unit), priced for the cycle once."""
+        key, offering, mine, before, now = self._shaped(search, context, units)
+        pieces: list[_Piece] = []
+        self._price(key, offering, search.now, pieces)
+        return pieces, len(offering), mine, before, now
+
+    def _shaped(self, search: _Search, context: tuple[Any, ...], units: Sequence[RunningUnit]) -> tuple[
+            tuple[Any, ...], list[_Offer], bool, _Kept, _Kept]:
+        """What ``units`` offer before they are priced: the key it is kept under, the units
+        that offer a piece (with their shapes, and whether each is the preemptor's own
+        running part: what that offers is not kept), whether the preemptor's own running part
+        is among ``units``, and what was kept before and is kept now."""
         width = search.used.shape[1]
         key = (search.used.shape, *context)
         before = self.offers.get(key)
         kept = before.units
-        priced = self._priced.setdefault(key, {})
         shapes: dict[int, tuple[RunningUnit, list[_Shape]]] = {}
-        pieces: list[_Piece] = []
-        count = 0
+        offering: list[_Offer] = []
         seen = False
         for w in units:
             i = id(w)
@@ -418,18 +429,24 @@ class PieceCache:
                 shape = (w, search.shapes_of(w, width))
             if not mine:
                 shapes[i] = shape
-            hit = priced.get(i)
-            if hit is None or hit[0] is not w:
-                hit = (w, [])
-                search.priced(w, shape[1], hit[1])
-                if not mine:
-                    priced[i] = hit
-            if hit[1]:
-                count += 1
-                pieces.extend(hit[1])
+            if shape[1]:
+                offering.append((w, shape[1], mine))
         now = _Kept(shapes)
         self.offers.put(key, now)
-        return pieces, count, seen, before, now
+        return key, offering, seen, before, now
+
+    def _price(self, key: tuple[Any, ...], offering: Sequence[_Offer], now: float, out: list[_Piece]) -> None:
+        """Append to ``out`` the pieces ``offering`` describe, priced at ``now``: once per
+        cycle and key (but the preemptor's own part's)."""
+        priced = self._priced.setdefault(key, {})
+        for w, shapes, mine in offering:
+            hit = priced.get(id(w))
+            if hit is None or hit[0] is not w:
+                hit = (w, [])
+                _price(w, shapes, now, hit[1])
+                if not mine:
+                    priced[id(w)] = hit
+            out.extend(hit[1])
 
     def _build(self, search: _Search, queue: QueueName, units: Sequence[RunningUnit],
                context: tuple[Any, ...]) -> _Lent | None:
@@ -437,40 +454,75 @@ class PieceCache:
         its whole units hold per node, and their names, are carried from the last build of
         the same key by what changed."""
         assert search.tree is not None
-        width = search.used.shape[1]
-        pieces, count, mine, before, now = self._offered(search, (queue, search.tree.root(queue), *context), units)
+        key, offering, mine, before, now = self._shaped(search, (queue, search.tree.root(queue), *context), units)
         if mine:
             return None
-        pieces.sort(key=lambda pc: pc.cost)
-        vecs = np.stack([pc.vec for pc in pieces]) if pieces else np.zeros((0, width), dtype=np.int64)
         now.carry(before, search.used.shape)
         assert now.on_nodes is not None
         # a unit's whole piece is offered whenever any of it is (its extras ask a subset)
         whole = now.on_nodes.sum(axis=0)
-        return _Lent(queue, tuple(pieces), count, vecs, whole, now.on_nodes, frozenset(now.names))
+        at = search.now
+
+        def priced() -> list[_Piece]:
+            pieces: list[_Piece] = []
+            self._price(key, offering, at, pieces)
+            return pieces
+
+        return _Lent(queue, len(offering), whole, now.on_nodes, frozenset(now.names), offering, priced)
 
     def forget(self, w: RunningUnit) -> None:
         """``w`` was chosen as a victim: it is no candidate any more."""
         self._held.pop(id(w), None)
 
 
-@dataclass(slots=True, frozen=True)
 class _Lent:
     """What a borrowing queue offers a preemptor to reclaim: its pieces in the order of
-    cost, with the sums the bounds and the reason read."""
+    cost, with the sums the bounds and the reason read. The pieces are priced and sorted
+    when first asked for: most searches end on the sums."""
 
-    queue: QueueName
-    pieces: tuple[_Piece, ...]
-    units: int
-    """How many of its units offer a piece."""
-    vecs: IntArray
-    """The pieces' requests, one row each."""
-    whole: IntArray
-    """The summed requests of those units, whole."""
-    on_nodes: IntArray
-    """Per node row, the summed requests of those units' pods there."""
-    names: frozenset[str]
-    """The keys and uids of all the queue's units looked at."""
+    __slots__ = ("_offering", "_pieces", "_priced", "_vecs", "names", "on_nodes", "queue", "units", "whole")
+
+    def __init__(self, queue: QueueName, units: int, whole: IntArray, on_nodes: IntArray, names: frozenset[str],
+                 offering: Sequence[_Offer], priced: Callable[[], list[_Piece]]) -> None:
+        self.queue = queue
+        #: how many of its units offer a piece
+        self.units = units
+        #: the summed requests of those units, whole
+        self.whole = whole
+        #: per node row, the summed requests of those units' pods there
+        self.on_nodes = on_nodes
+        #: the keys and uids of all the queue's units looked at
+        self.names = names
+        self._offering = offering
+        self._priced = priced
+        self._pieces: tuple[_Piece, ...] | None = None
+        self._vecs: IntArray | None = None
+
+    @property
+    def pieces(self) -> tuple[_Piece, ...]:
+        """The pieces, cheapest first."""
+        if self._pieces is None:
+            pieces = self._priced()
+            pieces.sort(key=lambda pc: pc.cost)
+            self._pieces = tuple(pieces)
+        return self._pieces
+
+    @property
+    def vecs(self) -> IntArray:
+        """The pieces' requests, one row each (in no particular order)."""
+        if self._vecs is None:
+            rows = [s.vec for _, shapes, _ in self._offering for s, _, _ in shapes]
+            self._vecs = np.stack(rows) if rows else np.zeros((0, self.whole.shape[0]), dtype=np.int64)
+        return self._vecs
+
+
+def _price(w: RunningUnit, shapes: Sequence[_Shape], now: float, out: list[_Piece]) -> None:
+    """Append to ``out`` the pieces ``shapes`` of ``w`` describe, at their cost at ``now``."""
+    span = max(0.0, now - w.start) / SECONDS_PER_HOUR
+    for s, kind, borrowed in shapes:
+        gpu_hours = s.gpus * span
+        cost = (gpu_hours, len(s.pods), w.priority, -w.created, w.uid, int(s.whole))
+        out.append(_Piece(w, s.pods, s.whole, kind, s.vec, gpu_hours, borrowed, cost))
 
 
 def _on_nodes(pieces: Sequence[_Piece | Held], shape: tuple[int, ...]) -> IntArray:
@@ -661,7 +713,7 @@ class _Search:
                     continue
                 lent = self.cache.lent(self, q, units, cols)
             if lent is not None:
-                if lent.pieces:
+                if lent.units:
                     self._lent.append(lent)
                 continue
             if tree is not None and p.queue is not None and q in (None, p.queue):
@@ -703,11 +755,7 @@ class _Search:
 
     def priced(self, w: RunningUnit, shapes: Sequence[_Shape], out: list[_Piece]) -> None:
         """Append to ``out`` the pieces ``shapes`` of ``w`` describe, at their cost now."""
-        span = max(0.0, self.now - w.start) / SECONDS_PER_HOUR
-        for s, kind, borrowed in shapes:
-            gpu_hours = s.gpus * span
-            cost = (gpu_hours, len(s.pods), w.priority, -w.created, w.uid, int(s.whole))
-            out.append(_Piece(w, s.pods, s.whole, kind, s.vec, gpu_hours, borrowed, cost))
+        _price(w, shapes, self.now, out)
 
     def _message(self, pc: _Piece) -> str:
         """What the victim ``pc`` is told (built for the chosen victims only)."""
