@@ -555,9 +555,11 @@ class _Sums:
     """A set of pieces and what evicting it releases per queue, kept as pieces come and go,
     so that changing a set and checking it cost the same whatever its size."""
 
-    __slots__ = ("_count", "_pieces", "reclaimed", "removed")
+    __slots__ = ("_count", "_pieces", "fit", "reclaimed", "removed")
 
-    def __init__(self, pieces: Sequence[_Piece] = ()) -> None:
+    def __init__(self, pieces: Sequence[_Piece] = (), fit: _FitCount | None = None) -> None:
+        #: how many quorum members the nodes could take at most with the set gone (None: not kept)
+        self.fit = fit
         #: id of a piece -> the piece, in the order they came
         self._pieces: dict[int, _Piece] = {}
         #: queue -> the requests of the set's pieces of that queue
@@ -578,6 +580,8 @@ class _Sums:
 
     def add(self, pc: _Piece) -> None:
         self._pieces[id(pc)] = pc
+        if self.fit is not None:
+            self.fit.change(pc, 1)
         q = pc.unit.queue
         if q is None:
             return
@@ -588,6 +592,8 @@ class _Sums:
 
     def drop(self, pc: _Piece) -> None:
         del self._pieces[id(pc)]
+        if self.fit is not None:
+            self.fit.change(pc, -1)
         q = pc.unit.queue
         if q is None:
             return
@@ -597,6 +603,50 @@ class _Sums:
             del self.removed[q]  # the last of its queue: nothing left over
         if pc.kind is VictimKind.RECLAIM:
             _decrement(self.reclaimed, q)
+
+
+class _FitCount:
+    """How many members alike (one request, one mask) the nodes could take at most once a
+    set's pods are gone: per node, how many times the request fits in its room, summed.
+    Kept as pieces come and go (only their nodes change), so that a check the room alone
+    rules out never runs the placement: no placement puts a member where its request does
+    not fit."""
+
+    __slots__ = ("_base", "_cols", "_free", "_mask", "_need", "_of", "_room", "total")
+
+    def __init__(self, alloc: IntArray, used: IntArray, req: IntArray, mask: BoolArray) -> None:
+        cols = np.flatnonzero(req > 0)
+        self._cols = cols
+        self._need = [int(v) for v in req[cols]]
+        self._mask = mask
+        self._free = alloc[:, cols] - used[:, cols]
+        base = np.clip(self._free // req[cols], 0, None).min(axis=1)
+        #: per node row, how many members fit with nothing gone
+        self._base = np.where(mask, base, 0)
+        self.total = int(self._base.sum())
+        #: node row -> its room in the request's columns now (the nodes the set touches)
+        self._room: dict[int, list[int]] = {}
+        #: id of a piece -> its pods' node rows and requests in those columns
+        self._of: dict[int, list[tuple[int, list[int]]]] = {}
+
+    def change(self, pc: _Piece, sign: int) -> None:
+        """``pc`` joined the set (``sign`` 1) or left it (-1)."""
+        pods = self._of.get(id(pc))
+        if pods is None:
+            pods = self._of[id(pc)] = [(pod.node, pod.req[self._cols].tolist()) for pod in pc.pods]
+        for node, req in pods:
+            room = self._room.get(node)
+            if room is None:
+                room = self._room[node] = self._free[node].tolist()
+            before = self._fits(node, room)
+            for i, v in enumerate(req):
+                room[i] += sign * v
+            self.total += self._fits(node, room) - before
+
+    def _fits(self, node: int, room: list[int]) -> int:
+        if not self._mask[node]:
+            return 0
+        return max(0, min(r // n for r, n in zip(room, self._need, strict=True)))
 
 
 def _decrement(counts: dict[str, int], key: str) -> bool:
@@ -652,6 +702,10 @@ class _Search:
         self.nominal: dict[str, IntArray] = {}
         #: queue -> the columns P asks for that the queue is borrowing in
         self._borrowing: dict[str, list[int]] = {}
+        #: whether the quorum's members are alike and placed by room alone (None: not asked yet)
+        self._alike: bool | None = None
+        #: queue -> the columns P manages that it borrows in, and by how much it borrows
+        self._lendable: dict[str, tuple[IntArray, IntArray]] = {}
         #: id of a piece -> what evicting it frees on the nodes in reach
         self._reach_freed: dict[int, IntArray] = {}
         #: the pieces of P's own queue and of unqueued work (and, where no cache entry
@@ -884,13 +938,30 @@ class _Search:
         return None
 
     def _below(self, sums: _Sums, q: str) -> bool:
-        """Whether the set takes queue ``q`` below its nominal in a resource it borrows."""
-        return bool(self._below_in(sums, q).any())
+        """Whether the set takes queue ``q`` below its nominal in a resource it borrows
+        (:meth:`_below_in`, on the few columns it borrows in)."""
+        borrowed = self._lendable.get(q)
+        if borrowed is None:
+            used, nominal = self._queue_arrays(q)
+            cols = np.flatnonzero(self.managed & (used > nominal))
+            borrowed = self._lendable[q] = (cols, (used - nominal)[cols])
+        cols, over = borrowed
+        return bool((sums.removed[q][cols] > over).any())
 
     def _below_in(self, sums: _Sums, q: str) -> BoolArray:
         """The columns the set takes queue ``q`` below its nominal in, of those it borrows."""
         used, nominal = self._queue_arrays(q)
         return self.managed & (used > nominal) & (used - sums.removed[q] < nominal)
+
+    def _sums(self, pieces: Sequence[_Piece] = ()) -> _Sums:
+        """A set of ``pieces`` for the checks, with the room its members could have kept
+        where that bounds the placement (:meth:`_by_room`)."""
+        fit = None
+        if self._alike is None:
+            self._alike = self._by_room() and bool((self.core[0] > 0).any())
+        if self._alike:
+            fit = _FitCount(self.alloc, self.used, self.core[0], self.p.masks[int(self.core_sig[0])])
+        return _Sums(pieces, fit)
 
     def _by_room(self) -> bool:
         """Whether more room never places fewer of the quorum: its members are alike (one
@@ -920,7 +991,8 @@ class _Search:
             reason = self.tree.admissible(p.queue, self.x, without=sorted(sums.removed.items()))
             if reason is not None:
                 return "quota", reason, None
-        if not self.place_may:  # the bounds: no set frees room for every member
+        if not self.place_may or (sums.fit is not None and sums.fit.total < self.mc):
+            # the bounds (no set frees room for every member), or too little room for them
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         scratch = self.used.copy()
         for pc in sums.pieces:
@@ -970,7 +1042,7 @@ class _Search:
     # -- search
 
     def _greedy(self, candidates: Sequence[_Piece]) -> tuple[list[_Piece] | None, str]:
-        chosen = _Sums()
+        chosen = self._sums()
         failure, message, _ = self._check(chosen)
         if not failure:
             return chosen.pieces, ""
@@ -998,7 +1070,7 @@ class _Search:
 
     def _prune(self, chosen: list[_Piece]) -> list[_Piece]:
         extras = {id(pc.unit): pc for pc in self.pieces if not pc.whole}
-        sums = _Sums(chosen)
+        sums = self._sums(chosen)
         for pc in sorted(chosen, key=lambda c: c.cost, reverse=True):
             sums.drop(pc)
             if self._passes(sums):
@@ -1043,7 +1115,7 @@ class _Search:
         at most :data:`FALLBACK_CHECKS` checks), else everything with the most expensive
         pieces dropped one by one while enough room is still freed in all."""
         everything = self._one_per_unit(candidates)
-        chosen = _Sums(everything)
+        chosen = self._sums(everything)
         failure = "quota" if self._hopeless(chosen) else self._check(chosen)[0]
         if not failure:
             return everything
