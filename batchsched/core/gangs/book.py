@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -105,15 +105,17 @@ class GroupBook:
         #: (namespace, name) of groups whose members or spec changed since the last
         #: :meth:`check` (None: all of them)
         self._dirty: set[tuple[str, str]] | None = None
-        #: each pod reference's group, at a version of the groups
-        self._resolved: tuple[int, dict[tuple[str, str, str], Any]] = (-1, {})
-        #: (namespace, group name) -> each reference to it -> a member waiting to be placed
-        #: (pending, not gated) or None; dropped when a member of the group changes
-        #: (:meth:`_mark`: a pod event, or :meth:`touch` for a pod assumed or forgotten),
-        #: all of it on a relist or when asked about another mirror. Only a pod event or a
+        #: each pod reference -> its group (None: missing) and a member waiting to be placed
+        #: (pending, not gated), None (no member waits) or not looked for yet; a reference's
+        #: entry is dropped when a member of its group changes (:meth:`_mark`: a pod event,
+        #: or :meth:`touch` for a pod assumed or forgotten), all of them when a group
+        #: changes, on a relist or when asked about another mirror. Only a pod event or a
         #: forgotten binding makes a member pending; a member found waiting is looked at again
-        self._waiter: dict[tuple[str, str], dict[tuple[str, str, str], Any]] = {}
+        self._waiter: dict[tuple[str, str, str], tuple[PodGroup | None, Any]] = {}
         self._waiter_state: ClusterState | None = None
+        self._waiter_version = -1
+        #: (namespace, group name) -> the references to it
+        self._refs_named: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
         #: each group's tally, while :meth:`tallies_kept` holds the mirror still (else None)
         self._tallies: dict[GroupKey, Tally] | None = None
 
@@ -194,6 +196,7 @@ class GroupBook:
             self._refs[pod.uid] = new
             self._named.setdefault((new[0], new[2]), set()).add(pod.uid)
             self._by_ref.setdefault(new, set()).add(pod.uid)
+            self._refs_named.setdefault((new[0], new[2]), set()).add(new)
 
     def _kueue_member(self, pod: Pod | None, uid: PodUID, ref: tuple[str, str, str]) -> None:
         """A member of a Kueue pod group came, changed (``pod``) or left (None): the group
@@ -229,7 +232,8 @@ class GroupBook:
     def _mark(self, named: tuple[str, str]) -> None:
         if self._dirty is not None:
             self._dirty.add(named)
-        self._waiter.pop(named, None)
+        for ref in self._refs_named.get(named, ()):
+            self._waiter.pop(ref, None)
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:
         self._dirty = None
@@ -255,6 +259,10 @@ class GroupBook:
             by_ref.discard(uid)
             if not by_ref:
                 del self._by_ref[old]
+                refs = self._refs_named[(old[0], old[2])]
+                refs.discard(old)
+                if not refs:
+                    del self._refs_named[(old[0], old[2])]
         if old[1] == KUEUE:
             self._kueue_member(None, uid, old)
 
@@ -423,33 +431,28 @@ class GroupBook:
         missing: dict[tuple[str, str], list[Pod]] = {}
         waiting: set[GroupKey] = set()
         pending = state.pending
-        resolved = self._resolved
-        if resolved[0] != self.version:
-            resolved = self._resolved = (self.version, {})
-        if self._waiter_state is not state:
-            self._waiter, self._waiter_state = {}, state
-        waiters = self._waiter
+        if self._waiter_state is not state or self._waiter_version != self.version:
+            self._waiter, self._waiter_state, self._waiter_version = {}, state, self.version
+        entries = self._waiter
         for ref, uids in self._by_ref.items():
-            group = resolved[1].get(ref, _UNKNOWN)
-            if group is _UNKNOWN:
-                group = resolved[1][ref] = self.resolve(*ref)
+            entry = entries.get(ref)
+            if entry is None:
+                entry = entries[ref] = (self.resolve(*ref), _UNKNOWN)
+            group, waiter = entry
             if group is None:
                 missing_pods = [pod for uid in uids if (pod := pending.get(uid)) is not None and not pod.gated]
                 if missing_pods:
                     missing.setdefault((ref[0], ref[2]), []).extend(missing_pods)
                 continue
+            if waiter is None:
+                continue
             key = group.key
             if key in waiting:
                 continue
-            named = (ref[0], ref[2])
-            known = waiters.get(named)
-            if known is None:
-                known = waiters[named] = {}
-            waiter = known.get(ref, _UNKNOWN)
-            if waiter is not None and (waiter is _UNKNOWN or (pod := pending.get(waiter)) is None or pod.gated):
+            if waiter is _UNKNOWN or (pod := pending.get(cast(PodUID, waiter))) is None or pod.gated:
                 # a member that waited may have been placed without a word to this book
-                waiter = known[ref] = next(
-                    (uid for uid in uids if (pod := pending.get(uid)) is not None and not pod.gated), None)
+                waiter = next((uid for uid in uids if (pod := pending.get(uid)) is not None and not pod.gated), None)
+                entries[ref] = (group, waiter)
             if waiter is not None and (want is None or want(key)):  # not a group that sleeps
                 waiting.add(key)
         return missing, waiting

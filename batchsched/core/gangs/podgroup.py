@@ -144,9 +144,11 @@ class PodGroup:
     #: gang go there too; None when no controller owns it
     owner: ObjectRef | None = None
 
-    @property
-    def key(self) -> GroupKey:
-        return group_key(self.api, self.namespace, self.name)
+    #: the group's key (:func:`group_key`), made once: every step asks it of every group
+    key: GroupKey = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", group_key(self.api, self.namespace, self.name))
 
     @property
     def display(self) -> str:
