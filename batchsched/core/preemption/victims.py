@@ -101,7 +101,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -575,6 +575,11 @@ class _Sums:
     def pieces(self) -> list[_Piece]:
         return list(self._pieces.values())
 
+    @property
+    def members(self) -> Iterable[_Piece]:
+        """The pieces (a view: not to be kept while the set changes)."""
+        return self._pieces.values()
+
     def __len__(self) -> int:
         return len(self._pieces)
 
@@ -605,48 +610,83 @@ class _Sums:
             _decrement(self.reclaimed, q)
 
 
-class _FitCount:
-    """How many members alike (one request, one mask) the nodes could take at most once a
-    set's pods are gone: per node, how many times the request fits in its room, summed.
-    Kept as pieces come and go (only their nodes change), so that a check the room alone
-    rules out never runs the placement: no placement puts a member where its request does
-    not fit."""
+class _FitBase:
+    """For one search whose quorum's members are alike (one request, one mask) and placed
+    by room alone: per node row, how many of them its room takes with nothing evicted, and
+    each piece's pods as node rows and requests in the columns the request asks for."""
 
-    __slots__ = ("_base", "_cols", "_free", "_mask", "_need", "_of", "_room", "total")
+    __slots__ = ("_of", "base", "cols", "free", "mask", "need", "total")
 
     def __init__(self, alloc: IntArray, used: IntArray, req: IntArray, mask: BoolArray) -> None:
-        cols = np.flatnonzero(req > 0)
-        self._cols = cols
-        self._need = [int(v) for v in req[cols]]
-        self._mask = mask
-        self._free = alloc[:, cols] - used[:, cols]
-        base = np.clip(self._free // req[cols], 0, None).min(axis=1)
-        #: per node row, how many members fit with nothing gone
-        self._base = np.where(mask, base, 0)
-        self.total = int(self._base.sum())
-        #: node row -> its room in the request's columns now (the nodes the set touches)
-        self._room: dict[int, list[int]] = {}
-        #: id of a piece -> its pods' node rows and requests in those columns
+        self.cols = np.flatnonzero(req > 0)
+        self.need: list[int] = [int(v) for v in req[self.cols]]
+        self.mask: list[bool] = mask.tolist()
+        self.free = alloc[:, self.cols] - used[:, self.cols]
+        base = np.where(mask, np.clip(self.free // req[self.cols], 0, None).min(axis=1), 0)
+        self.base: list[int] = base.tolist()
+        self.total = int(base.sum())
         self._of: dict[int, list[tuple[int, list[int]]]] = {}
+
+    def pods(self, pc: _Piece) -> list[tuple[int, list[int]]]:
+        """``pc``'s pods: node row and request in the columns asked for."""
+        out = self._of.get(id(pc))
+        if out is None:
+            out = self._of[id(pc)] = [(pod.node, pod.req[self.cols].tolist()) for pod in pc.pods]
+        return out
+
+    def fits(self, node: int, room: list[int]) -> int:
+        """How many members fit in ``room`` on ``node``."""
+        if not self.mask[node]:
+            return 0
+        return max(0, min(r // n for r, n in zip(room, self.need, strict=True)))
+
+
+class _FitCount:
+    """How many of those members the nodes could take at most once a set's pods are gone:
+    per node, how many times the request fits in its room, summed. Counted when first asked
+    for, then kept as pieces come and go (only their nodes change), so that a check the room
+    alone rules out never runs the placement: no placement puts a member where its request
+    does not fit."""
+
+    __slots__ = ("_base", "_room", "_total")
+
+    def __init__(self, base: _FitBase) -> None:
+        self._base = base
+        #: node row -> its room in the columns asked for now, for the nodes the set touches
+        #: (None: not counted yet)
+        self._room: dict[int, list[int]] | None = None
+        self._total = 0
+
+    def total(self, pieces: Iterable[_Piece]) -> int:
+        """How many members the nodes could take with ``pieces`` (the set) gone."""
+        if self._room is None:
+            base = self._base
+            room: dict[int, list[int]] = {}
+            for pc in pieces:
+                for node, req in base.pods(pc):
+                    r = room.get(node)
+                    if r is None:
+                        r = room[node] = base.free[node].tolist()
+                    for i, v in enumerate(req):
+                        r[i] += v
+            self._total = base.total + sum(base.fits(node, r) - base.base[node] for node, r in room.items())
+            self._room = room
+        return self._total
 
     def change(self, pc: _Piece, sign: int) -> None:
         """``pc`` joined the set (``sign`` 1) or left it (-1)."""
-        pods = self._of.get(id(pc))
-        if pods is None:
-            pods = self._of[id(pc)] = [(pod.node, pod.req[self._cols].tolist()) for pod in pc.pods]
-        for node, req in pods:
-            room = self._room.get(node)
-            if room is None:
-                room = self._room[node] = self._free[node].tolist()
-            before = self._fits(node, room)
+        room = self._room
+        if room is None:
+            return
+        base = self._base
+        for node, req in base.pods(pc):
+            r = room.get(node)
+            if r is None:
+                r = room[node] = base.free[node].tolist()
+            before = base.fits(node, r)
             for i, v in enumerate(req):
-                room[i] += sign * v
-            self.total += self._fits(node, room) - before
-
-    def _fits(self, node: int, room: list[int]) -> int:
-        if not self._mask[node]:
-            return 0
-        return max(0, min(r // n for r, n in zip(room, self._need, strict=True)))
+                r[i] += sign * v
+            self._total += base.fits(node, r) - before
 
 
 def _decrement(counts: dict[str, int], key: str) -> bool:
@@ -702,8 +742,9 @@ class _Search:
         self.nominal: dict[str, IntArray] = {}
         #: queue -> the columns P asks for that the queue is borrowing in
         self._borrowing: dict[str, list[int]] = {}
-        #: whether the quorum's members are alike and placed by room alone (None: not asked yet)
-        self._alike: bool | None = None
+        #: the room per node its members take, when they are alike and placed by room alone
+        #: (False: they are not; None: not asked yet)
+        self._fit: _FitBase | bool | None = None
         #: queue -> the columns P manages that it borrows in, and by how much it borrows
         self._lendable: dict[str, tuple[IntArray, IntArray]] = {}
         #: id of a piece -> what evicting it frees on the nodes in reach
@@ -956,12 +997,11 @@ class _Search:
     def _sums(self, pieces: Sequence[_Piece] = ()) -> _Sums:
         """A set of ``pieces`` for the checks, with the room its members could have kept
         where that bounds the placement (:meth:`_by_room`)."""
-        fit = None
-        if self._alike is None:
-            self._alike = self._by_room() and bool((self.core[0] > 0).any())
-        if self._alike:
-            fit = _FitCount(self.alloc, self.used, self.core[0], self.p.masks[int(self.core_sig[0])])
-        return _Sums(pieces, fit)
+        if self._fit is None:
+            alike = self._by_room() and bool((self.core[0] > 0).any())
+            self._fit = _FitBase(self.alloc, self.used, self.core[0], self.p.masks[int(self.core_sig[0])]) \
+                if alike else False
+        return _Sums(pieces, _FitCount(self._fit) if isinstance(self._fit, _FitBase) else None)
 
     def _by_room(self) -> bool:
         """Whether more room never places fewer of the quorum: its members are alike (one
@@ -991,7 +1031,7 @@ class _Search:
             reason = self.tree.admissible(p.queue, self.x, without=sorted(sums.removed.items()))
             if reason is not None:
                 return "quota", reason, None
-        if not self.place_may or (sums.fit is not None and sums.fit.total < self.mc):
+        if not self.place_may or (sums.fit is not None and sums.fit.total(sums.members) < self.mc):
             # the bounds (no set frees room for every member), or too little room for them
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         scratch = self.used.copy()
