@@ -66,7 +66,8 @@ search pays for what can matter:
   :class:`PieceCache`: built once per cycle for all the preemptors that share the cohort,
   the policy, the priority and the borrowed columns asked for, with their summed
   requests; each unit's pieces (what it holds, its cost) are kept there too, so a queue
-  whose work changed (a victim left) is rebuilt from the pieces already made;
+  whose work changed (a victim left) is rebuilt from the pieces already made; they are
+  priced and put in order only when a search first needs them so (most end on the sums);
 - before any set is tried, what evicting every candidate could free bounds the search:
   on the nodes in reach (the quorum needs that much room in all), and in quota, apart for
   the sets that reclaim (P's queue within its nominal once its own candidates are gone)
@@ -101,7 +102,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -555,11 +556,9 @@ class _Sums:
     """A set of pieces and what evicting it releases per queue, kept as pieces come and go,
     so that changing a set and checking it cost the same whatever its size."""
 
-    __slots__ = ("_count", "_pieces", "fit", "reclaimed", "removed")
+    __slots__ = ("_count", "_pieces", "reclaimed", "removed")
 
-    def __init__(self, pieces: Sequence[_Piece] = (), fit: _FitCount | None = None) -> None:
-        #: how many quorum members the nodes could take at most with the set gone (None: not kept)
-        self.fit = fit
+    def __init__(self, pieces: Sequence[_Piece] = ()) -> None:
         #: id of a piece -> the piece, in the order they came
         self._pieces: dict[int, _Piece] = {}
         #: queue -> the requests of the set's pieces of that queue
@@ -575,18 +574,11 @@ class _Sums:
     def pieces(self) -> list[_Piece]:
         return list(self._pieces.values())
 
-    @property
-    def members(self) -> Iterable[_Piece]:
-        """The pieces (a view: not to be kept while the set changes)."""
-        return self._pieces.values()
-
     def __len__(self) -> int:
         return len(self._pieces)
 
     def add(self, pc: _Piece) -> None:
         self._pieces[id(pc)] = pc
-        if self.fit is not None:
-            self.fit.change(pc, 1)
         q = pc.unit.queue
         if q is None:
             return
@@ -597,8 +589,6 @@ class _Sums:
 
     def drop(self, pc: _Piece) -> None:
         del self._pieces[id(pc)]
-        if self.fit is not None:
-            self.fit.change(pc, -1)
         q = pc.unit.queue
         if q is None:
             return
@@ -608,85 +598,6 @@ class _Sums:
             del self.removed[q]  # the last of its queue: nothing left over
         if pc.kind is VictimKind.RECLAIM:
             _decrement(self.reclaimed, q)
-
-
-class _FitBase:
-    """For one search whose quorum's members are alike (one request, one mask) and placed
-    by room alone: per node row, how many of them its room takes with nothing evicted, and
-    each piece's pods as node rows and requests in the columns the request asks for."""
-
-    __slots__ = ("_of", "base", "cols", "free", "mask", "need", "total")
-
-    def __init__(self, alloc: IntArray, used: IntArray, req: IntArray, mask: BoolArray) -> None:
-        self.cols = np.flatnonzero(req > 0)
-        self.need: list[int] = [int(v) for v in req[self.cols]]
-        self.mask: list[bool] = mask.tolist()
-        self.free = alloc[:, self.cols] - used[:, self.cols]
-        base = np.where(mask, np.clip(self.free // req[self.cols], 0, None).min(axis=1), 0)
-        self.base: list[int] = base.tolist()
-        self.total = int(base.sum())
-        self._of: dict[int, list[tuple[int, list[int]]]] = {}
-
-    def pods(self, pc: _Piece) -> list[tuple[int, list[int]]]:
-        """``pc``'s pods: node row and request in the columns asked for."""
-        out = self._of.get(id(pc))
-        if out is None:
-            out = self._of[id(pc)] = [(pod.node, pod.req[self.cols].tolist()) for pod in pc.pods]
-        return out
-
-    def fits(self, node: int, room: list[int]) -> int:
-        """How many members fit in ``room`` on ``node``."""
-        if not self.mask[node]:
-            return 0
-        return max(0, min(r // n for r, n in zip(room, self.need, strict=True)))
-
-
-class _FitCount:
-    """How many of those members the nodes could take at most once a set's pods are gone:
-    per node, how many times the request fits in its room, summed. Counted when first asked
-    for, then kept as pieces come and go (only their nodes change), so that a check the room
-    alone rules out never runs the placement: no placement puts a member where its request
-    does not fit."""
-
-    __slots__ = ("_base", "_room", "_total")
-
-    def __init__(self, base: _FitBase) -> None:
-        self._base = base
-        #: node row -> its room in the columns asked for now, for the nodes the set touches
-        #: (None: not counted yet)
-        self._room: dict[int, list[int]] | None = None
-        self._total = 0
-
-    def total(self, pieces: Iterable[_Piece]) -> int:
-        """How many members the nodes could take with ``pieces`` (the set) gone."""
-        if self._room is None:
-            base = self._base
-            room: dict[int, list[int]] = {}
-            for pc in pieces:
-                for node, req in base.pods(pc):
-                    r = room.get(node)
-                    if r is None:
-                        r = room[node] = base.free[node].tolist()
-                    for i, v in enumerate(req):
-                        r[i] += v
-            self._total = base.total + sum(base.fits(node, r) - base.base[node] for node, r in room.items())
-            self._room = room
-        return self._total
-
-    def change(self, pc: _Piece, sign: int) -> None:
-        """``pc`` joined the set (``sign`` 1) or left it (-1)."""
-        room = self._room
-        if room is None:
-            return
-        base = self._base
-        for node, req in base.pods(pc):
-            r = room.get(node)
-            if r is None:
-                r = room[node] = base.free[node].tolist()
-            before = base.fits(node, r)
-            for i, v in enumerate(req):
-                r[i] += sign * v
-            self._total += base.fits(node, r) - before
 
 
 def _decrement(counts: dict[str, int], key: str) -> bool:
@@ -742,9 +653,6 @@ class _Search:
         self.nominal: dict[str, IntArray] = {}
         #: queue -> the columns P asks for that the queue is borrowing in
         self._borrowing: dict[str, list[int]] = {}
-        #: the room per node its members take, when they are alike and placed by room alone
-        #: (False: they are not; None: not asked yet)
-        self._fit: _FitBase | bool | None = None
         #: queue -> the columns P manages that it borrows in, and by how much it borrows
         self._lendable: dict[str, tuple[IntArray, IntArray]] = {}
         #: id of a piece -> what evicting it frees on the nodes in reach
@@ -994,15 +902,6 @@ class _Search:
         used, nominal = self._queue_arrays(q)
         return self.managed & (used > nominal) & (used - sums.removed[q] < nominal)
 
-    def _sums(self, pieces: Sequence[_Piece] = ()) -> _Sums:
-        """A set of ``pieces`` for the checks, with the room its members could have kept
-        where that bounds the placement (:meth:`_by_room`)."""
-        if self._fit is None:
-            alike = self._by_room() and bool((self.core[0] > 0).any())
-            self._fit = _FitBase(self.alloc, self.used, self.core[0], self.p.masks[int(self.core_sig[0])]) \
-                if alike else False
-        return _Sums(pieces, _FitCount(self._fit) if isinstance(self._fit, _FitBase) else None)
-
     def _by_room(self) -> bool:
         """Whether more room never places fewer of the quorum: its members are alike (one
         request, one mask), none asks for cards, and the bare kernel (or its twin) places
@@ -1031,8 +930,7 @@ class _Search:
             reason = self.tree.admissible(p.queue, self.x, without=sorted(sums.removed.items()))
             if reason is not None:
                 return "quota", reason, None
-        if not self.place_may or (sums.fit is not None and sums.fit.total(sums.members) < self.mc):
-            # the bounds (no set frees room for every member), or too little room for them
+        if not self.place_may:  # the bounds: no set frees room for every member
             return "place", f"the quorum of {self.mc} pod(s) does not fit on the nodes", None
         scratch = self.used.copy()
         for pc in sums.pieces:
@@ -1082,7 +980,7 @@ class _Search:
     # -- search
 
     def _greedy(self, candidates: Sequence[_Piece]) -> tuple[list[_Piece] | None, str]:
-        chosen = self._sums()
+        chosen = _Sums()
         failure, message, _ = self._check(chosen)
         if not failure:
             return chosen.pieces, ""
@@ -1110,7 +1008,7 @@ class _Search:
 
     def _prune(self, chosen: list[_Piece]) -> list[_Piece]:
         extras = {id(pc.unit): pc for pc in self.pieces if not pc.whole}
-        sums = self._sums(chosen)
+        sums = _Sums(chosen)
         for pc in sorted(chosen, key=lambda c: c.cost, reverse=True):
             sums.drop(pc)
             if self._passes(sums):
@@ -1155,7 +1053,7 @@ class _Search:
         at most :data:`FALLBACK_CHECKS` checks), else everything with the most expensive
         pieces dropped one by one while enough room is still freed in all."""
         everything = self._one_per_unit(candidates)
-        chosen = self._sums(everything)
+        chosen = _Sums(everything)
         failure = "quota" if self._hopeless(chosen) else self._check(chosen)[0]
         if not failure:
             return everything
