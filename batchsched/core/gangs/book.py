@@ -106,14 +106,14 @@ class GroupBook:
         #: :meth:`check` (None: all of them)
         self._dirty: set[tuple[str, str]] | None = None
         #: each pod reference -> its group (None: missing) and a member waiting to be placed
-        #: (pending, not gated), None (no member waits) or not looked for yet; a reference's
-        #: entry is dropped when a member of its group changes (:meth:`_mark`: a pod event,
-        #: or :meth:`touch` for a pod assumed or forgotten), all of them when a group
-        #: changes, on a relist or when asked about another mirror. Only a pod event or a
-        #: forgotten binding makes a member pending; a member found waiting is looked at again
+        #: (pending, not gated), None (no member waits) or not looked for yet. A reference's
+        #: entry is dropped when the group it names (by namespace and name, whatever the
+        #: API) changes or a member of it does (:meth:`_mark`: a group or pod event, or
+        #: :meth:`touch` for a pod assumed or forgotten), all of them on a relist or when
+        #: asked about another mirror. Only a pod event or a forgotten binding makes a
+        #: member pending; a member found waiting is looked at again
         self._waiter: dict[tuple[str, str, str], tuple[PodGroup | None, Any]] = {}
         self._waiter_state: ClusterState | None = None
-        self._waiter_version = -1
         #: (namespace, group name) -> the references to it
         self._refs_named: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
         #: each group's tally, while :meth:`tallies_kept` holds the mirror still (else None)
@@ -431,8 +431,8 @@ class GroupBook:
         missing: dict[tuple[str, str], list[Pod]] = {}
         waiting: set[GroupKey] = set()
         pending = state.pending
-        if self._waiter_state is not state or self._waiter_version != self.version:
-            self._waiter, self._waiter_state, self._waiter_version = {}, state, self.version
+        if self._waiter_state is not state:
+            self._waiter, self._waiter_state = {}, state
         entries = self._waiter
         for ref, uids in self._by_ref.items():
             entry = entries.get(ref)
