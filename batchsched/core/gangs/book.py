@@ -92,8 +92,6 @@ class GroupBook:
         self.groups: dict[GroupKey, PodGroup] = {}
         #: pod uid -> (namespace, api or "any", group name)
         self._refs: dict[PodUID, tuple[str, str, str]] = {}
-        #: (namespace, group name) -> uids of the pods naming it
-        self._named: dict[tuple[str, str], set[PodUID]] = {}
         #: (namespace, API, name) -> the pods naming the group that way
         self._by_ref: dict[tuple[str, str, str], set[PodUID]] = {}
         #: Kueue pod groups (read from their pods): each member's view of its group
@@ -194,7 +192,6 @@ class GroupBook:
             self._drop(pod.uid)
         if new is not None:
             self._refs[pod.uid] = new
-            self._named.setdefault((new[0], new[2]), set()).add(pod.uid)
             self._by_ref.setdefault(new, set()).add(pod.uid)
             self._refs_named.setdefault((new[0], new[2]), set()).add(new)
 
@@ -249,11 +246,6 @@ class GroupBook:
         old = self._refs.pop(uid, None)
         if old is None:
             return
-        named = self._named.get((old[0], old[2]))
-        if named is not None:
-            named.discard(uid)
-            if not named:
-                del self._named[(old[0], old[2])]
         by_ref = self._by_ref.get(old)
         if by_ref is not None:
             by_ref.discard(uid)

@@ -852,10 +852,8 @@ class _Search:
     def _alone(self, lent: _Lent) -> bool:
         """Whether some piece ``lent`` offers, reclaimed alone, keeps its queue at or above
         its nominal where it borrows (rule "never below nominal")."""
-        used, nominal = self._queue_arrays(lent.queue)
-        borrowing = self.managed & (used > nominal)
-        bad = ((used - lent.vecs) < nominal) & borrowing
-        return not bool(bad.any(axis=1).all())
+        cols, over = self._lending(lent.queue)
+        return not bool((lent.vecs[:, cols] > over).any(axis=1).all())
 
     @staticmethod
     def _one_per_unit(pieces: Sequence[_Piece]) -> list[_Piece]:
@@ -886,21 +884,27 @@ class _Search:
                 return q
         return None
 
-    def _below(self, sums: _Sums, q: str) -> bool:
-        """Whether the set takes queue ``q`` below its nominal in a resource it borrows
-        (:meth:`_below_in`, on the few columns it borrows in)."""
-        borrowed = self._lendable.get(q)
-        if borrowed is None:
+    def _lending(self, q: str) -> tuple[IntArray, IntArray]:
+        """The columns P manages in which queue ``q`` borrows, and how much it borrows in
+        each: taking more than that from it takes it below its nominal."""
+        found = self._lendable.get(q)
+        if found is None:
             used, nominal = self._queue_arrays(q)
             cols = np.flatnonzero(self.managed & (used > nominal))
-            borrowed = self._lendable[q] = (cols, (used - nominal)[cols])
-        cols, over = borrowed
+            found = self._lendable[q] = (cols, (used - nominal)[cols])
+        return found
+
+    def _below(self, sums: _Sums, q: str) -> bool:
+        """Whether the set takes queue ``q`` below its nominal in a resource it borrows."""
+        cols, over = self._lending(q)
         return bool((sums.removed[q][cols] > over).any())
 
     def _below_in(self, sums: _Sums, q: str) -> BoolArray:
         """The columns the set takes queue ``q`` below its nominal in, of those it borrows."""
-        used, nominal = self._queue_arrays(q)
-        return self.managed & (used > nominal) & (used - sums.removed[q] < nominal)
+        cols, over = self._lending(q)
+        out = np.zeros(self.managed.shape[0], dtype=np.bool_)
+        out[cols] = sums.removed[q][cols] > over
+        return out
 
     def _by_room(self) -> bool:
         """Whether more room never places fewer of the quorum: its members are alike (one
